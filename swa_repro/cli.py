@@ -1,0 +1,72 @@
+"""``swa-repro`` console script: one subcommand per module; bad input is one line and exit 2.
+
+Each subcommand lives in its own module as ``register(subparsers)`` that sets ``func``; this file
+only wires them, importing each module lazily so a missing optional dependency (papermill,
+flashinfer, sglang) breaks only the command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .config import CaseError
+
+# subcommand -> module that registers it
+COMMANDS = {
+    "run": "swa_repro.notebooks",
+    "doctor": "swa_repro.mode",
+    "mask": "swa_repro.mask_cmd",
+    "record": "swa_repro.recordings",
+    "bundle": "swa_repro.bundle",
+    "patch": "swa_repro.sglang_patch",
+    "sglang-check": "swa_repro.sglang_check",
+    "replay": "swa_repro.trace",
+    "audit": "swa_repro.audit",
+}
+
+
+class UsageError(Exception):
+    """Bad input outside a Case: the message says what to do."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what to change) and exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="swa-repro", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, mod in COMMANDS.items():
+        try:
+            importlib.import_module(mod).register(sub)
+        except ModuleNotFoundError as e:  # a module not written yet, or its optional dep missing
+            sp = sub.add_parser(name, help=f"(unavailable: {e})")
+            sp.set_defaults(func=lambda a, e=e, n=name: _unavailable(n, e))
+    return p
+
+
+def _unavailable(name, err):
+    raise UsageError(f"'swa-repro {name}' is unavailable here: {err}. Run `make test` or "
+                     "`pip install -e .` in the project's venv to install what it needs.")
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except (CaseError, UsageError) as e:
+        print(f"swa-repro {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""One dataclass describes a batch paged prefill case; every entry point validates through it.
+
+Convention (said once, here): a key at absolute position ``j`` is visible to a query at absolute
+position ``p`` iff ``p - window_left <= j <= p``; ``window_left = -1`` means no window. A request
+with prefix ``P`` and extend ``E`` has ``kv_len = P + E`` keys at positions ``0..kv_len-1`` and its
+queries sit at positions ``P..P+E-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+
+BACKENDS = ("fa2", "fa3", "auto")
+# Head dims FlashInfer compiles its batch prefill modules for (both fa2 and fa3 JIT templates
+# dispatch on 64/128/256; flashinfer/jit/attention/modules.py and the sm90 head-dim dispatch).
+HEAD_DIMS = {"fa2": (64, 128, 256), "fa3": (64, 128, 256)}
+FLASHINFER_VERSIONS = ("0.6.12", "0.7.2.post1")
+
+
+class CaseError(ValueError):
+    """Bad input: the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Case:
+    prefix_lens: tuple[int, ...]
+    extend_lens: tuple[int, ...]
+    num_qo_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int = 128
+    page_size: int = 16
+    window_left: int = 4  # the layer's window: what forward()/run() passes
+    plan_window_left: int = -1  # what plan() got: -1 is the bug, == window_left is the fix
+    backend: str = "fa2"  # fa2 | fa3 | auto (auto is fa3 on sm90)
+    disable_split_kv: bool = False
+    fixed_split_size: int = -1  # pages; sglang's deterministic mode sets it
+    sm_count: int = 132  # H100/H200
+    arch: tuple[int, int] = (9, 0)
+    flashinfer_version: str = "0.7.2.post1"
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "prefix_lens", tuple(int(x) for x in self.prefix_lens))
+        object.__setattr__(self, "extend_lens", tuple(int(x) for x in self.extend_lens))
+        object.__setattr__(self, "arch", tuple(int(x) for x in self.arch))
+        self.validate()
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.extend_lens)
+
+    @property
+    def kv_lens(self) -> tuple[int, ...]:
+        return tuple(p + e for p, e in zip(self.prefix_lens, self.extend_lens))
+
+    @property
+    def group_size(self) -> int:
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def resolved_backend(self) -> str:
+        """``auto`` -> fa3 on sm90 (flashinfer/utils.py determine_attention_backend), else fa2."""
+        if self.backend != "auto":
+            return self.backend
+        return "fa3" if self.arch[0] == 9 else "fa2"
+
+    def with_(self, **kw) -> "Case":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["prefix_lens"], d["extend_lens"], d["arch"] = list(self.prefix_lens), list(self.extend_lens), list(self.arch)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def validate(self) -> None:
+        if not self.extend_lens:
+            raise CaseError("empty batch: give at least one request (--extend-lens 8 --prefix-lens 0)")
+        if len(self.prefix_lens) != len(self.extend_lens):
+            raise CaseError(
+                f"--prefix-lens has {len(self.prefix_lens)} entries but --extend-lens has "
+                f"{len(self.extend_lens)}: give one prefix length per request"
+            )
+        if any(x < 0 for x in self.prefix_lens):
+            raise CaseError("prefix lengths must be >= 0")
+        if any(x < 1 for x in self.extend_lens):
+            raise CaseError("extend lengths must be >= 1: every request needs at least one query")
+        if self.window_left < -1 or self.plan_window_left < -1:
+            raise CaseError("window_left must be -1 (no window) or >= 0; got "
+                            f"window_left={self.window_left}, plan_window_left={self.plan_window_left}")
+        if self.num_qo_heads < 1 or self.num_kv_heads < 1:
+            raise CaseError("head counts must be >= 1")
+        if self.num_kv_heads > self.num_qo_heads:
+            raise CaseError(
+                f"num_kv_heads={self.num_kv_heads} > num_qo_heads={self.num_qo_heads}: "
+                "GQA layouts need at least as many query heads as KV heads"
+            )
+        if self.num_qo_heads % self.num_kv_heads:
+            raise CaseError(
+                f"num_qo_heads={self.num_qo_heads} is not a multiple of num_kv_heads={self.num_kv_heads}: "
+                "choose num_qo_heads = k * num_kv_heads"
+            )
+        if self.backend not in BACKENDS:
+            raise CaseError(f"backend {self.backend!r} unknown: use one of {', '.join(BACKENDS)}")
+        if self.head_dim not in HEAD_DIMS[self.resolved_backend]:
+            raise CaseError(f"head_dim={self.head_dim} is not compiled by the {self.resolved_backend} backend: "
+                            f"use one of {HEAD_DIMS[self.resolved_backend]}")
+        if self.page_size < 1:
+            raise CaseError("page_size must be >= 1")
+        if self.sm_count < 1:
+            raise CaseError("sm_count must be >= 1")
+        if self.flashinfer_version not in FLASHINFER_VERSIONS:
+            raise CaseError(f"flashinfer_version {self.flashinfer_version!r} is not modelled: "
+                            f"use one of {', '.join(FLASHINFER_VERSIONS)}")
