@@ -199,6 +199,27 @@ def cta_iterations(kv_len, qo_len, q_tile, cta_tile_q, group, window_left, chunk
     return n_iter, mask_iter, win_iter
 
 
+def partial_outputs_consistent(qo_len: int, n_plan: int, n_run: int) -> bool:
+    """Under split-KV, CTA (row q, chunk k) writes its partial output to slot ``q*n_run + k``
+    (prefill.cuh:2733-2735, lse at :2755) while the merge reads row ``q``'s slots
+    ``q*n_plan .. q*n_plan + n_plan - 1`` (merge_indptr/o_indptr, scheduler.cuh:596-599).
+    They agree iff the strides agree or the request has a single query row."""
+    return n_plan == n_run or qo_len == 1
+
+
+def overflowed_into(case: Case, plan: "Fa2Plan") -> set[int]:
+    """Requests whose partial-output slots an earlier request overruns: with ``n_run > n_plan``
+    (planned with a window, run without) row q's slots reach past ``qo_len * n_plan``."""
+    if not plan.split_kv:
+        return set()
+    hit: set[int] = set()
+    for i, (qo, kv) in enumerate(zip(case.extend_lens, case.kv_lens)):
+        n_run = run_num_kv_chunks(kv, case.window_left, plan.cta_tile_q, plan.kv_chunk_size)
+        if (qo - 1) * n_run + plan.num_chunks[i] > qo * plan.num_chunks[i]:
+            hit.update(range(i + 1, case.batch_size))
+    return hit
+
+
 # ----------------------------------------------------------------------------- per request
 STATUSES = ("exact", "leak", "undefined")
 
@@ -326,11 +347,11 @@ def _fa2_request(case: Case, plan: Fa2Plan, i: int, tiles: bool) -> RequestModel
     s0, _ = cta_chunk(kv_len, kv_start, 0, plan.kv_chunk_size, plan.split_kv)
     _, e_last = cta_chunk(kv_len, kv_start, n_plan - 1, plan.kv_chunk_size, plan.split_kv)
     lo, hi = row_interval(kv_len, qo_len, q, s0[t], np.asarray(e_last)[t], w, plan.use_sliding_window)
-    if plan.split_kv and n_run != n_plan:
+    if not partial_outputs_consistent(qo_len, n_plan, n_run) or i in overflowed_into(case, plan):
         status = "undefined"
-        reason = (f"split-KV: plan sized {n_plan} KV chunks of {plan.kv_chunk_size} keys for this request "
-                  f"(no window at plan), the kernel writes with {n_run} (window {w} + CTA_TILE_Q {cta}); "
-                  "merge reads partial outputs other CTAs wrote or nobody wrote")
+        reason = (f"split-KV: plan sized {n_plan} KV chunks of {plan.kv_chunk_size} keys for this request, "
+                  f"the kernel writes partial outputs with a stride of {n_run} chunks (window {w} + CTA_TILE_Q {cta}); "
+                  "the merge then reads slots other CTAs wrote (a race) or nobody wrote")
     else:
         status, reason = _status(lo, hi, prefix_len, qo_len, w)
         if status == "leak" and not plan.use_sliding_window:
