@@ -1,0 +1,277 @@
+"""Benchmarks: the FLOP counting, the results schema, the report, and the GPU study's CPU-side logic."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import common, gpu_timing, report  # noqa: E402
+from benchmarks import h200_swa_prefill as study  # noqa: E402
+from swa_repro.config import Case  # noqa: E402
+from swa_repro.kernel_model import simulate  # noqa: E402
+from swa_repro.reference import intended_mask, masked_attention  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- counting
+@pytest.mark.parametrize("prefix", [0, 1, 5, 17])
+@pytest.mark.parametrize("extend", [1, 2, 9, 33])
+@pytest.mark.parametrize("window", [-1, 0, 1, 3, 8, 100])
+def test_window_pairs_matches_brute_force(prefix, extend, window):
+    assert common.window_pairs(prefix, extend, window) == int(intended_mask(prefix, extend, window).sum())
+
+
+def test_useful_flops_counts_pairs_heads_and_4d():
+    pairs = int(intended_mask(0, 64, 7).sum())
+    assert common.useful_flops(64, 3, 7, 8, 32) == 3 * 8 * pairs * 4 * 32
+    assert common.useful_flops(64, 1, -1, 1, 1) == 4 * 64 * 65 // 2
+
+
+def test_min_bytes_reads_qkv_once_writes_o_once():
+    # q and o: L*B*Hq*D each; k and v: L*B*Hk*D each; bf16 = 2 bytes
+    assert common.min_bytes(100, 2, 8, 2, 64) == 2 * (2 * 100 * 2 * 8 * 64 + 2 * 100 * 2 * 2 * 64)
+
+
+@pytest.mark.parametrize("seq_len,window,hq,hk", [(300, 20, 8, 1), (512, 64, 32, 4), (1000, 100, 32, 8)])
+def test_fa2_buggy_pairs_match_kernel_model(seq_len, window, hq, hk):
+    """The report's expected fa2-buggy work equals the kernel model's effective mask (no split-KV)."""
+    case = Case(prefix_lens=(0,), extend_lens=(seq_len,), num_qo_heads=hq, num_kv_heads=hk, head_dim=128,
+                page_size=1, window_left=window, plan_window_left=-1, backend="fa2", disable_split_kv=True)
+    res = simulate(case)
+    r = res.requests[0]
+    model_pairs = int((r.hi[:, 0] - r.lo[:, 0] + 1).sum())
+    assert common.computed_pairs("buggy", seq_len, window, "fa2", res.plan.cta_tile_q, hq // hk) == model_pairs
+    assert model_pairs > common.window_pairs(0, seq_len, window)
+
+
+def test_fa3_buggy_and_causal_compute_the_triangle():
+    tri = 4096 * 4097 // 2
+    assert common.computed_pairs("buggy", 4096, 128, "fa3") == tri
+    assert common.computed_pairs("causal", 4096, -1, "fa2") == tri
+    assert common.computed_pairs("sdpa", 4096, 128) == 4096 ** 2
+    assert common.computed_pairs("fixed", 4096, 128, "fa3") == common.window_pairs(0, 4096, 128)
+
+
+# ----------------------------------------------------------------------------- schema
+def _record(backend, variant, L, B, hq, hk, w, ms, peak, **kw):
+    flops = common.useful_flops(L, B, w, hq, 128)
+    tf = flops / (ms * 1e-3) / 1e12
+    return {"backend": backend, "variant": variant, "seq_len": L, "batch": B, "window": w, "num_qo_heads": hq,
+            "num_kv_heads": hk, "head_dim": 128, "ms": ms, "useful_tflops": tf, "peak_fraction": tf / peak, **kw}
+
+
+def synthetic_gpu(peak=800.0) -> dict:
+    """A small results document shaped like the GPU script's (numbers invented for the test only)."""
+    prov = {k: f"test-{k}" for k in common.GPU_PROVENANCE_KEYS}
+    L, B, hq, hk, w = 16384, 1, 32, 4, 1024
+    causal_ms = 10.0
+    fixed_ms = causal_ms * common.window_pairs(0, L, w) / common.window_pairs(0, L, -1)
+    recs = [
+        _record("fa3", "causal", L, B, hq, hk, -1, causal_ms, peak, rel_err=2e-3),
+        _record("fa3", "fixed", L, B, hq, hk, w, fixed_ms, peak, rel_err=2e-3, floor_ms=fixed_ms / 2),
+        _record("fa3", "buggy", L, B, hq, hk, w, causal_ms, peak, rel_err=0.5),
+        _record("fa2", "fixed", L, B, hq, hk, w, 2 * fixed_ms, peak, rel_err=3e-3, plan_cta_tile_q=128),
+        _record("fa2", "buggy", L, B, hq, hk, w, 2.2 * fixed_ms, peak, rel_err=0.1, plan_cta_tile_q=128),
+        _record("torch", "flex", L, B, hq, hk, w, 3 * fixed_ms, peak, rel_err=3e-3),
+        {**_record("torch", "sdpa", L, B, hq, hk, w, 1.0, peak), "error": "skipped: budget"},
+    ]
+    for r in recs[-1:]:
+        for k in common.TIMING_KEYS:
+            r.pop(k)
+    return {"provenance": prov, "peak_bf16_tflops": peak, "copy_tbps": 4.3, "status": "complete",
+            "jit": [{"module": "fa3/hd128/swa", "first_s": 101.0, "steady_s": 1.0, "jit_s": 100.0, "contended": True}],
+            "records": recs, "probe_8k": {"first_s": 35.0, "warm_s": 2.5}}
+
+
+def synthetic_cpu(median_s=0.2, repro_s=None) -> dict:
+    doc = {"provenance": {"cpu": "test cpu", "cpu_count": 2, "date": "d", "command": "c", "python": "3"},
+           "kernel_model": [{"name": "fa2-buggy-W4096", "seq_len": 32768, "tiles": False, "median_s": median_s,
+                             "min_s": median_s, "repeats": 5, "status": ["leak"]}]}
+    if repro_s is not None:
+        doc["repro_model_mode"] = {"command": "swa-repro run --mode model", "wall_s": repro_s, "returncode": 0}
+    return doc
+
+
+def test_validator_accepts_a_well_formed_document():
+    assert common.validate_gpu_results(synthetic_gpu()) == []
+    assert common.validate_cpu_results(synthetic_cpu()) == []
+
+
+@pytest.mark.parametrize("breakage,expect", [
+    (lambda d: d["provenance"].pop("driver"), "provenance lacks 'driver'"),
+    (lambda d: d["records"][0].update(variant="flex"), "not valid for backend"),
+    (lambda d: d["records"][0].update(window=5), "causal records carry window -1"),
+    (lambda d: d["records"][1].update(peak_fraction=0.9), "peak_fraction != useful_tflops"),
+    (lambda d: d["records"][1].pop("ms"), "ms must be a positive number"),
+    (lambda d: d["records"][1].update(ms=float("nan")), "ms must be a positive number"),
+    (lambda d: d["records"][2].pop("seq_len"), "lacks ['seq_len']"),
+    (lambda d: d.update(peak_bf16_tflops=-1), "peak_bf16_tflops must be a positive number"),
+])
+def test_validator_names_each_problem(breakage, expect):
+    doc = copy.deepcopy(synthetic_gpu())
+    breakage(doc)
+    errs = common.validate_gpu_results(doc)
+    assert any(expect in e for e in errs), errs
+
+
+def test_write_json_atomic_writes_strict_json(tmp_path):
+    """NaN would make the file unreadable to strict parsers: it becomes null, and the validator
+    then names the record."""
+    path = tmp_path / "r.json"
+    doc = synthetic_gpu()
+    doc["records"][1]["ms"] = float("nan")
+    common.write_json_atomic(path, doc)
+    back = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert back["records"][1]["ms"] is None
+    assert any("record 1: ms" in e for e in common.validate_gpu_results(back))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+# ----------------------------------------------------------------------------- report
+def test_report_renders_targets_tables_and_findings(tmp_path):
+    gpu, cpu, out = tmp_path / "g.json", tmp_path / "c.json", tmp_path / "REPORT.md"
+    gpu.write_text(json.dumps(synthetic_gpu()))
+    cpu.write_text(json.dumps(synthetic_cpu(median_s=0.25, repro_s=200.0)))
+    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--out", str(out)]) == 0
+    text = out.read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "PASS" in rows[report.TARGETS[0][1]] and "0.25 s" in rows[report.TARGETS[0][1]]
+    assert "FAIL" in rows[report.TARGETS[1][1]] and "200 s" in rows[report.TARGETS[1][1]]
+    assert "PASS" in rows[report.TARGETS[2][1]] and "2.5 s" in rows[report.TARGETS[2][1]]
+    # fa3 buggy took exactly the causal time in the synthetic data -> 1.00x; fixed was scaled by the pairs
+    assert "**1.00x** the time of plain causal" in text
+    ratio = common.window_pairs(0, 16384, -1) / common.window_pairs(0, 16384, 1024)
+    assert f"**{ratio:.1f}x** faster" in text
+    assert "**3.00x** the time of fa3 fixed" in text
+    assert "sdpa x1: skipped: budget" in text
+    assert "fa3/hd128/swa | 100.0" in text
+    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--out", str(out), "--check"]) == 0
+
+
+def test_report_says_not_measured_when_files_are_missing(tmp_path):
+    out = tmp_path / "REPORT.md"
+    report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"), "--out", str(out)])
+    text = out.read_text()
+    assert text.count("| not measured yet |") == 3
+    assert "Not measured yet: `benchmarks/results/h200_swa_prefill.json` is missing" in text
+    assert "PASS" not in text and "FAIL" not in text
+
+
+def test_report_flags_a_malformed_results_file(tmp_path):
+    doc = synthetic_gpu()
+    doc["records"][1]["peak_fraction"] = 0.99
+    text = report.render(doc, None)
+    assert "The results file has problems" in text
+
+
+def test_committed_results_are_well_formed_and_report_is_current():
+    gpu, cpu = common.load_json(common.GPU_RESULTS), common.load_json(common.CPU_RESULTS)
+    if gpu is not None:
+        assert common.validate_gpu_results(gpu) == []
+    if cpu is not None:
+        assert common.validate_cpu_results(cpu) == []
+    if report.REPORT.exists():
+        assert report.REPORT.read_text() == report.render(gpu, cpu), "run python -m benchmarks.report"
+
+
+# ----------------------------------------------------------------------------- the GPU study, CPU side
+def test_dry_run_plans_the_brief_module_set(capsys):
+    args = study.build_parser().parse_args(["--dry-run", "--head-dims", "64,128"])
+    plan = study.plan_study(args)
+    # fa3 builds only at head_dim 128 (~100 s each); fa2 at every head_dim
+    assert plan["modules"] == ["fa3/hd128/noswa", "fa3/hd128/swa", "fa2/hd64/noswa", "fa2/hd64/swa",
+                               "fa2/hd128/noswa", "fa2/hd128/swa"]
+    shapes = {(j.shape.seq_len, j.shape.batch, j.shape.num_qo_heads // j.shape.num_kv_heads) for j in plan["jobs"]}
+    assert shapes == {(L, b, g) for L in (4096, 16384, 32768) for b in (1, 4) for g in (8, 4)}
+    fa3 = [j for j in plan["jobs"] if j.backend == "fa3"]
+    assert {j.shape.head_dim for j in fa3} == {128}
+    # per shape: causal once, fixed and buggy per window
+    assert len(fa3) == 12 * (1 + 2 * 3)
+    assert all(j.window == -1 for j in fa3 if j.variant == "causal")
+    assert study.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "fa3/hd128/swa" in out and "est. JIT   100 s" in out
+
+
+def test_default_plan_fits_the_nine_minute_call():
+    args = study.build_parser().parse_args([])
+    plan = study.plan_study(args)
+    assert plan["est_total_s"] < args.budget_s < 540
+    assert plan["est_phase1_s"] == max(200.0, 60.0 + plan["est_flex_compile_s"])
+
+
+def test_job_flops_are_recomputed_from_shapes():
+    j = study.Job("fa3", "fixed", study.Shape(32768, 4, 32, 8, 128), 4096)
+    assert j.flops() == 4 * 32 * common.window_pairs(0, 32768, 4096) * 4 * 128
+    assert study.Job("fa3", "causal", j.shape, -1).flops() == 4 * 32 * (32768 * 32769 // 2) * 4 * 128
+    assert j.module == "fa3/hd128/swa" and study.Job("fa3", "buggy", j.shape, 4096).module == "fa3/hd128/noswa"
+
+
+def test_bad_arguments_say_what_to_do():
+    with pytest.raises(SystemExit, match="QO:KV"):
+        study.build_parser().parse_args(["--gqa", "32-4"])
+    with pytest.raises(SystemExit, match="unknown"):
+        study.plan_study(study.build_parser().parse_args(["--backends", "fa4"]))
+
+
+def test_input_rotation_covers_several_l2s():
+    l2 = 60 << 20
+    assert gpu_timing.n_input_sets(1 << 30, l2) == 1
+    assert gpu_timing.n_input_sets(20 << 20, l2) == 8
+    assert gpu_timing.n_input_sets(100 << 20, l2) * (100 << 20) >= 2 * l2
+
+
+def test_row_check_passes_the_window_and_catches_causal():
+    """The study's sampled-row check against swa_repro's float64 reference attention."""
+    g = torch.Generator().manual_seed(0)
+    L, hq, hk, d, w = 200, 4, 2, 16, 24
+    q, k, v = (torch.randn(L, h, d, generator=g) for h in (hq, hk, hk))
+    good = masked_attention(q, k, v, intended_mask(0, L, w)).float()
+    causal = masked_attention(q, k, v, intended_mask(0, L, -1)).float()
+    ok = gpu_timing.check_rows(torch, good, q, k, v, w)
+    assert ok["rel_err"] < 1e-5 and ok["nan_rows_sampled"] == 0
+    assert gpu_timing.check_rows(torch, causal, q, k, v, w)["rel_err"] > 0.1
+    poisoned = good.clone()
+    poisoned[L - 1] = float("nan")
+    bad = gpu_timing.check_rows(torch, poisoned, q, k, v, w)
+    assert bad["rel_err"] is None and bad["nan_rows_sampled"] == 1
+    assert {L - 1, w, w + 1} <= set(gpu_timing.sample_positions(L, w))
+
+
+def test_cpu_smoke_run_writes_valid_results(tmp_path):
+    """The study's orchestration end to end on CPU (sdpa only, tiny shapes; not a measurement)."""
+    out = tmp_path / "r.json"
+    rc = study.main(["--device", "cpu", "--backends", "sdpa", "--seq-lens", "64", "--windows", "8",
+                     "--gqa", "4:2", "--head-dims", "16", "--batch", "2", "--target-s", "0.001",
+                     "--no-probe", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert common.validate_gpu_results(doc) == [], common.validate_gpu_results(doc)
+    assert doc["status"] == "complete" and len(doc["records"]) == 2
+    for r in doc["records"]:
+        assert r["rel_err"] < 2e-2 and r["nan_frac"] == 0
+        assert r["useful_flops"] == common.useful_flops(64, r["batch"], 8, 4, 16)
+        assert math.isclose(r["peak_fraction"], r["useful_tflops"] / doc["peak_bf16_tflops"])
+
+
+@pytest.mark.gpu
+def test_gpu_study_smallest_shape(tmp_path):
+    pytest.importorskip("flashinfer")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path / "r.json"
+    assert study.main(["--backends", "fa2", "--seq-lens", "4096", "--windows", "128", "--gqa", "32:4",
+                       "--batch", "1", "--no-probe", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert common.validate_gpu_results(doc) == []
+    fixed = [r for r in doc["records"] if r["variant"] == "fixed"]
+    assert fixed and all(r["rel_err"] < 1e-2 for r in fixed)
+    assert np.isfinite([r["ms"] for r in doc["records"] if not r.get("error")]).all()
