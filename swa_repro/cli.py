@@ -68,5 +68,7 @@ def main(argv=None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run as swa_repro.cli so UsageError is the class other modules raise
+    from swa_repro.cli import main as _main
+
+    sys.exit(_main())
