@@ -1,0 +1,54 @@
+# swa-repro: the two commands are `make repro` and `make test`.
+# Both bootstrap .venv from nothing; the only prerequisites are Python >= 3.11 and make.
+# The install is stamped with pyproject.toml's hash, so a second run installs nothing.
+
+SHELL   := /bin/bash
+# The first of these that is >= 3.11 (override: make test PYTHON=/path/to/python3.12).
+ifndef PYTHON
+PYTHON := $(or $(shell for p in python3 python3.13 python3.12 python3.11; do \
+            $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done),python3)
+endif
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+EXTRAS  ?= baseline,notebooks,dev
+OUTPUT  ?= artifacts
+MODE    ?= auto
+PYTEST_ARGS ?= -q
+PIP_ARGS    ?= --progress-bar off
+HASH    := $(shell (sha256sum pyproject.toml 2>/dev/null || shasum -a 256 pyproject.toml) | cut -c1-16)
+STAMP   := $(VENV)/.swa-repro-installed-$(HASH)
+
+.PHONY: repro test venv doctor clean help
+.DEFAULT_GOAL := help
+
+help:
+	@echo "make repro   run every notebook (papermill) -> $(OUTPUT)/ (.ipynb, .html, PNGs, summary.json)"
+	@echo "make test    run the whole test suite"
+	@echo "make venv    only create/refresh $(VENV) (stamped on pyproject.toml's hash)"
+	@echo "make doctor  what is installed and which mode auto picks"
+
+repro: $(STAMP)
+	$(BIN)/swa-repro run --mode $(MODE) --output $(OUTPUT)
+
+# pytest's own exit status is written to $$SWA_PYTEST_RC when set (.ci/run uses it: make itself
+# can only exit 2 on a failed recipe, which would hide pytest's 5 = "no tests collected").
+test: $(STAMP)
+	@rc=0; $(BIN)/python -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	  if [ -n "$$SWA_PYTEST_RC" ]; then echo $$rc > "$$SWA_PYTEST_RC"; fi; exit $$rc
+
+doctor: $(STAMP)
+	$(BIN)/swa-repro doctor
+
+venv: $(STAMP)
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "swa-repro needs Python >= 3.11, but $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or newer)")' \
+	  || { [ $$? -eq 127 ] && echo "'$(PYTHON)' not found: install Python >= 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
+	@if [ ! -x $(BIN)/python ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
+	@$(BIN)/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "$(VENV) has Python " + sys.version.split()[0] + ": remove $(VENV) and run make again with Python >= 3.11")'
+	$(BIN)/python -m pip install $(PIP_ARGS) -e '.[$(EXTRAS)]'
+	@rm -f $(VENV)/.swa-repro-installed-*
+	@touch $@
+
+clean:
+	rm -rf $(OUTPUT)

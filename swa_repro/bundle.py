@@ -1,0 +1,285 @@
+"""``swa-repro bundle``: an offline FlashInfer for an air-gapped GPU machine that has only torch.
+
+Contents of ``--out DIR`` (it must travel in 64 MiB):
+- ``flashinfer-<version>.tar.xz``: the ``flashinfer`` package and its dist-info, with every
+  ``flashinfer/data/csrc`` sub-folder removed that the batch-prefill JIT sources do not include
+  (found by following ``#include`` from ``csrc/batch_prefill*`` through ``csrc/`` and
+  ``include/``; jit/attention/modules.py only reads top-level csrc files for fa2/fa3 prefill:
+  0.6.12 modules.py gen_customize_batch_prefill_module, 0.7.2.post1 modules.py:2078-2225).
+- ``wheels/``: apache-tvm-ffi (as the wheel's METADATA pins it, built for the target CPython)
+  and the pure-Python modules ``import flashinfer`` needs that a torch install lacks
+  (:data:`IMPORT_DEPS`: flashinfer/jit/cpp_ext.py imports packaging, flashinfer/artifacts.py
+  imports requests; tqdm and pynvml come in at import as well).
+- ``install.sh [TARGET]``: unpacks everything into TARGET (default /tmp/site), offline, and
+  prints the ``export PYTHONPATH=...`` line. Nothing is installed into an existing environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+LIMIT_BYTES = 64 * 2**20
+# Measured: on a python that has only torch 2.11 + its own requirements (jinja2, filelock,
+# cuda-bindings, ...), `import flashinfer` of 0.6.12 and 0.7.2.post1 needs exactly these extra.
+IMPORT_DEPS = ("packaging", "requests", "urllib3", "idna", "certifi", "charset-normalizer", "tqdm", "nvidia-ml-py")
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
+PREFILL_GLOBS = ("batch_prefill*", "tvm_ffi_utils.h")
+
+
+def _usage(msg):
+    from .cli import UsageError
+
+    return UsageError(msg)
+
+
+# ----------------------------------------------------------------------------- csrc pruning
+def needed_csrc_subdirs(data_dir: Path, globs=PREFILL_GLOBS) -> set[str]:
+    """Sub-folders of ``data/csrc`` reached by ``#include`` from the prefill JIT sources.
+
+    Includes resolve against the including file's folder, ``data/csrc`` and ``data/include`` (the
+    JIT's -I paths, jit/cpp_ext.py); conditional compilation is ignored, so the set is a superset.
+    """
+    csrc, inc = data_dir / "csrc", data_dir / "include"
+    todo = [p for g in globs for p in csrc.glob(g) if p.is_file()]
+    seen: set[Path] = set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        for name in INCLUDE_RE.findall(text):
+            for base in (f.parent, csrc, inc):
+                cand = (base / name).resolve()
+                if cand.is_file():
+                    todo.append(cand)
+                    break
+    root = csrc.resolve()
+    subdirs = set()
+    for f in seen:
+        try:
+            rel = f.relative_to(root)
+        except ValueError:
+            continue
+        if len(rel.parts) > 1:
+            subdirs.add(rel.parts[0])
+    return subdirs
+
+
+def prune_csrc(pkg_dir: Path) -> tuple[list[str], list[str]]:
+    """Remove unneeded ``flashinfer/data/csrc`` sub-folders in place; returns (removed, kept)."""
+    data = pkg_dir / "data"
+    csrc = data / "csrc"
+    if not csrc.is_dir():
+        raise _usage(f"{pkg_dir} has no data/csrc: not a flashinfer package with JIT sources")
+    if not list(csrc.glob("batch_prefill*")):
+        raise _usage(f"{csrc} has no batch_prefill* sources: refusing to prune an unknown layout")
+    keep = needed_csrc_subdirs(data)
+    removed = []
+    for d in sorted(p for p in csrc.iterdir() if p.is_dir()):
+        if d.name not in keep:
+            shutil.rmtree(d)
+            removed.append(d.name)
+    return removed, sorted(keep)
+
+
+# ----------------------------------------------------------------------------- downloads
+def _pip_download(specs, dest: Path, *, python_version: str | None = None, binary_platform=False) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d", str(dest)]
+    if python_version:
+        cmd += ["--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+        if binary_platform:
+            for p in PLATFORMS:
+                cmd += ["--platform", p]
+    cmd += list(specs)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+        raise _usage(f"pip download {' '.join(specs)} failed (network? use --wheel-dir with pre-fetched wheels): "
+                     + " | ".join(tail))
+
+
+def _find_wheel(folder: Path, dist: str, version: str | None = None) -> Path | None:
+    norm = dist.replace("-", "_").lower()
+    for w in sorted(folder.glob("*.whl")):
+        name, ver = w.name.split("-")[:2]
+        if name.lower() == norm and (version is None or ver == version):
+            return w
+    return None
+
+
+def wheel_requires(whl: Path) -> list[str]:
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+
+
+def tvm_ffi_spec(whl: Path) -> str:
+    for r in wheel_requires(whl):
+        if re.match(r"apache[-_]tvm[-_]ffi\b", r, re.I):
+            return r.split(";")[0].replace(" ", "")
+    raise _usage(f"{whl.name} does not require apache-tvm-ffi: unknown flashinfer packaging")
+
+
+# ----------------------------------------------------------------------------- repack
+def repack(whl: Path, out: Path, xz_preset: int = 6) -> dict:
+    """Wheel -> pruned ``tar.xz`` of the flashinfer package and its dist-info."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        with zipfile.ZipFile(whl) as z:
+            members = [n for n in z.namelist() if n.startswith("flashinfer/") or ".dist-info/" in n.split("/")[0] + "/"]
+            z.extractall(t, members)
+        removed, kept = prune_csrc(t / "flashinfer")
+        with tarfile.open(out, "w:xz", preset=xz_preset) as tar:
+            for top in sorted(p.name for p in t.iterdir()):
+                tar.add(t / top, arcname=top, filter=_strip_pycache)
+    return {"removed_csrc_subdirs": removed, "kept_csrc_subdirs": kept}
+
+
+def _strip_pycache(ti: tarfile.TarInfo):
+    if "__pycache__" in ti.name.split("/"):
+        return None
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    return ti
+
+
+INSTALL_SH = r"""#!/usr/bin/env bash
+# Offline install of this bundle (made by `swa-repro bundle`): unpacks into TARGET only.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+TARGET="${1:-/tmp/site}"
+PY="${PYTHON:-python}"
+mkdir -p "$TARGET"
+if "$PY" -m pip --version >/dev/null 2>&1; then
+  "$PY" -m pip install --quiet --no-index --no-deps --disable-pip-version-check --target "$TARGET" "$HERE"/wheels/*.whl
+else
+  for w in "$HERE"/wheels/*.whl; do "$PY" -m zipfile -e "$w" "$TARGET"; done
+fi
+for t in "$HERE"/flashinfer-*.tar.xz; do [ -e "$t" ] && tar -xJf "$t" -C "$TARGET"; done
+echo "export PYTHONPATH=$TARGET\${PYTHONPATH:+:\$PYTHONPATH}"
+"""
+
+
+def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel_dir: Path | None = None,
+                 xz_preset: int = 6) -> dict:
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise _usage(f"--out {out} exists and is not empty: give a new or empty folder")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "wheels").mkdir()
+    with tempfile.TemporaryDirectory() as tmp:
+        dl = Path(tmp)
+        whl = _find_wheel(Path(wheel_dir), "flashinfer-python", version) if wheel_dir else None
+        if whl is None:
+            _pip_download([f"flashinfer-python=={version}"], dl)
+            whl = _find_wheel(dl, "flashinfer-python", version)
+        if whl is None:
+            raise _usage(f"no flashinfer_python-{version} wheel found")
+        info = repack(whl, out / f"flashinfer-{version}.tar.xz", xz_preset)
+        _pip_download([tvm_ffi_spec(whl)], out / "wheels", python_version=python_version, binary_platform=True)
+        _pip_download(list(IMPORT_DEPS), out / "wheels", python_version=python_version, binary_platform=True)
+    (out / "install.sh").write_text(INSTALL_SH)
+    os.chmod(out / "install.sh", 0o755)
+    files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest = {"flashinfer": version, "python": python_version, "source_wheel": whl.name, **info,
+                "files": files, "sha256": {k: _sha256(out / k) for k in files},
+                "total_bytes": sum(files.values())}
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest["total_bytes"] += (out / "MANIFEST.json").stat().st_size
+    if manifest["total_bytes"] > LIMIT_BYTES:
+        raise _usage(f"bundle is {manifest['total_bytes'] / 2**20:.1f} MiB, over the 64 MiB that can travel")
+    return manifest
+
+
+# What executing the notebooks needs beyond a bare torch image (papermill, jupytext, nbconvert and a
+# kernel), at the pins of pyproject.toml's `notebooks` extra; matplotlib is on the GPU image.
+NOTEBOOK_DISTS = ("papermill", "jupytext", "nbconvert", "ipykernel")
+
+
+def notebook_pins(pyproject: Path | None = None) -> list[str]:
+    """``name==version`` for :data:`NOTEBOOK_DISTS`, read from pyproject.toml's notebooks extra."""
+    import tomllib
+
+    pyproject = pyproject or Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["notebooks"]
+    pins = [p for p in extra if p.split("==")[0].lower() in NOTEBOOK_DISTS]
+    if len(pins) != len(NOTEBOOK_DISTS):
+        raise _usage(f"pyproject.toml's notebooks extra must pin {', '.join(NOTEBOOK_DISTS)}; found {pins}")
+    return pins
+
+
+def build_notebook_bundle(out: Path, *, python_version: str = "3.12") -> dict:
+    """Wheels (dependencies resolved for the target CPython) to execute the notebooks with papermill
+    on an air-gapped GPU machine that has torch but no Jupyter stack."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise _usage(f"--out {out} exists and is not empty: give a new or empty folder")
+    (out / "wheels").mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(out / "wheels"),
+           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+    for p in (*PLATFORMS, "manylinux_2_26_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64"):
+        cmd += ["--platform", p]
+    r = subprocess.run(cmd + notebook_pins(), capture_output=True, text=True)
+    if r.returncode != 0:
+        raise _usage("pip download of the notebook stack failed: " + " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]))
+    (out / "install.sh").write_text(INSTALL_SH)
+    os.chmod(out / "install.sh", 0o755)
+    files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    manifest = {"notebooks": notebook_pins(), "python": python_version, "files": files,
+                "total_bytes": sum(files.values())}
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bundle", help="offline flashinfer bundle (+ install.sh) for an air-gapped GPU machine")
+    p.add_argument("--flashinfer", default=None, help="flashinfer-python version, e.g. 0.6.12 or 0.7.2.post1")
+    p.add_argument("--notebooks", action="store_true",
+                   help="instead: the papermill/jupytext/nbconvert/ipykernel wheels to run the notebooks there")
+    p.add_argument("--out", required=True, help="new or empty folder, e.g. .bundle/0.6.12")
+    p.add_argument("--python", default="3.12", help="target CPython for binary wheels (default 3.12)")
+    p.add_argument("--wheel-dir", default=None, help="use a flashinfer wheel from here instead of downloading it")
+    p.set_defaults(func=main)
+
+
+def main(a) -> int:
+    if a.notebooks == bool(a.flashinfer):
+        raise _usage("give either --flashinfer VERSION or --notebooks (one bundle per folder)")
+    if a.notebooks:
+        m = build_notebook_bundle(Path(a.out), python_version=a.python)
+        print(f"{len(m['files']) - 2} wheels, {m['total_bytes'] / 2**20:.2f} MiB; on the GPU machine: "
+              f"bash {a.out}/install.sh /tmp/site")
+        return 0
+    m = build_bundle(a.flashinfer, Path(a.out), python_version=a.python,
+                     wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None)
+    for k, v in m["files"].items():
+        print(f"{v / 2**20:8.2f} MiB  {k}")
+    print(f"{m['total_bytes'] / 2**20:8.2f} MiB  total (limit 64 MiB); csrc sub-folders removed: "
+          f"{len(m['removed_csrc_subdirs'])}, kept: {m['kept_csrc_subdirs']}")
+    print(f"on the GPU machine: bash {a.out}/install.sh /tmp/site")
+    return 0

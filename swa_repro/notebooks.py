@@ -1,0 +1,231 @@
+"""``swa-repro run``: execute the investigation notebooks headless and collect what they show.
+
+For each ``notebooks/NN_*.py`` (jupytext percent format): convert to ``.ipynb`` in a temp dir, run
+it with papermill (parameters ``mode``, ``output_dir`` and any ``--parameters``) on this
+interpreter's own kernel, and write ``DIR/<name>.ipynb`` (also when it fails: papermill saves after
+every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their own figures
+(``save_figure``) and say their mode (``announce_mode``); the runner reads both back.
+
+Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
+imports ``announce_mode``/``save_figure`` from here and needs none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .checks import read_checks
+from .mode import MODES, ModeInfo, resolve_mode
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
+KERNEL_NAME = "swa-repro"
+RESERVED = ("mode", "output_dir")
+
+
+# ---------------------------------------------------------------- kernel side (used in notebooks)
+def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
+    """Resolve and print the mode (first output of every notebook) and record it for the runner."""
+    info = resolve_mode(requested)
+    print(f"Mode: {info.mode} ({info.reason})")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = {"notebook": notebook, "requested": requested, "python": sys.executable, **info.to_dict()}
+    (out / f"{notebook}.mode.json").write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    return info
+
+
+def save_figure(fig, name: str, output_dir) -> Path:
+    """Save ``fig`` as ``DIR/<name>.png``; ``name`` is ``<notebook>_<what>`` so the runner finds it.
+    The figure stays open, so the inline backend still shows it in the notebook and its HTML."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise ValueError(f"figure name must be a plain file stem like '02_masks_and_cta_skips_tiles'; got {name!r}")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+# ---------------------------------------------------------------- runner side
+def available_notebooks(nb_dir: Path) -> list[Path]:
+    return sorted(p for p in Path(nb_dir).glob("*.py") if NOTEBOOK_RE.match(p.name))
+
+
+def select_notebooks(names: list[str], nb_dir: Path) -> list[Path]:
+    """Names may be the stem, the file name, or the NN prefix; unknown names are a UsageError."""
+    from .cli import UsageError
+
+    avail = available_notebooks(nb_dir)
+    if not avail:
+        raise UsageError(f"no notebooks (NN_name.py) found in {nb_dir}")
+    if not names:
+        return avail
+    picked = []
+    for n in names:
+        stem = Path(n).name.removesuffix(".py").removesuffix(".ipynb")
+        hits = [p for p in avail if p.stem == stem] or [p for p in avail if p.stem.split("_", 1)[0] == stem]
+        if len(hits) != 1:
+            raise UsageError(f"unknown notebook {n!r}: choose from {', '.join(p.stem for p in avail)}")
+        if hits[0] not in picked:
+            picked.append(hits[0])
+    return picked
+
+
+def parse_parameters(items: list[str]) -> dict:
+    """``k=v`` -> {k: v}; v is JSON when it parses (4, 1.5, true, [1,2], "s"), else the string."""
+    from .cli import UsageError
+
+    params = {}
+    for it in items or []:
+        k, sep, v = it.partition("=")
+        if not sep or not k.isidentifier():
+            raise UsageError(f"--parameters takes name=value pairs; got {it!r} "
+                             "(put NOTEBOOK names before --parameters)")
+        if k in RESERVED:
+            raise UsageError(f"set {k} with --{k.replace('_dir', '')}, not --parameters")
+        try:
+            params[k] = json.loads(v)
+        except json.JSONDecodeError:
+            params[k] = v
+    return params
+
+
+def ensure_kernel() -> str:
+    """Install a kernelspec that runs *this* interpreter into ``sys.prefix`` (the venv), never into
+    the user's home, so papermill cannot pick up some other ``python3`` kernel. Falls back to a
+    temp dir put first on ``JUPYTER_PATH`` when the prefix is read-only."""
+    # log_level=ERROR: ipykernel 7 warns on every start that localhost TCP is unencrypted (noise here).
+    spec = {"argv": [sys.executable, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                     "--IPKernelApp.log_level=ERROR"],
+            "display_name": f"swa-repro ({Path(sys.prefix).name} python {sys.version.split()[0]})",
+            "language": "python", "metadata": {"debugger": True}}
+    text = json.dumps(spec, indent=1) + "\n"
+    for base in (Path(sys.prefix) / "share" / "jupyter", None):
+        if base is None:
+            base = Path(tempfile.mkdtemp(prefix="swa-repro-jupyter-"))
+            os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [str(base), os.environ.get("JUPYTER_PATH")]))
+        kfile = base / "kernels" / KERNEL_NAME / "kernel.json"
+        try:
+            if not kfile.exists() or kfile.read_text() != text:
+                kfile.parent.mkdir(parents=True, exist_ok=True)
+                kfile.write_text(text)
+            return KERNEL_NAME
+        except OSError:
+            continue
+    raise RuntimeError("could not write a kernelspec")  # unreachable: the temp dir is writable
+
+
+def _clear_outputs(out: Path, name: str) -> None:
+    """Results of an earlier run of this notebook must not be read back as this run's."""
+    for p in [out / f"{name}{s}" for s in (".ipynb", ".html", ".mode.json", ".checks.json")] + \
+            list(out.glob(f"{name}_*.png")):
+        p.unlink(missing_ok=True)
+
+
+def _error_text(e: Exception) -> str:
+    ename, evalue = getattr(e, "ename", None), getattr(e, "evalue", None)
+    text = f"{ename}: {evalue}" if ename else f"{type(e).__name__}: {e}"
+    return re.sub(r"\x1b\[[0-9;]*m", "", text).strip()[:2000]
+
+
+def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_timeout: int | None) -> dict:
+    import jupytext
+    import papermill as pm
+    from nbconvert import HTMLExporter
+
+    name = path.stem
+    _clear_outputs(out, name)
+    ipynb, html = out / f"{name}.ipynb", out / f"{name}.html"
+    t0, error = time.perf_counter(), None
+    with tempfile.TemporaryDirectory(prefix="swa-repro-nb-") as tmp:
+        src = Path(tmp) / f"{name}.ipynb"
+        nb = jupytext.read(path)
+        nb.metadata["kernelspec"] = {"name": kernel, "language": "python", "display_name": kernel}
+        jupytext.write(nb, src)
+        try:
+            pm.execute_notebook(str(src), str(ipynb), parameters={"mode": mode, "output_dir": str(out), **params},
+                                kernel_name=kernel, language="python", cwd=str(path.parent), progress_bar=False,
+                                log_output=False, start_timeout=120, execution_timeout=cell_timeout)
+        except Exception as e:  # PapermillExecutionError, kernel death, timeout: the notebook failed
+            error = _error_text(e)
+    if ipynb.exists():
+        try:
+            html.write_text(HTMLExporter().from_filename(str(ipynb))[0], encoding="utf-8")
+        except Exception as e:
+            error = error or f"HTML export failed: {_error_text(e)}"
+    seconds = time.perf_counter() - t0
+    rec_path = out / f"{name}.mode.json"
+    rec = json.loads(rec_path.read_text()) if rec_path.exists() else None
+    checks = read_checks(out, name)
+    if error is None and rec is None:
+        error = "the notebook did not record its mode: call swa_repro.notebooks.announce_mode(mode, output_dir, name)"
+    if error is None and checks and checks["failed"]:
+        error = f"{checks['failed']} checks failed"
+    return {
+        "notebook": name,
+        "status": "failed" if error else "ok",
+        "mode": rec and rec["mode"], "mode_reason": rec and rec["reason"],
+        "checks_passed": checks and checks["passed"], "checks_failed": checks and checks["failed"],
+        "seconds": round(seconds, 2), "error": error,
+        "kernel_python": rec and rec.get("python"),
+        "ipynb": ipynb.name if ipynb.exists() else None, "html": html.name if html.exists() else None,
+        "figures": sorted(p.name for p in out.glob(f"{name}_*.png")),
+    }
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the notebooks headless (papermill) -> .ipynb, .html, PNGs, summary.json")
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                   help="names, stems or NN prefixes (default: all, in order)")
+    p.add_argument("--mode", choices=MODES, default="auto",
+                   help="live = real kernels on CUDA; model = CPU model + recordings; auto = live iff usable")
+    p.add_argument("--output", default="artifacts", help="output directory (default: artifacts)")
+    p.add_argument("--parameters", "-p", nargs="+", action="extend", default=[], metavar="K=V",
+                   help="extra notebook parameters; values are JSON when they parse")
+    p.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR),
+                   help="where the NN_*.py notebooks are (default: the repo's notebooks/)")
+    p.add_argument("--cell-timeout", type=int, default=1800, help="seconds one cell may run (default 1800)")
+    p.add_argument("--list", action="store_true", help="list the notebooks and exit")
+    p.set_defaults(func=main)
+
+
+def main(a) -> int:
+    nb_dir = Path(a.notebooks_dir).resolve()
+    paths = select_notebooks(a.notebooks, nb_dir)
+    if a.list:
+        print("\n".join(p.stem for p in paths))
+        return 0
+    params = parse_parameters(a.parameters)
+    info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
+    out = Path(a.output).resolve()
+    if out.exists() and not out.is_dir():
+        from .cli import UsageError
+
+        raise UsageError(f"--output {a.output} is a file: give a directory (it is created if missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    kernel = ensure_kernel()
+    print(f"mode {a.mode} -> {info.mode}: {info.reason}")
+    print(f"running {len(paths)} notebook(s) from {nb_dir} -> {out}", flush=True)
+    t0, results = time.perf_counter(), []
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem:<44}", end=" ", flush=True)
+        r = run_one(path, out, a.mode, params, kernel, a.cell_timeout)
+        results.append(r)
+        checks = ("no checks" if r["checks_passed"] is None
+                  else f"checks {r['checks_passed']} ok {r['checks_failed']} failed")
+        line = f"{r['status']:<6} mode={r['mode'] or '?'}  {checks}  {r['seconds']:.1f}s"
+        print(line + (f"\n      error: {r['error'].splitlines()[0][:300]}" if r["error"] else ""), flush=True)
+    failed = [r["notebook"] for r in results if r["status"] != "ok"]
+    summary = {"mode_requested": a.mode, "mode": info.mode, "mode_reason": info.reason, "parameters": params,
+               "output_dir": str(out), "python": sys.executable, "seconds": round(time.perf_counter() - t0, 2),
+               "ok": not failed, "failed": failed, "notebooks": results}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    print(f"{len(results) - len(failed)}/{len(results)} notebooks ok; summary: {out / 'summary.json'}")
+    return 1 if failed else 0

@@ -1,0 +1,277 @@
+"""``swa-repro record`` (GPU): probe every recording case on the real kernel and commit the result.
+
+Layout: ``recordings/<flashinfer-version>/<case>.json`` (case, provenance, statuses, plan info,
+module, timings, the model's prediction at record time) + ``<case>.npz`` (per request int32
+``lo/hi/count`` and bool flags; only KV-head 0's query-head group when every group agrees,
+which the JSON records as ``heads_stored``/``groups_agree``). Written only by this command.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .config import Case
+
+FORMAT = "swa-repro-recording/1"
+DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "recordings"
+INT_FIELDS = ("lo", "hi", "count")
+FLAG_FIELDS = ("contiguous", "consistent", "nan", "repeat_equal")  # (qo, heads)
+ROW_FIELDS = ("err_vs_reference", "err_vs_model", "err_vs_probed", "random_equal")  # (qo,)
+
+
+# ----------------------------------------------------------------------------- writing
+def groups_agree(case: Case, req) -> bool:
+    """Every KV head's group of query heads saw exactly what group 0 saw."""
+    g, hk = case.group_size, case.num_kv_heads
+    for f in INT_FIELDS + FLAG_FIELDS:
+        a = getattr(req, f).reshape(req.lo.shape[0], hk, g)
+        if not (a == a[:, :1]).all():
+            return False
+    return True
+
+
+def to_record(result, provenance: dict, extra: dict | None = None) -> tuple[dict, dict]:
+    """A ProbeResult -> (JSON dict, npz arrays)."""
+    from .kernel_model import simulate
+
+    case = result.case
+    agree = all(groups_agree(case, r) for r in result.requests)
+    ncols = case.group_size if agree else case.num_qo_heads
+    arrays = {}
+    for i, r in enumerate(result.requests):
+        for f in INT_FIELDS:
+            arrays[f"r{i}_{f}"] = np.ascontiguousarray(getattr(r, f)[:, :ncols], dtype=np.int32)
+        for f in FLAG_FIELDS:
+            arrays[f"r{i}_{f}"] = np.ascontiguousarray(getattr(r, f)[:, :ncols], dtype=bool)
+        for f in ROW_FIELDS:
+            arrays[f"r{i}_{f}"] = np.asarray(getattr(r, f), dtype=bool if f == "random_equal" else np.float32)
+    model = simulate(case)
+    doc = {
+        "format": FORMAT, "name": case.name, "case": case.to_dict(),
+        "statuses": result.statuses(), "reasons": result.reasons(),
+        "groups_agree": agree, "heads_stored": "group0" if agree else "all",
+        "plan_info": result.plan_info, "timings": result.timings,
+        "repeats": result.repeats, "launches": result.launches, "source": result.source,
+        "model_at_record": {"statuses": model.statuses, "summary": model.summary()},
+        "provenance": provenance, **(extra or {}),
+    }
+    return doc, arrays
+
+
+def write_recording(result, out_dir: Path, provenance: dict, extra: dict | None = None) -> Path:
+    doc, arrays = to_record(result, provenance, extra)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / (result.case.name or "case")
+    np.savez_compressed(stem.with_suffix(".npz"), **arrays)
+    doc["arrays"] = stem.with_suffix(".npz").name
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    return stem.with_suffix(".json")
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return None if np.isnan(o) else float(o)
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def provenance(argv=None) -> dict:
+    """GPU, driver, CUDA, torch, flashinfer (and where it came from), sglang, python, UTC date and
+    the command line; no hostname."""
+    import torch
+
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception:
+            return ""
+
+    try:
+        import flashinfer
+
+        fi = {"version": str(flashinfer.__version__), "from": str(Path(flashinfer.__file__).parent),
+              "git": str(getattr(flashinfer, "__git_version__", getattr(flashinfer, "__git_commit__", "")))}
+    except Exception as e:
+        fi = {"version": None, "error": str(e)}
+    try:
+        from importlib.metadata import version
+
+        sg = version("sglang")
+    except Exception:
+        sg = "not installed"
+    dev = {}
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        dev = {"gpu": torch.cuda.get_device_name(0), "capability": list(torch.cuda.get_device_capability(0)),
+               "sm_count": p.multi_processor_count, "memory_gib": round(p.total_memory / 2**30, 1)}
+    nvcc = run(["nvcc", "--version"]).splitlines()
+    return {
+        **dev,
+        "driver": (run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines() or [None])[0],
+        "cuda_runtime": torch.version.cuda, "nvcc": nvcc[-1] if nvcc else None,
+        "torch": torch.__version__, "flashinfer": fi, "sglang": sg,
+        "python": platform.python_version(),
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "command": shlex.join(["swa-repro", *(sys.argv[1:] if argv is None else argv)]),
+    }
+
+
+# ----------------------------------------------------------------------------- reading
+@dataclass
+class RecordedRequest:
+    prefix_len: int
+    extend_len: int
+    status: str
+    reason: str
+    arrays: dict  # lo/hi/count (qo, cols) int32, flags (qo, cols) bool, rows (qo,)
+    num_qo_heads: int
+    group_size: int
+
+    def __getattr__(self, name):
+        arrays = self.__dict__.get("arrays", {})
+        if name in arrays:
+            return arrays[name]
+        raise AttributeError(name)
+
+    def by_qo_head(self, field: str) -> np.ndarray:
+        """``(qo, Hq)`` view of a stored (qo, group) or (qo, Hq) field."""
+        a = self.arrays[field]
+        if a.shape[1] == self.num_qo_heads:
+            return a
+        return a[:, np.arange(self.num_qo_heads) % self.group_size]
+
+    def by_head_in_group(self, field: str) -> np.ndarray:
+        """``(qo, group)`` like the kernel model's ``RequestModel.lo/hi`` (group 0's columns)."""
+        return self.arrays[field][:, : self.group_size]
+
+    def union_mask(self) -> np.ndarray:
+        from .reference import interval_to_mask
+
+        lo, hi = self.by_qo_head("lo"), self.by_qo_head("hi")
+        kv = self.prefix_len + self.extend_len
+        m = np.zeros((self.extend_len, kv), bool)
+        for h in range(lo.shape[1]):
+            m |= interval_to_mask(lo[:, h], hi[:, h], kv)
+        return m
+
+
+@dataclass
+class Recording:
+    path: Path
+    case: Case
+    provenance: dict
+    statuses: list
+    doc: dict
+    requests: list
+
+    @property
+    def name(self) -> str:
+        return self.case.name
+
+    @property
+    def flashinfer_version(self) -> str:
+        return self.case.flashinfer_version
+
+
+def load_recording(path) -> Recording:
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file (format={doc.get('format')!r})")
+    case = Case.from_dict({**doc["case"], "name": doc["name"]})
+    with np.load(path.with_name(doc["arrays"])) as z:
+        arrays = {k: z[k] for k in z.files}
+    reqs = []
+    for i, (p, e) in enumerate(zip(case.prefix_lens, case.extend_lens)):
+        a = {k[len(f"r{i}_"):]: v for k, v in arrays.items() if k.startswith(f"r{i}_")}
+        reqs.append(RecordedRequest(p, e, doc["statuses"][i], doc["reasons"][i], a, case.num_qo_heads, case.group_size))
+    return Recording(path, case, doc["provenance"], doc["statuses"], doc, reqs)
+
+
+def load_recordings(root=None) -> list[Recording]:
+    """Every ``<root>/<flashinfer-version>/<case>.json`` (default: the repo's ``recordings/``)."""
+    root = Path(root) if root is not None else DEFAULT_ROOT
+    return [load_recording(p) for p in sorted(root.glob("*/*.json"))]
+
+
+# ----------------------------------------------------------------------------- command
+def register(sub) -> None:
+    p = sub.add_parser("record", help="(GPU) probe the recording cases on real FlashInfer -> recordings/")
+    p.add_argument("--cases", default="all", help="comma-separated names from swa_repro/recording_cases.py, or all")
+    p.add_argument("--out", default=str(DEFAULT_ROOT), help="root; files go to <out>/<flashinfer-version>/")
+    p.add_argument("--repeats", type=int, default=2, help="full probe sweeps compared bitwise")
+    p.add_argument("--random-runs", type=int, default=2, help="random-data runs compared bitwise")
+    p.add_argument("--jit-workers", type=int, default=4, help="modules JIT-built in parallel before probing")
+    p.add_argument("--list", action="store_true", help="print the cases, model predictions and modules; no GPU")
+    p.set_defaults(func=main)
+
+
+def main(a) -> int:
+    from . import recording_cases as rc
+    from .cli import UsageError
+
+    cases = rc.select(a.cases)
+    if a.list:
+        print(rc.table(cases))
+        return 0
+    if a.repeats < 1 or a.random_runs < 0:
+        raise UsageError("--repeats must be >= 1 and --random-runs >= 0")
+    from .live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
+
+    require_cuda()
+    import torch
+
+    version = installed_flashinfer_version()
+    props = torch.cuda.get_device_properties(0)
+    arch = tuple(torch.cuda.get_device_capability(0))
+    cases = [c.with_(flashinfer_version=version, sm_count=props.multi_processor_count, arch=arch) for c in cases]
+    prov = provenance()
+    out_dir = Path(a.out) / version
+    print(f"flashinfer {version} from {prov['flashinfer'].get('from')}; {prov.get('gpu')}; "
+          f"{len(cases)} cases -> {out_dir}", flush=True)
+    t = time.perf_counter()
+    builds = prebuild_modules([module_key(c) for c in cases], workers=a.jit_workers)
+    jit_total = round(time.perf_counter() - t, 1)
+    print(f"JIT: {len(builds)} modules in {jit_total} s: {builds}", flush=True)
+    from .probe import probe_case
+
+    failed = []
+    for c in rc.risky_last(cases):
+        t = time.perf_counter()
+        try:
+            res = probe_case(c, repeats=a.repeats, random_runs=a.random_runs)
+            path = write_recording(res, out_dir, prov, {"jit_prebuild": {"seconds_total": jit_total, "modules": builds}})
+        except Exception as e:  # keep going: the other cases are still evidence
+            failed.append(c.name)
+            print(f"FAILED {c.name}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+            continue
+        print(f"{c.name:24s} {','.join(res.statuses()):28s} model {','.join(res_model(c)):28s} "
+              f"{res.plan_info.get('module')} cta_q={res.plan_info.get('cta_tile_q')} split={res.plan_info.get('split_kv')} "
+              f"{time.perf_counter() - t:.1f}s -> {path}", flush=True)
+    if failed:
+        print(f"{len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def res_model(case: Case) -> list[str]:
+    from .kernel_model import simulate
+
+    return simulate(case).statuses

@@ -1,0 +1,143 @@
+"""`swa-repro run` for real: throwaway jupytext notebooks through papermill on the venv's kernel."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from swa_repro.cli import main
+from swa_repro.notebooks import parse_parameters, select_notebooks
+
+HEADER = '''# %% [markdown]
+# Throwaway notebook for the runner's tests.
+
+# %% tags=["parameters"]
+mode = "auto"
+output_dir = "out"
+threshold = 1
+
+# %%
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from swa_repro.checks import Checks
+from swa_repro.notebooks import announce_mode, save_figure
+
+info = announce_mode(mode, output_dir, NAME)
+checks = Checks(NAME, output_dir)
+'''
+
+PASSING = HEADER.replace("NAME", '"00_pass"') + '''
+# %%
+fig, ax = plt.subplots()
+ax.plot([0, 1], [1, 0])
+save_figure(fig, "00_pass_line", output_dir)
+checks.expect(1 + 1 == 2, "arithmetic")
+checks.expect(isinstance(threshold, int), "threshold is an int", threshold=threshold)
+checks.close()
+'''
+
+FAILING = HEADER.replace("NAME", '"01_fail"') + '''
+# %%
+checks.expect(True, "a check that passes")
+checks.expect(threshold > 5, "threshold above 5", threshold=threshold)
+checks.close()
+
+# %%
+print("never reached")
+'''
+
+
+@pytest.fixture(scope="module")
+def nb_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("notebooks")
+    (d / "00_pass.py").write_text(PASSING)
+    (d / "01_fail.py").write_text(FAILING)
+    (d / "helper.py").write_text("# not a notebook: no NN_ prefix\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def both_run(nb_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifacts")
+    rc = main(["run", "--mode", "model", "--output", str(out), "--notebooks-dir", str(nb_dir)])
+    return rc, out, json.loads((out / "summary.json").read_text())
+
+
+def test_failed_run_exits_nonzero_and_summary_is_right(both_run):
+    rc, out, summary = both_run
+    assert rc == 1
+    assert summary["ok"] is False and summary["failed"] == ["01_fail"]
+    assert summary["mode_requested"] == "model" and summary["mode"] == "model"
+    by = {r["notebook"]: r for r in summary["notebooks"]}
+    assert list(by) == ["00_pass", "01_fail"]  # in order; helper.py is not a notebook
+
+    ok = by["00_pass"]
+    assert (ok["status"], ok["error"], ok["mode"]) == ("ok", None, "model")
+    assert (ok["checks_passed"], ok["checks_failed"]) == (2, 0)
+    assert ok["figures"] == ["00_pass_line.png"]
+    assert ok["seconds"] > 0
+
+    bad = by["01_fail"]
+    assert bad["status"] == "failed" and bad["mode"] == "model"
+    assert (bad["checks_passed"], bad["checks_failed"]) == (1, 1)
+    assert bad["error"].startswith("AssertionError: 1 of 2 checks failed in 01_fail: threshold above 5")
+
+
+def test_artifacts_written_even_for_the_failed_notebook(both_run):
+    _, out, _ = both_run
+    for name in ("00_pass", "01_fail"):
+        nb = json.loads((out / f"{name}.ipynb").read_text())
+        assert nb["metadata"]["papermill"]["parameters"]["mode"] == "model"
+        assert (out / f"{name}.html").read_text().lstrip().lower().startswith("<!doctype html")
+    assert (out / "00_pass_line.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cells = json.loads((out / "01_fail.ipynb").read_text())["cells"]
+    failing = next(c for c in cells if "threshold above 5" in "".join(c["source"]))
+    text = json.dumps(failing["outputs"])
+    assert "FAIL threshold above 5" in text and "AssertionError" in text
+    after = next(c for c in cells if "never reached" in "".join(c["source"]))
+    assert after["outputs"] == [] and after["execution_count"] is None  # execution stopped at the failure
+
+
+def test_kernel_is_this_interpreter(both_run):
+    """The kernelspec the runner installs runs the venv's own python, not some other `python3`."""
+    _, out, summary = both_run
+    assert {r["kernel_python"] for r in summary["notebooks"]} == {sys.executable}
+    assert json.loads((out / "00_pass.mode.json").read_text())["python"] == sys.executable
+
+
+def test_parameters_reach_the_notebook_and_rerun_replaces_results(both_run, nb_dir, capsys):
+    _, out, _ = both_run
+    rc = main(["run", "--mode", "model", "--output", str(out), "--notebooks-dir", str(nb_dir),
+               "01", "--parameters", "threshold=10"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    [r] = summary["notebooks"]
+    assert (r["notebook"], r["status"], r["checks_passed"], r["checks_failed"]) == ("01_fail", "ok", 2, 0)
+    assert summary["parameters"] == {"threshold": 10}
+    line = [ln for ln in capsys.readouterr().out.splitlines() if "01_fail" in ln and "[1/1]" in ln]
+    assert line and "ok" in line[0] and line[0].rstrip().endswith("s")  # one progress line with its time
+
+
+def test_unknown_notebook_lists_the_available_ones(nb_dir, tmp_path, capsys):
+    rc = main(["run", "--output", str(tmp_path), "--notebooks-dir", str(nb_dir), "07_nope"])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "swa-repro run: error: unknown notebook '07_nope': choose from 00_pass, 01_fail"
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_select_and_parse(nb_dir):
+    assert [p.stem for p in select_notebooks(["01_fail.py", "00", "01_fail"], nb_dir)] == ["01_fail", "00_pass"]
+    assert parse_parameters(["a=4", "b=1.5", "c=true", "d=[1,2]", "e=fa2", "f="]) == \
+        {"a": 4, "b": 1.5, "c": True, "d": [1, 2], "e": "fa2", "f": ""}
+
+
+@pytest.mark.parametrize("bad, msg", [(["nokey"], "name=value"), (["mode=live"], "--mode"),
+                                      (["output_dir=x"], "--output")])
+def test_bad_parameters(bad, msg, nb_dir, tmp_path, capsys):
+    rc = main(["run", "--output", str(tmp_path), "--notebooks-dir", str(nb_dir), "--parameters", *bad])
+    assert rc == 2
+    assert msg in capsys.readouterr().err
