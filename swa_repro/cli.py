@@ -13,17 +13,17 @@ import sys
 
 from .config import CaseError
 
-# subcommand -> module that registers it
+# subcommand -> (module that registers it, one-line help shown without importing it)
 COMMANDS = {
-    "run": "swa_repro.notebooks",
-    "doctor": "swa_repro.mode",
-    "mask": "swa_repro.mask_cmd",
-    "record": "swa_repro.recordings",
-    "bundle": "swa_repro.bundle",
-    "patch": "swa_repro.sglang_patch",
-    "sglang-check": "swa_repro.sglang_check",
-    "replay": "swa_repro.trace",
-    "audit": "swa_repro.audit",
+    "run": ("swa_repro.notebooks", "execute the notebooks headless with papermill -> artifacts/"),
+    "doctor": ("swa_repro.mode", "what is installed, whether CUDA is usable, which mode auto picks"),
+    "mask": ("swa_repro.mask_cmd", "effective masks of one case (model or live probe) -> .npz"),
+    "record": ("swa_repro.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
+    "bundle": ("swa_repro.bundle", "offline bundles for an air-gapped GPU machine"),
+    "patch": ("swa_repro.sglang_patch", "status/diff/apply/revert the sglang backend fix"),
+    "sglang-check": ("swa_repro.sglang_check", "sglang's real backend, unpatched vs patched, vs the reference"),
+    "replay": ("swa_repro.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
+    "audit": ("swa_repro.audit", "plan/forward contract audit of sglang's FlashInfer calls"),
 }
 
 
@@ -38,13 +38,20 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """Imports only the module of the subcommand being run (the others register a stub with their
+    help line), so ``swa-repro mask`` does not pay for sglang's or papermill's imports."""
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
     p = OneLineParser(prog="swa-repro", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name, mod in COMMANDS.items():
+    for name, (mod, help_) in COMMANDS.items():
+        if name != chosen:
+            sub.add_parser(name, help=help_, add_help=False)
+            continue
         try:
             importlib.import_module(mod).register(sub)
-        except ModuleNotFoundError as e:  # a module not written yet, or its optional dep missing
+        except ModuleNotFoundError as e:  # its optional dependency is missing
             sp = sub.add_parser(name, help=f"(unavailable: {e})")
             sp.set_defaults(func=lambda a, e=e, n=name: _unavailable(n, e))
     return p
@@ -56,7 +63,8 @@ def _unavailable(name, err):
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)

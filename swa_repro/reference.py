@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 
 def visible(q_pos, k_pos, window_left: int):
@@ -39,12 +38,14 @@ def interval_to_mask(lo: np.ndarray, hi: np.ndarray, kv_len: int) -> np.ndarray:
     return (k >= np.asarray(lo)[:, None]) & (k <= np.asarray(hi)[:, None])
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, sm_scale: float | None = None):
+def masked_attention(q, k, v, mask, sm_scale: float | None = None):
     """float64 softmax attention for one request.
 
     q ``(qo, Hq, D)``, k/v ``(kv, Hk, D)``; mask bool ``(qo, kv)`` shared by all heads or
     ``(Hq, qo, kv)`` per head. Returns ``(qo, Hq, D)`` float64; a row with no visible key is 0.
     """
+    import torch  # here, not at the top: the kernel model and `swa-repro mask` need only numpy
+
     qo, hq, d = q.shape
     hk = k.shape[1]
     g = hq // hk
