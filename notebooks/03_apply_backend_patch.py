@@ -1,0 +1,146 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Apply the backend patch (in memory) and watch what sglang plans
+#
+# sglang's FlashInfer backend plans its sliding-window paged prefill wrapper in two methods of
+# `FlashInferIndicesUpdaterPrefill`: `update_sliding_window` trims each request's KV to the last
+# `W + extend_len` keys and calls `call_begin_forward`, which calls the wrapper's `begin_forward`.
+# Here: where sglang is and what state its backend file is in, the two methods as loaded, the
+# upstream fix (PR #31501) as a diff, the fix applied **in memory only** (the installed file is
+# not touched), and the `plan()` arguments sglang's own code issues before and after, read off a
+# trace of every wrapper call. On CUDA the wrappers are the real FlashInfer ones; without CUDA
+# they are the CPU kernel model behind the same calls (the first output says which).
+
+# %% tags=["parameters"]
+mode = "auto"  # auto | live | model
+output_dir = "artifacts"
+# one sliding-window EXTEND batch: three fresh requests, window 4 (the upstream regression case)
+prefix_lens = [0, 0, 0]
+extend_lens = [6, 8, 12]
+window_left = 4  # RadixAttention.sliding_window_size: W keys left of the query, W + 1 in all
+num_qo_heads = 4
+num_kv_heads = 4
+head_dim = 128
+page_size = 16
+
+# %%
+from swa_repro.notebooks import announce_mode
+
+info = announce_mode(mode, output_dir, "03_apply_backend_patch")
+
+# %%
+from swa_repro import sglang_harness as H
+from swa_repro.checks import Checks
+from swa_repro.config import Case
+
+checks = Checks("03_apply_backend_patch", output_dir)
+case = Case(prefix_lens, extend_lens, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+            page_size=page_size, window_left=window_left, name="03_case")
+digest_before = H.file_digest()
+
+# %% [markdown]
+# ## Where sglang is, and the state of its backend file
+
+# %%
+where = H.sglang_info()
+where
+
+# %%
+checks.expect(where["state"] in ("unfixed", "fixed"), "the installed backend file is recognised (unfixed or fixed)",
+              state=where["state"], file=where["backend_file"]);
+
+# %% [markdown]
+# ## The two methods as loaded
+#
+# `update_sliding_window` (wrapper 0 is the sliding-window wrapper; the paged-only branch trims
+# to `sliding_window_size + seq_lens - prefix_lens` keys) and `call_begin_forward` (the paged
+# `begin_forward(...)` call at the end: note what is *not* among its keyword arguments).
+
+# %%
+print(H.method_source("update_sliding_window"))
+
+# %%
+print(H.method_source("call_begin_forward"))
+
+# %%
+checks.expect(("window_left" in H.method_source("call_begin_forward")) == (where["state"] == "fixed"),
+              "call_begin_forward mentions window_left exactly when the file is fixed");
+
+# %% [markdown]
+# ## The upstream fix as a diff against the installed file
+
+# %%
+diff = H.patch_diff()
+print(diff or "(the installed file is already fixed: no diff)")
+
+# %%
+checks.expect(where["state"] == "fixed" or ("+" in diff and "window_left" in diff),
+              "the diff adds window_left to the paged plan");
+
+# %% [markdown]
+# ## Applied in memory
+#
+# `sglang_patch.patched()` swaps the two methods of the loaded class for their fixed form and
+# restores them on exit; `unpatched()` does the same with the original (pre-fix) form.
+
+# %%
+fixed_cbf = H.method_source("call_begin_forward", patched=True)
+print(fixed_cbf[-900:])
+
+# %%
+checks.expect("window_left" in fixed_cbf, "inside patched(), call_begin_forward passes window_left")
+checks.expect("window_left" not in H.method_source("call_begin_forward", patched=False),
+              "inside unpatched(), call_begin_forward has no window_left");
+
+# %% [markdown]
+# ## What sglang plans, before and after
+#
+# The same batch through sglang's `FlashInferAttnBackend` on the paged-only route
+# (`SGLANG_FLASHINFER_USE_PAGED=1`), unpatched and patched. Every wrapper call is recorded; below
+# are the keyword arguments of the `begin_forward` of the wrapper the sliding-window layer runs
+# on, and of its `forward`.
+
+# %%
+before = H.run_case(case, patched=False, mode=info.mode)
+after = H.run_case(case, patched=True, mode=info.mode)
+{"unpatched plan": H.swa_plan_kwargs(before), "patched plan": H.swa_plan_kwargs(after)}
+
+# %%
+{"unpatched forward": H.swa_forward_kwargs(before), "patched forward": H.swa_forward_kwargs(after)}
+
+# %%
+checks.expect("window_left" not in H.swa_plan_kwargs(before), "unpatched: plan() gets no window_left (the bug)")
+checks.expect(H.swa_plan_kwargs(after).get("window_left") == window_left,
+              "patched: plan() gets window_left = the layer's sliding_window_size")
+checks.expect(H.swa_forward_kwargs(before)["window_left"] == window_left == H.swa_forward_kwargs(after)["window_left"],
+              "both: the window reaches forward() (which overwrites the wrapper's window)");
+
+# %% [markdown]
+# ## What it does to the output
+#
+# Each request's output against the exact float64 reference computed on the full sequences
+# with the layer's window.
+
+# %%
+{"unpatched": before.row(), "patched": after.row()}
+
+# %%
+checks.expect(before.passed == (not H.reaches_past_window(case)),
+              "unpatched fails iff some query's trimmed KV holds a key outside its window",
+              max_abs_err=before.max_abs_err)
+checks.expect(after.passed, "patched matches the exact reference", max_abs_err=after.max_abs_err)
+checks.expect(H.file_digest() == digest_before, "the installed backend file is byte-for-byte unchanged");
+
+# %%
+checks.close()

@@ -1,0 +1,378 @@
+"""``swa-repro audit``: the plan/forward contract of every FlashInfer call sglang makes.
+
+FlashInfer compiles some attention parameters into the module it picks at ``plan()``:
+``window_left >= 0`` (use_sliding_window) and ``logits_soft_cap > 0`` (use_logits_soft_cap)
+(flashinfer 0.6.12 prefill.py:2035-2036 paged, :3129-3130 ragged, decode.py:1054-1055). The
+deprecated ``forward()`` / ``forward_return_lse()`` overwrite the values afterwards (prefill.py
+:2136-2137, :2526-2527, :3206-3207, decode.py:1176-1177) but never re-pick the module, and the
+compiled-out variant ignores them (variants.cuh:47, 72 soft cap; :88-89 window). So a parameter
+whose forward value differs from its plan value is silently not applied.
+
+The audit drives every path that plans a wrapper (``audit_paths``), then, per recorded wrapper,
+compares each forward/run call with the plan that preceded it (and a CUDA-graph replay's plan
+with the captured forward). A finding is such a recorded difference, or a layer value that
+reached neither call ("dropped"); its effect is judged from the recorded tensors (is any visible
+key outside the window in *this* call?), and for a paged fa2 prefill quantified by the kernel
+model. Which public reports hold is then read off the findings, never the other way round.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import audit_paths as ap
+from .trace import PLAN_METHODS, decode
+
+FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
+PARAMS = ("window_left", "logits_soft_cap")
+
+
+@dataclass
+class Finding:
+    path: str
+    layer: str  # layer configuration, e.g. swa8_cap50
+    parameter: str
+    plan_value: object
+    forward_value: object
+    layer_value: object  # what the layer asked for
+    wrapper: str  # class#id (backend)
+    kind: str  # mismatch (plan != forward) | dropped (neither carries the layer's value)
+    stage: str  # eager | capture | replay
+    effect: str  # wrong | none
+    consequence: str
+    evidence: dict
+
+    def to_dict(self) -> dict:
+        return _jsonable(asdict(self))
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer, np.floating)):
+        return x.item()
+    return x
+
+
+# ----------------------------------------------------------------------------- reading a trace
+def bind(cls_name: str, method: str, args, kwargs) -> dict:
+    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
+    cls = ap.STAND_INS[cls_name]
+    fn = getattr(cls, "plan" if method in PLAN_METHODS else method)
+    b = inspect.signature(fn).bind(None, *decode(args), **decode(kwargs))
+    b.apply_defaults()
+    out = dict(b.arguments)
+    out.pop("self", None)
+    return out
+
+
+def _cap(x) -> float:
+    return float(x or 0.0)
+
+
+def geometry(cls_name: str, plan: dict) -> tuple[list[int], list[int]]:
+    """Per-request (qo_lens, kv_lens) of a planned call, from its recorded index tensors
+    (kv length = (pages - 1) * page_size + last_page_len, flashinfer page.py get_seq_lens)."""
+    if cls_name == ap.RAGGED:
+        qo, kv = plan["qo_indptr"], plan["kv_indptr"]
+        return (qo[1:] - qo[:-1]).tolist(), (kv[1:] - kv[:-1]).tolist()
+    if cls_name == ap.PAGED:
+        qo, ind, last, ps = plan["qo_indptr"], plan["paged_kv_indptr"], plan["paged_kv_last_page_len"], plan["page_size"]
+    else:
+        ind, last, ps = plan["indptr"], plan["last_page_len"], plan["page_size"]
+        qo = torch.arange(len(ind))
+    pages = (ind[1:] - ind[:-1]).tolist()
+    kv = [(n - 1) * int(ps) + int(last[i]) if n else 0 for i, n in enumerate(pages)]
+    return (qo[1:] - qo[:-1]).tolist(), kv
+
+
+def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -> int:
+    """(query row, key) pairs this call makes visible (causal limit and the plan's custom mask,
+    no window) that a window of ``window`` excludes. Rows are placed as FlashInfer places them:
+    causal -> row i at key position kv - qo + i; non-causal (sglang's prefix-only paged part of a
+    ragged extend) -> the queries follow the KV, row i at kv + i."""
+    qo_lens, kv_lens = geometry(cls_name, plan)
+    mask = plan.get("custom_mask")
+    off, total = 0, 0
+    for qo, kv in zip(qo_lens, kv_lens):
+        if qo == 0:
+            continue
+        pos = torch.arange(qo)[:, None] + (kv - qo if causal else kv)
+        keys = torch.arange(kv)[None, :]
+        vis = keys <= pos if causal else torch.ones(qo, kv, dtype=torch.bool)
+        if mask is not None:
+            vis = vis & mask[off: off + qo * kv].view(qo, kv).bool()
+            off += qo * kv
+        total += int((vis & (keys < pos - window)).sum())
+    return total
+
+
+def kernel_model_of(plan: dict, window: int, backend: str) -> dict | None:
+    """Kernel-model status of a causal paged prefill planned without the window (page-size-1
+    layout as recorded; fa2/fa3 as the wrapper was built; GPU: H200)."""
+    from .config import Case, CaseError
+    from .kernel_model import simulate
+
+    qo, kv = geometry(ap.PAGED, plan)
+    live = [i for i, n in enumerate(qo) if n > 0]
+    try:
+        case = Case(prefix_lens=tuple(kv[i] - qo[i] for i in live), extend_lens=tuple(qo[i] for i in live),
+                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
+                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=window,
+                    plan_window_left=int(plan["window_left"]), backend=backend if backend in ("fa2", "fa3") else "auto",
+                    flashinfer_version="0.6.12")
+    except CaseError:
+        return None
+    r = simulate(case)
+    return {"statuses": r.statuses, "max_extra_keys_per_query": max(int(q.extra_keys().max()) for q in r.requests)}
+
+
+def consequence(param: str, cls_name: str, backend: str, n_outside: int | None, kind: str = "mismatch") -> str:
+    if param == "logits_soft_cap":
+        where = "decode.py:1055" if cls_name == ap.DECODE else "prefill.py:2036"
+        return f"soft cap compiled out (use_logits_soft_cap=False at plan, {where}; variants.cuh:47,72): logits uncapped"
+    if n_outside == 0:
+        return "window not compiled in, but no key visible in this call lies outside the window (KV trim / custom mask)"
+    how = {"fa2": "tile-granular leak (fa2; split-KV: undefined)",
+           "fa3": "plain causal (fa3)"}.get(backend, "plain causal where auto resolves to fa3 (sm90), "
+                                                     "tile-granular leak where it resolves to fa2")
+    if kind == "dropped":
+        return (f"window never reaches FlashInfer (neither plan nor forward carries it): plain causal; "
+                f"{n_outside} (row, key) pairs outside the window visible")
+    return f"window mask compiled out (use_sliding_window=False at plan): {how}; {n_outside} (row, key) pairs outside the window visible"
+
+
+# ----------------------------------------------------------------------------- analysis
+def analyze(run: ap.PathRun) -> list[Finding]:
+    """Findings of one driven path: per wrapper, each forward vs the plan before it."""
+    calls = run.trace.calls
+    ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
+    plans: dict[int, tuple[int, dict]] = {}
+    last_fwd: dict[int, tuple[int, dict]] = {}
+    out = []
+    for i, c in enumerate(calls):
+        if c.method == "__init__" or c.error:
+            continue
+        cls, backend = ctor[c.wrapper]
+        if c.method in PLAN_METHODS:
+            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs))
+            if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
+                out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper][1], last_fwd[c.wrapper][1], "replay")
+        elif c.method in FORWARD_METHODS and c.wrapper in plans:
+            fwd = bind(cls, c.method, c.args, c.kwargs)
+            if c.method.startswith("run"):
+                fwd["window_left"] = plans[c.wrapper][1]["window_left"] if fwd.get("window_left") is None else fwd["window_left"]
+                fwd["logits_soft_cap"] = plans[c.wrapper][1]["logits_soft_cap"]
+            last_fwd[c.wrapper] = (i, fwd)
+            out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper][1], fwd,
+                            run.graph_stage.get(i, "eager"))
+    return out
+
+
+def _compare(run, cls, backend, wid, plan, fwd, stage) -> list[Finding]:
+    found = []
+    causal = bool(fwd.get("causal", True)) if cls != ap.DECODE else True
+    wrapper = f"{cls}#{wid} ({backend})"
+    pw, fw_ = int(plan["window_left"]), int(fwd["window_left"])
+    lw = run.layer_window
+    kind = "mismatch" if pw != fw_ else ("dropped" if lw >= 0 and pw < 0 else None)
+    if kind:
+        w = fw_ if kind == "mismatch" else lw
+        ev = {"plan_call_custom_mask": plan.get("custom_mask") is not None, "forward_causal": causal}
+        n = pairs_outside_window(cls, plan, causal, w) if w >= 0 and pw < 0 else None
+        ev["pairs_outside_window"] = n
+        ev["qo_lens"], ev["kv_lens"] = geometry(cls, plan)
+        if cls == ap.PAGED and causal and plan.get("custom_mask") is None and w >= 0 and pw < 0:
+            ev["kernel_model"] = kernel_model_of(plan, w, backend)
+        effect = "wrong" if (n is None or n > 0) else "none"
+        found.append(Finding(run.path, run.layer.name, "window_left", pw, fw_, lw, wrapper, kind, stage, effect,
+                             consequence("window_left", cls, backend, n), ev))
+    pc, fc, lc = _cap(plan["logits_soft_cap"]), _cap(fwd["logits_soft_cap"]), run.layer_cap
+    kind = "mismatch" if pc != fc else ("dropped" if lc > 0 and pc == 0 else None)
+    if kind:
+        found.append(Finding(run.path, run.layer.name, "logits_soft_cap", plan["logits_soft_cap"],
+                             fwd["logits_soft_cap"], lc, wrapper, kind, stage, "wrong" if max(fc, lc) > 0 and pc == 0 else "none",
+                             consequence("logits_soft_cap", cls, backend, None), {}))
+    return found
+
+
+# ----------------------------------------------------------------------------- whole audit
+@dataclass
+class AuditResult:
+    patched: bool
+    source: str
+    findings: list[Finding]
+    driven: list[dict]  # path, layer, calls recorded
+    not_driven: list[dict]  # path, layer, why
+
+    def to_dict(self) -> dict:
+        return {"patched": self.patched, "source": self.source, "findings": [f.to_dict() for f in self.findings],
+                "driven": self.driven, "not_driven": self.not_driven}
+
+
+def run_audit(patched: bool, *, source: Path | None = None, paths=None, layers=None) -> AuditResult:
+    findings, driven, not_driven = [], [], []
+    for path in paths or ap.PATHS:
+        for cfg in layers or ap.LAYER_CONFIGS:
+            run = ap.drive(path, cfg, patched=patched, source=source)
+            if run.error:
+                not_driven.append({"path": path, "layer": cfg.name, "why": run.error})
+                continue
+            driven.append({"path": path, "layer": cfg.name,
+                           "calls": sum(c.method != "__init__" for c in run.trace.calls)})
+            findings += analyze(run)
+    return AuditResult(patched, str(source or "installed"), findings, driven, not_driven)
+
+
+# The public reports, the path that can show each, and the finding that would; read off the
+# recorded findings, never assumed.
+REPORTS = {
+    "sglang #31501 (this project): paged-only prefill plans the SWA wrapper without window_left":
+        ("extend_paged", lambda f: f.parameter == "window_left" and f.effect == "wrong"),
+    "sglang #35208: DFlash verify plans without the window":
+        ("target_verify_dflash", lambda f: f.parameter == "window_left" and f.effect == "wrong"),
+    "sglang #33915/#34093: ragged prefill without a prefix drops window_left":
+        ("extend_ragged_no_prefix", lambda f: f.parameter == "window_left" and f.effect == "wrong"),
+    "sglang #33915/#34093: logits_soft_cap reaches only forward() (soft-capped models run uncapped)":
+        (None, lambda f: f.parameter == "logits_soft_cap" and f.effect == "wrong"),
+}
+
+
+def reports(results: list[AuditResult]) -> list[dict]:
+    """For each report and each audit run: holds / does not hold / not driven, with the findings
+    that show it."""
+    rows = []
+    for name, (path, pred) in REPORTS.items():
+        row = {"report": name}
+        for r in results:
+            hits = [f for f in r.findings if (path is None or f.path == path) and pred(f)]
+            driven = any(path is None or d["path"] == path for d in r.driven)
+            row["patched" if r.patched else "unpatched"] = {
+                "holds": bool(hits) if driven else None,
+                "evidence": sorted({f"{f.path}/{f.layer}: {f.wrapper} plan={f.plan_value} "
+                                    f"forward={f.forward_value} ({f.stage})" for f in hits})[:6]
+                if driven else [f"{path} not driven: " + "; ".join(
+                    sorted({d['why'] for d in r.not_driven if d['path'] == path}))]}
+        rows.append(row)
+    return rows
+
+
+def verdict(v: dict) -> str:
+    return {True: "holds", False: "does not hold", None: "not driven"}[v["holds"]]
+
+
+def report_table(findings: list[Finding]) -> list[dict]:
+    """Findings grouped by (path, parameter, wrapper class, effect) for a notebook table."""
+    groups: dict[tuple, dict] = {}
+    for f in findings:
+        key = (f.path, f.parameter, f.wrapper.split("#")[0], f.kind, f.effect)
+        g = groups.setdefault(key, {"path": f.path, "parameter": f.parameter, "wrapper": f.wrapper.split("#")[0],
+                                    "kind": f.kind, "effect": f.effect, "plan": f.plan_value,
+                                    "forward": f.forward_value, "layers": [], "stages": set(),
+                                    "consequence": f.consequence})
+        g["layers"].append(f.layer)
+        g["stages"].add(f.stage)
+    return [{**g, "layers": ",".join(sorted(set(g["layers"]))), "stages": ",".join(sorted(g["stages"]))}
+            for g in groups.values()]
+
+
+# ----------------------------------------------------------------------------- CLI
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="plan/forward contract audit of sglang's FlashInfer calls (CPU)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--sglang-source", type=Path, metavar="FILE",
+                   help="audit this flashinfer_backend.py (another release's) instead of the installed one")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--patched", dest="which", action="store_const", const="patched",
+                   help="with PR #31501's fix applied in-process")
+    g.add_argument("--unpatched", dest="which", action="store_const", const="unpatched",
+                   help="with the fix removed in-process (default)")
+    g.add_argument("--both", dest="which", action="store_const", const="both")
+    p.add_argument("--paths", help=f"comma-separated subset of {','.join(ap.PATHS)}")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=main, which="unpatched")
+
+
+def main(a) -> int:
+    from .cli import UsageError
+
+    paths = None
+    if a.paths:
+        paths = [x.strip() for x in a.paths.split(",") if x.strip()]
+        bad = [x for x in paths if x not in ap.PATHS]
+        if bad:
+            raise UsageError(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(ap.PATHS)}")
+    try:
+        import sglang
+    except ImportError:
+        raise UsageError("the audit drives sglang's backend: install it (`pip install sglang==0.5.15.post1`)") from None
+    which = {"patched": [True], "unpatched": [False], "both": [False, True]}[a.which]
+    results = [run_audit(p, source=a.sglang_source, paths=paths) for p in which]
+    doc = {"sglang": sglang.__version__, "source": str(a.sglang_source or "installed"),
+           "runs": [r.to_dict() for r in results], "reports": reports(results)}
+    if a.json:
+        print(json.dumps(doc, default=str))
+        return 0
+    for r in results:
+        print(f"== {'patched' if r.patched else 'unpatched'} ({r.source}): {len(r.findings)} findings, "
+              f"{len(r.driven)} runs driven, {len(r.not_driven)} not driven")
+        for row in report_table(r.findings):
+            print(f"  {row['path']:<24} {row['parameter']:<16} {row['wrapper']:<38} {row['kind']:<8} "
+                  f"plan={row['plan']} forward={row['forward']} [{row['effect']}] {row['consequence']}")
+        for nd in r.not_driven:
+            print(f"  not driven: {nd['path']}/{nd['layer']}: {nd['why']}")
+    for row in doc["reports"]:
+        print(f"{row['report']}: " + ", ".join(f"{k}: {verdict(v)}"
+                                              for k, v in row.items() if k != "report"))
+    sys.stdout.flush()
+    return 0
+
+
+# ----------------------------------------------------------------------------- advice per model
+def _has(result: AuditResult | None, path: str | None, param: str, window_layer: bool | None = None) -> bool:
+    if result is None:
+        return False
+    return any((path is None or f.path == path) and f.parameter == param and f.effect == "wrong"
+               and (window_layer is None or f.layer.startswith("swa") == window_layer) for f in result.findings)
+
+
+def advice(specs, unpatched: AuditResult, patched: AuditResult) -> list[dict]:
+    """What a user of each model should do, derived from the audit's findings (unpatched = the
+    release as shipped without PR #31501, patched = with it) and the model's sglang config."""
+    rows = []
+    for s in specs:
+        todo = []
+        if not s.has_window:
+            todo.append(f"sglang serves it without a sliding window ({s.window_rule}); this bug does not "
+                        "apply, but outputs beyond the window differ from the HF reference")
+        else:
+            if _has(unpatched, "extend_paged", "window_left", True) and not _has(patched, "extend_paged", "window_left", True):
+                todo.append("upgrade to sglang >= 0.5.16 or apply `swa-repro patch apply`; until then avoid "
+                            "SGLANG_FLASHINFER_USE_PAGED=1, deterministic inference, piecewise CUDA graph and "
+                            "multimodal inputs (the paged-only prefill routes)")
+            if _has(patched, "extend_ragged_no_prefix", "window_left", True):
+                todo.append("prompts longer than the window without a cached prefix take the ragged path, which "
+                            "drops the window even with the fix (sglang #33915/#34093)")
+            if _has(patched, "target_verify_dflash", "window_left", True):
+                todo.append("avoid DFlash speculative decoding on this model: verify plans without the window "
+                            "(sglang #35208)")
+            if _has(patched, "target_verify_eagle", "window_left", True):
+                todo.append("EAGLE verify also plans its SWA wrapper without the window (tree mask only)")
+        if s.logit_cap > 0 and _has(patched, None, "logits_soft_cap"):
+            todo.append(f"its soft cap ({s.logit_cap:g}) never reaches a FlashInfer plan: logits run uncapped on "
+                        "every FlashInfer path; use an attention backend that applies the cap until "
+                        "sglang #34093 lands")
+        if s.has_window and s.sliding_window is not None and s.window_left == s.sliding_window:
+            todo.append(f"sglang passes sliding_window={s.sliding_window} unchanged as window_left "
+                        f"({s.window_rule}): one key more than HF's inclusive window")
+        rows.append({"model": s.name, "window_left": s.window_left, "soft_cap": s.logit_cap, "do": todo})
+    return rows

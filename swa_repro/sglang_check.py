@@ -1,0 +1,207 @@
+"""``swa-repro sglang-check``: a case matrix through sglang's real FlashInfer backend, unpatched
+and patched, each against the exact float64 reference.
+
+Expectation (exit 1 if it fails): unpatched fails exactly the cases that reach past the window
+(:func:`sglang_harness.reaches_past_window`, geometry only), patched passes all. Each row says
+why it failed: the kernel model rebuilt from the recorded plan/forward arguments (extra keys per
+row, first leaking row) and the first row whose measured error is above tolerance.
+
+``peer_suite()`` runs sglang's own attention test kit
+(``sglang.test.kits.attention_unittest.attention_methods.dense_attention``) on the same backend,
+its extend cases through ``run_dense_attention_case`` unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import unittest
+from pathlib import Path
+
+from .config import Case
+
+HEAD_DIM = 128
+MATRIX = (
+    # the upstream regression cases (the kit's SWA cases, window 4, page 16, 4/4 heads) ...
+    Case((0, 0, 0), (3, 4, 5), window_left=4, name="upstream_no_prefix_3_4_5"),
+    Case((3, 4, 5), (2, 2, 2), window_left=4, name="upstream_prefix_3_4_5"),
+    Case((0, 0, 0), (6, 8, 12), window_left=4, name="upstream_no_prefix_6_8_12"),
+    # ... and longer GQA cases with prefixes and several query tiles (CTA_TILE_Q 128 = 32 rows x 4 heads)
+    Case((0, 300, 1000), (300, 200, 300), num_qo_heads=32, num_kv_heads=8, window_left=128,
+         name="gqa_batch_tiles"),
+    Case((1000,), (300,), num_qo_heads=32, num_kv_heads=8, window_left=128, name="gqa_long_prefix_split_kv"),
+)
+# (case name, route): the deterministic-inference route reaches the same paged-only branch
+ROUTED = tuple((c, "paged") for c in MATRIX) + ((MATRIX[2], "deterministic"),)
+
+
+def expected_pass(case: Case, patched: bool) -> bool:
+    from .sglang_harness import reaches_past_window
+
+    return patched or not reaches_past_window(case)
+
+
+def run_matrix(mode: str = "model", *, cases=None, trace_dir=None, keep=False):
+    """``[(row dict, HarnessResult or None)]`` for every (case, route) x (unpatched, patched)."""
+    from .sglang_harness import reaches_past_window, run_case
+
+    out = []
+    for case, route in ROUTED:
+        if cases and case.name not in cases:
+            continue
+        for patched in (False, True):
+            r = run_case(case, patched, mode, route=route)
+            row = r.row() | {"route": route, "reaches_past_window": reaches_past_window(case),
+                             "expected_pass": expected_pass(case, patched),
+                             "window_left_at_plan": _swa_plan_window(r)}
+            row["as_expected"] = row["passed"] == row["expected_pass"]
+            if trace_dir is not None:
+                p = Path(trace_dir) / f"{case.name}.{route}.{'patched' if patched else 'unpatched'}.{mode}.pt"
+                row["trace"] = str(r.trace.save(p))
+            out.append((row, r if keep else None))
+    return out
+
+
+def _swa_plan_window(r) -> int | None:
+    """The window_left sglang gave the SWA wrapper's plan (None: not given, the bug)."""
+    from .sglang_harness import _swa_forward_index
+
+    fwd = _swa_forward_index(r.trace)
+    if fwd is None:
+        return None
+    w = r.trace.calls[fwd].wrapper
+    kws = [k for k in r.plan_kwargs if k["wrapper"] == w]
+    return kws[-1].get("window_left") if kws else None
+
+
+def leak_figure(result, title: str | None = None):
+    """Intended vs effective mask (+ difference, per-CTA kv_start, tile map) of the SWA wrapper's
+    run in the harness, on the KV sglang handed it (its trimmed window, page_size 1)."""
+    from .kernel_model import simulate
+    from .plots import plot_case
+
+    m = result.model
+    case = m.case.with_(name=result.case.name)
+    return plot_case(case, simulate(case, tiles=True),
+                     title=title or f"{result.case.name}: sglang {'patched' if result.patched else 'unpatched'}, "
+                                    f"plan window_left={m.case.plan_window_left}, run window_left={m.case.window_left}")
+
+
+# ----------------------------------------------------------------------------- the kit as peer suite
+def kit_cases():
+    """The kit's extend cases for the flashinfer backend: its SWA window-edge cases and dense ones.
+    Decode cases are left out: the decode wrapper is an exact stand-in here, not a model."""
+    from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
+
+    cs = (kit.make_swa_no_prefix_input_config_cases("flashinfer") + kit.make_swa_prefix_input_config_cases("flashinfer")
+          + kit.make_dense_cases("flashinfer"))
+    return [c for c in cs if not c.forward_mode.is_decode()]
+
+
+def kit_expected_pass(kit_case, patched: bool) -> bool:
+    """The same geometric expectation as the matrix, for a kit case (no window: always pass)."""
+    from .sglang_harness import reaches_past_window
+
+    if patched or kit_case.sliding_window_size is None:
+        return True
+    return not reaches_past_window(Case(kit_case.prefix_lens, kit_case.extend_lens,
+                                        window_left=kit_case.sliding_window_size))
+
+
+def peer_suite(mode: str = "model", patched: bool = False, names=None) -> list[dict]:
+    """Run the kit's ``run_dense_attention_case`` on each extend case, paged-only route, through the
+    same wrapper substitution as the harness, with head_dim 128 in both modes (the kernel model covers
+    FlashInfer's compiled head dims 64/128/256; the kit's default is 16) and the kit's other defaults
+    (fp16, hidden 64, shuffled pages). The kit compares with atol = rtol = 3e-2 after its o_proj."""
+    import torch
+
+    from . import sglang_patch
+    from .sglang_harness import sglang_env
+    from .trace import Trace
+
+    from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
+
+    kw = dict(device="cpu" if mode == "model" else "cuda", head_dim=HEAD_DIM)
+    tc = unittest.TestCase()
+    rows = []
+    for case in kit_cases():
+        if names and case.name not in names:
+            continue
+        row = {"case": case.name, "patched": patched, "params": {k: str(v) for k, v in kw.items()},
+               "expected_pass": kit_expected_pass(case, patched)}
+        with sglang_env(mode, Trace()) as fb, (sglang_patch.patched(fb) if patched else sglang_patch.unpatched(fb)):
+            try:
+                kit.run_dense_attention_case(tc, case, **kw)
+                row |= {"passed": True}
+            except unittest.SkipTest as e:
+                row |= {"passed": None, "skipped": str(e)}
+            except AssertionError as e:
+                row |= {"passed": False, "error": " ".join(str(e).split())[:240]}
+        rows.append(row)
+        torch.manual_seed(0)
+    return rows
+
+
+# ----------------------------------------------------------------------------- CLI
+def register(sub) -> None:
+    p = sub.add_parser("sglang-check", help="case matrix through sglang's FlashInfer backend, unpatched vs patched")
+    p.add_argument("--mode", choices=("auto", "model", "live"), default="auto",
+                   help="model: CPU kernel model behind sglang's code; live: real FlashInfer on CUDA")
+    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(c.name for c in MATRIX)}")
+    p.add_argument("--trace-dir", default=None, help="save every run's wrapper-call trace here (.pt) for `swa-repro replay`")
+    p.add_argument("--peer", action="store_true", help="also run sglang's own attention test kit (extend cases)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=main)
+
+
+def main(a) -> int:
+    from .cli import UsageError
+    from .mode import resolve_mode
+
+    names = [n for n in a.cases.split(",") if n.strip()]
+    unknown = sorted(set(names) - {c.name for c in MATRIX})
+    if unknown:
+        raise UsageError(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(c.name for c in MATRIX)}")
+    info = resolve_mode(a.mode)
+    rows = [r for r, _ in run_matrix(info.mode, cases=set(names), trace_dir=a.trace_dir)]
+    peer = {s: peer_suite(info.mode, p) for s, p in (("unpatched", False), ("patched", True))} if a.peer else None
+    doc = matrix_doc(info, rows, peer)
+    ok = doc["expectation_met"]
+    if a.json:
+        print(json.dumps(doc, default=str))
+    else:
+        print(format_table(doc))
+    sys.stdout.flush()
+    return 0 if ok else 1
+
+
+def matrix_doc(info, rows: list[dict], peer: dict | None = None) -> dict:
+    """The report: mode and why, where sglang is and its state, every row, the peer suite."""
+    from .sglang_harness import sglang_info
+
+    ok = all(r["as_expected"] for r in rows) and all(
+        r["passed"] is None or r["passed"] == r["expected_pass"] for rs in (peer or {}).values() for r in rs)
+    doc = {"mode": info.mode, "mode_reason": info.reason, **sglang_info(), "expectation_met": ok, "results": rows}
+    if peer is not None:
+        doc["peer_suite"] = peer
+    return doc
+
+
+def format_table(doc: dict) -> str:
+    lines = [f"sglang {doc['sglang']} ({doc['state']}: {doc['backend_file']}), mode {doc['mode']}: {doc['mode_reason']}",
+             f"{'case':<28} {'route':<13} {'patched':<8} {'plan wl':<8} {'max_abs_err':>11}  {'result':<6} {'expected':<8} why"]
+    for r in doc["results"]:
+        err = "nan" if r["max_abs_err"] is None else f"{r['max_abs_err']:.3g}"
+        w = r["why"]
+        why = "" if r["passed"] else (
+            f"status {','.join(w.get('status', []))}; max {w.get('max_extra_keys_per_row', '?')} extra keys/row"
+            + (f"; first leak at req {w['first_leaking_row']['request']} pos {w['first_leaking_row']['position']}"
+               if "first_leaking_row" in w else ""))
+        lines.append(f"{r['case']:<28} {r['route']:<13} {str(r['patched']):<8} {str(r['window_left_at_plan']):<8} "
+                     f"{err:>11}  {'PASS' if r['passed'] else 'FAIL':<6} {'ok' if r['as_expected'] else 'WRONG':<8} {why}")
+    for state, rows in doc.get("peer_suite", {}).items():
+        res = ", ".join(f"{r['case']}={'PASS' if r['passed'] else 'skip' if r['passed'] is None else 'FAIL'}" for r in rows)
+        lines.append(f"peer suite (sglang's dense_attention kit), {state}: {res}")
+    lines.append("expectation met: unpatched fails exactly the cases past the window, patched passes all"
+                 if doc["expectation_met"] else "EXPECTATION FAILED: see the 'expected' column")
+    return "\n".join(lines)

@@ -1,0 +1,88 @@
+"""`swa-repro sglang-check`: the matrix meets its expectation in model mode; the kit's own SWA
+cases fail unpatched where the window is crossed and pass patched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("sglang", reason="sglang-check drives sglang's own backend: install sglang==0.5.15.post1")
+
+from swa_repro import sglang_check as C  # noqa: E402
+from swa_repro.cli import main  # noqa: E402
+from swa_repro.sglang_harness import reaches_past_window  # noqa: E402
+
+
+def test_matrix_expectation():
+    """Geometry: the no-prefix 3/4/5 case stays inside the window, every other case crosses it
+    (the prefix 4 and 5 requests of the prefix case too: row 1 at position 5/6 has key 0/1 in
+    sglang's trimmed KV), so unpatched must fail them."""
+    past = {c.name: reaches_past_window(c) for c in C.MATRIX}
+    assert past == {"upstream_no_prefix_3_4_5": False, "upstream_prefix_3_4_5": True,
+                    "upstream_no_prefix_6_8_12": True, "gqa_batch_tiles": True, "gqa_long_prefix_split_kv": True}
+
+
+def test_cli_json_runs_both_states_and_routes(capsys, tmp_path):
+    rc = main(["sglang-check", "--mode", "model", "--cases", "upstream_no_prefix_6_8_12", "--json",
+               "--trace-dir", str(tmp_path)])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["expectation_met"] and doc["mode"] == "model"
+    rows = {(r["route"], r["patched"]): r for r in doc["results"]}
+    assert set(rows) == {("paged", False), ("paged", True), ("deterministic", False), ("deterministic", True)}
+    for route in ("paged", "deterministic"):
+        un, pa = rows[(route, False)], rows[(route, True)]
+        assert not un["passed"] and un["max_abs_err"] > 0.1 and un["window_left_at_plan"] is None
+        assert un["why"]["first_leaking_row"] == {"request": 0, "row": 5, "position": 5, "extra_keys": 1}
+        assert pa["passed"] and pa["max_abs_err"] < 2e-2 and pa["window_left_at_plan"] == 4
+    assert len(list(tmp_path.glob("*.pt"))) == 4
+    assert set(doc) >= {"sglang", "backend_file", "state", "results"}
+
+
+def test_unknown_case_is_a_usage_error(capsys):
+    assert main(["sglang-check", "--mode", "model", "--cases", "nope"]) == 2
+    assert "unknown case" in capsys.readouterr().err
+
+
+def test_peer_suite_kit_swa_cases():
+    names = {"swa_extend_no_prefix_window_edges", "swa_extend_prefix_window_edges"}
+    un = {r["case"]: r["passed"] for r in C.peer_suite("model", False, names)}
+    pa = {r["case"]: r["passed"] for r in C.peer_suite("model", True, names)}
+    assert un == {"swa_extend_no_prefix_window_edges": True, "swa_extend_prefix_window_edges": False}
+    assert pa == {"swa_extend_no_prefix_window_edges": True, "swa_extend_prefix_window_edges": True}
+
+
+def test_leak_figure_for_a_failing_case():
+    from swa_repro.sglang_harness import run_case
+
+    r = run_case(C.MATRIX[2], False, "model")
+    fig = C.leak_figure(r)
+    assert "unpatched" in fig._suptitle.get_text() and len(fig.axes) >= 3 * 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,params", [
+    ("03_apply_backend_patch", {}),
+    ("04_rerun_checks", {"cases": ["upstream_no_prefix_3_4_5", "upstream_no_prefix_6_8_12"]}),
+])
+def test_notebook_runs_in_model_mode(tmp_path, name, params):
+    """Under papermill (the project's runner), headless, model mode: says its mode, every check
+    passes; 04 also saves its mask figures and one trace per run."""
+    from swa_repro.notebooks import NOTEBOOKS_DIR, ensure_kernel, run_one
+
+    r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", params, ensure_kernel(), 900)
+    assert r["status"] == "ok", r["error"]
+    assert r["mode"] == "model" and r["checks_failed"] == 0 and r["checks_passed"] >= 8
+    assert "Mode: model" in (tmp_path / f"{name}.html").read_text()
+    if name.startswith("04"):
+        assert len(r["figures"]) == 2
+        assert len(list((tmp_path / "traces").glob("*.pt"))) == 2 * 3  # 2 cases x 2 states + deterministic x 2
+
+
+@pytest.mark.gpu
+def test_live_matrix_and_peer_suite(capsys):
+    """Real FlashInfer kernels behind sglang's code: the same expectation holds."""
+    rc = main(["sglang-check", "--mode", "live", "--cases", "upstream_prefix_3_4_5,upstream_no_prefix_6_8_12",
+               "--peer", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["expectation_met"] and doc["mode"] == "live", doc
