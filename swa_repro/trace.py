@@ -275,6 +275,7 @@ def register(sub) -> None:
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace .pt files written by `swa-repro sglang-check --trace-dir`")
     p.add_argument("--atol", type=float, default=2e-2, help="max |replay - recorded| per output (default 2e-2, bf16)")
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
+    p.add_argument("--out", default=None, help="also write every report, with provenance, to this .json")
     p.set_defaults(func=main)
 
 
@@ -289,13 +290,14 @@ def main(a) -> int:
             traces.append((t, Trace.load(t)))
         except Exception as e:
             raise UsageError(f"cannot read trace {t!r}: {e}") from None
-    bad = 0
+    bad, docs = 0, []
     for path, tr in traces:
         reps = replay(tr, atol=a.atol)
         ok = all(r.ok for r in reps)
         bad += not ok
         doc = {"trace": path, "meta": {k: v for k, v in tr.meta.items() if k != "reference"},
                "ok": ok, "calls": [_finite(asdict(r)) for r in reps]}
+        docs.append(doc)
         if a.json:
             print(json.dumps(doc))
         else:
@@ -305,6 +307,10 @@ def main(a) -> int:
                       f"vs_reference={_fmt(r.max_abs_vs_reference)} nan_rows={r.nan_rows_replay} "
                       f"{'ok' if r.ok else 'BAD: ' + r.why}" + (f" raised {r.replay_error}" if r.replay_error else ""))
     sys.stdout.flush()
+    if a.out:  # GPU evidence: the reports with where and how they were made
+        from .recordings import provenance
+
+        Path(a.out).write_text(json.dumps({"provenance": provenance(), "traces": docs}, indent=1) + "\n")
     return 1 if bad else 0
 
 

@@ -1,0 +1,216 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Masks and CTA skips
+#
+# What each query row actually attends, drawn key by key: the intended window, the effective mask
+# (kernel model, and the real kernel where there is evidence), their difference, each CTA's
+# `kv_start`, and the tile map (which KV tiles each CTA computes, and with or without the element
+# mask). Then every committed GPU recording is held to the kernel model.
+#
+# Why the leak has this shape: each fa2 CTA handles `CTA_TILE_Q` packed rows (`q*g + h`) and
+# starts its KV loop at the window start of its **first** row,
+# `kv_start_idx = sub_if_greater_or_zero(kv_len + (qo_tile_idx * CTA_TILE_Q) / group_size, qo_len + window_left)`
+# (flashinfer 0.6.12 `include/flashinfer/attention/prefill.cuh:2441-2442`, 0.7.2.post1
+# `:3826-3827`). The per-element window test that would cut the later rows back
+# (`attention/variants.cuh:88-89`) exists only in the module compiled with
+# `use_sliding_window`, which `plan()` picks from `window_left >= 0` (`prefill.py:2035`) — and
+# sglang 0.5.15.post1 plans without it (`srt/layers/attention/flashinfer_backend.py:1960-1979`).
+#
+# Large cases are reduced by blocks for drawing, never averaged: a cell is red if **any** key of
+# its block is attended outside the window, blue if any window key is dropped.
+
+# %% tags=["parameters"]
+mode = "auto"  # auto | live | model
+output_dir = "artifacts"
+recordings_dir = ""  # empty: the committed recordings/ of this repo
+# the seed case
+prefix_lens = [0, 0, 0]
+extend_lens = [6, 8, 12]
+window_left = 4
+num_qo_heads = 4
+num_kv_heads = 4
+head_dim = 128
+page_size = 16
+# a GQA case with a prefix and several query tiles
+gqa_num_qo_heads = 32
+gqa_num_kv_heads = 8
+gqa_prefix = 200
+gqa_extend = 100
+gqa_window_left = 64
+# a long request, drawn reduced (model only)
+long_extend = 32768
+long_window_left = 4096
+plot_recordings = True  # one figure per committed recording not drawn above, model and GPU side by side
+
+# %%
+from swa_repro.notebooks import announce_mode
+
+info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
+
+# %%
+import numpy as np
+
+from swa_repro import plots, story
+from swa_repro.checks import Checks
+from swa_repro.config import Case
+from swa_repro.kernel_model import simulate
+
+checks = Checks("02_masks_and_cta_skips", output_dir)
+recordings, note = story.load_recordings_or_empty(recordings_dir or None)
+print(note)
+
+
+def kv_start_formula(case, req_index, n_tiles, cta_tile_q):
+    """The guide's measured formula, written out independently of the model."""
+    kv, qo, g, w = case.kv_lens[req_index], case.extend_lens[req_index], case.group_size, case.window_left
+    return np.array([max(0, kv - qo + (t * cta_tile_q) // g - w) for t in range(n_tiles)])
+
+
+drawn = []  # evidence already drawn next to its model
+
+
+def show_case(case, tag):
+    """Model (with tile map) and the real kernel's effective mask, if any, in one figure."""
+    evidence, why = story.evidence_for(case, info.mode, recordings)
+    print(why)
+    drawn.append(evidence)
+    model = story.model_for(case, evidence)
+    plots.publish(plots.plot_case(case, model, evidence), f"02_masks_and_cta_skips_{tag}", output_dir)
+    if evidence is not None:
+        rows = story.compare_model_to_recording(evidence, model)
+        story.show(rows)
+        checks.expect(all(r["agree"] for r in rows), f"{case.name}: kernel model equals the real kernel ({why[:60]})")
+    elif info.mode == "model":
+        print(f"NOTE: {case.name}: no GPU recording, model-vs-kernel check skipped (not passed)")
+    return model
+
+
+# %% [markdown]
+# ## The seed case (prefix 0, extend 6/8/12, window 4, 4/4 heads, page 16)
+#
+# 12 tokens fit in one CTA tile (`CTA_TILE_Q = 16`), so its `kv_start` is 0 and every row attends
+# from key 0: with the mask compiled out this is plain causal attention.
+
+# %%
+seed_bug = story.seed_case(False, prefix_lens=prefix_lens, extend_lens=extend_lens, window_left=window_left,
+                           num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                           page_size=page_size)
+seed_bug = story.for_machine(seed_bug, info.mode)
+m_seed = show_case(seed_bug, "seed_bug")
+
+# %%
+m_seed_fix = show_case(story.with_fix(seed_bug, True), "seed_fix")
+
+# %%
+checks.expect(any(r.extra_keys().any() for r in m_seed.requests), "seed planned without window: extra keys attended")
+checks.expect(all(r.status == "exact" for r in m_seed_fix.requests), "seed planned with window: every request exact")
+for i, r in enumerate(m_seed.requests):
+    checks.expect(np.array_equal(r.kv_start, kv_start_formula(seed_bug, i, len(r.kv_start), m_seed.plan.cta_tile_q)),
+                  f"seed req {i}: per-CTA kv_start equals max(0, kv_len - qo_len + t*CTA_TILE_Q/g - W)")
+
+# %% [markdown]
+# ## A GQA case with a prefix and several query tiles
+#
+# 32 query heads over 8 KV heads (g = 4), prefix 200, extend 100, window 64. `CTA_TILE_Q = 128`
+# packed rows = 32 queries per CTA, so `kv_start` steps every 32 rows and each step leaks up to 31
+# keys (red triangles). Planned without the window, this request is also split across CTAs with
+# chunks sized for no window: the model calls it `undefined` (see notebook 01). The same shapes
+# with `disable_split_kv=True` show the pure tile-granular leak.
+
+# %%
+gqa_bug = story.gqa_case(False, num_qo_heads=gqa_num_qo_heads, num_kv_heads=gqa_num_kv_heads, prefix=gqa_prefix,
+                         extend=gqa_extend, window=gqa_window_left, head_dim=head_dim, page_size=page_size)
+gqa_bug = story.for_machine(gqa_bug, info.mode)
+m_gqa = show_case(gqa_bug, "gqa_bug")
+
+# %%
+gqa_nosplit = gqa_bug.with_(disable_split_kv=True, name=gqa_bug.name.replace("_bug", "_nosplit_bug"))
+m_gqa_nosplit = show_case(gqa_nosplit, "gqa_nosplit_bug")
+
+# %%
+m_gqa_fix = show_case(story.with_fix(gqa_bug, True), "gqa_fix")
+
+# %%
+r = m_gqa_nosplit.requests[0]
+cta = m_gqa_nosplit.plan.cta_tile_q
+checks.expect(np.array_equal(r.kv_start, kv_start_formula(gqa_nosplit, 0, len(r.kv_start), cta)),
+              "GQA: per-CTA kv_start equals the formula", kv_start=r.kv_start)
+checks.expect(len(r.kv_start) > 1, "GQA case spans several query tiles", q_tiles=len(r.kv_start))
+checks.expect(r.status == "leak" and int(r.extra_keys().max()) == cta // gqa_nosplit.group_size - 1,
+              "GQA without split-KV: leak of up to CTA_TILE_Q/g - 1 extra keys", max_extra=int(r.extra_keys().max()))
+checks.expect(m_gqa_fix.statuses == ["exact"], "GQA planned with window: exact")
+if m_gqa.plan.split_kv:
+    checks.expect(m_gqa.statuses == ["undefined"], "GQA with split-KV planned without window: undefined",
+                  planned=m_gqa.requests[0].num_chunks_plan, written=m_gqa.requests[0].num_chunks_run)
+
+# %% [markdown]
+# ## A long request, reduced without lying
+#
+# One request of `long_extend` tokens with window `long_window_left`, drawn at most 128 cells per
+# axis. Each leaked key still colours its block: below, the row blocks coloured red are checked to
+# be exactly the row blocks that contain a row with extra keys.
+
+# %%
+long_bug = Case(name="long_bug", prefix_lens=(0,), extend_lens=(long_extend,), window_left=long_window_left,
+                num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
+long_bug = story.for_machine(long_bug, info.mode)
+m_long = simulate(long_bug, tiles=True)
+print(f"{long_bug.name}: model only (a {long_extend}x{long_extend} probe is left to `swa-repro record`)")
+plots.publish(plots.plot_case(long_bug, m_long), "02_masks_and_cta_skips_long_bug", output_dir)
+
+# %%
+r = m_long.requests[0]
+d, block = plots.request_difference(r, long_bug.window_left, plots.PLOT_CELLS)
+row_blocks_red = np.isin(d, (2, 4)).any(1)
+rows_with_extra = r.extra_keys() > 0
+blocks_with_extra = np.zeros(d.shape[0], bool)
+np.logical_or.at(blocks_with_extra, np.arange(len(rows_with_extra)) // block[0], rows_with_extra)
+checks.expect(np.array_equal(row_blocks_red, blocks_with_extra),
+              "reduced difference: red row blocks are exactly those holding a row with extra keys",
+              block=block, red=int(row_blocks_red.sum()), expected=int(blocks_with_extra.sum()))
+tile_levels = plots.reduce_tiles(r.tiles, plots.PLOT_CELLS)[0]
+checks.expect(set(np.unique(r.tiles).tolist()) == set(np.unique(tile_levels).tolist()),
+              "reduced tile map keeps every tile state present", states=np.unique(r.tiles));
+
+# %% [markdown]
+# ## The kernel model against every committed GPU recording
+#
+# For every recording (`recordings/<flashinfer-version>/`, written by `swa-repro record` on a GPU
+# with provenance): wherever the model says `exact` or `leak`, the recorded first/last visible key
+# of every (row, head) must equal the model's exactly; wherever it says `undefined`, the recording
+# must show missing keys, NaN, or run-to-run differences.
+
+# %%
+for rec in recordings:
+    print(story.provenance_line(rec))
+comparison = story.model_vs_recordings(recordings)
+story.show(comparison)
+
+# %%
+if not recordings:
+    print("NOTE: no GPU recordings are committed yet, so the model-vs-recording check is SKIPPED, not passed. "
+          "Run `swa-repro record` on a CUDA machine and commit recordings/.")
+for row in comparison:
+    checks.expect(row["agree"], f"{row['case']} req {row['req']} (flashinfer {row['flashinfer']}): model "
+                  f"{row['model']} vs recording {row['recording']}", evidence=row["evidence"])
+
+# %%
+if plot_recordings:
+    for rec in [r for r in recordings if not any(r is d for d in drawn)]:
+        tag = f"rec_{rec.case.flashinfer_version}_{rec.case.name}".replace(".", "_")
+        plots.publish(plots.plot_case(rec.case, simulate(rec.case, tiles=True), rec), f"02_masks_and_cta_skips_{tag}",
+                      output_dir)
+
+# %%
+checks.close()

@@ -1,0 +1,156 @@
+"""plots.py: reductions never hide an extra/missing key; figures build at 12 and 4096 tokens."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from swa_repro import plots
+from swa_repro.config import Case
+from swa_repro.kernel_model import simulate
+from swa_repro.reference import intended_interval, interval_to_mask
+
+
+def dense_pool(a, block, fn, pad):
+    br, bc = block
+    r, c = a.shape
+    nr, nc = -(-r // br), -(-c // bc)
+    p = np.full((nr * br, nc * bc), pad)
+    p[:r, :c] = a
+    return fn(p.reshape(nr, br, nc, bc), axis=(1, 3))
+
+
+def test_single_extra_key_survives_4096_to_256():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        i, j = rng.integers(0, 4096, 2)
+        diff = np.zeros((4096, 4096), bool)
+        diff[i, j] = True
+        red = plots.reduce_bool(diff, 256)
+        assert red.shape == (256, 256)
+        assert red.sum() == 1 and red[i // 16, j // 16]
+
+
+def test_reduce_bool_is_maxpool_on_ragged_shapes():
+    rng = np.random.default_rng(1)
+    a = rng.random((1000, 777)) > 0.999
+    red = plots.reduce_bool(a, 64)
+    block = (plots.block_size(1000, 64), plots.block_size(777, 64))
+    assert np.array_equal(red, dense_pool(a, block, np.max, False))
+    assert red.sum() >= 1 and red.sum() <= a.sum()
+
+
+@pytest.mark.parametrize("block", [(1, 1), (3, 5), (16, 16), (7, 64)])
+def test_interval_reductions_match_dense(block):
+    rng = np.random.default_rng(sum(block))
+    rows, n = 150, 333
+    lo = rng.integers(-1, n, rows)
+    hi = np.where(rng.random(rows) < 0.1, lo - 1, np.minimum(lo + rng.integers(0, 200, rows), n - 1))  # some empty
+    dense = interval_to_mask(lo, hi, n) & (hi >= 0)[:, None]
+    assert np.array_equal(plots.intervals_any(lo, hi, n, block), dense_pool(dense, block, np.max, False))
+    assert np.array_equal(plots.intervals_all(lo, hi, n, block), dense_pool(dense, block, np.min, True))
+    levels = plots.reduce_mask(lo, hi, n, block)
+    assert set(np.unique(levels)) <= {0, 1, 2}
+
+
+def test_reduce_difference_matches_dense_per_head():
+    """Extra = some head sees a key outside the window; missing = some head misses a window key."""
+    rng = np.random.default_rng(3)
+    p, e, w, heads = 50, 120, 16, 3
+    ilo, ihi = intended_interval(p, e, w)
+    lo = np.clip(ilo[:, None] + rng.integers(-5, 5, (e, heads)), 0, None)
+    hi = ihi[:, None] - rng.integers(0, 2, (e, heads))
+    kv = p + e
+    intended = interval_to_mask(ilo, ihi, kv)
+    eff = [interval_to_mask(lo[:, h], hi[:, h], kv) for h in range(heads)]
+    extra = np.any([m & ~intended for m in eff], 0)
+    missing = np.any([intended & ~m for m in eff], 0)
+    for block in [(1, 1), (4, 8), (32, 32)]:
+        d = plots.reduce_difference(lo, hi, ilo, ihi, kv, block)
+        ex, mi = dense_pool(extra, block, np.max, False), dense_pool(missing, block, np.max, False)
+        assert np.array_equal(np.isin(d, (2, 4)), ex)
+        assert np.array_equal(np.isin(d, (3, 4)), mi)
+        assert np.array_equal(d == 1, dense_pool(intended, block, np.max, False) & ~ex & ~mi)
+
+
+def test_one_leaked_key_in_a_large_request_colours_exactly_one_block():
+    p, e, w = 0, 4096, 256
+    ilo, ihi = intended_interval(p, e, w)
+    lo, hi = ilo.copy(), ihi.copy()
+    lo[3000] -= 1  # one (row, key) pair outside the window
+    d = plots.reduce_difference(lo, hi, ilo, ihi, p + e, (16, 16))
+    assert d.shape == (256, 256)
+    assert np.argwhere(d == 2).tolist() == [[3000 // 16, (ilo[3000] - 1) // 16]]
+    assert not np.isin(d, (3, 4)).any()
+
+
+def test_reduce_tiles_keeps_most_severe_state():
+    t = np.zeros((2, 1000), np.int8)
+    t[0, 10:500] = 1
+    t[0, 123] = 2
+    t[1, 999] = 1
+    red, bc = plots.reduce_tiles(t, 100)
+    assert bc == 10 and red.shape == (2, 100)
+    assert red[0, 12] == 2 and red[0, 1] == 1 and red[0, 0] == 0 and red[0, 49] == 1 and red[0, 50] == 0
+    assert red[1, 99] == 1 and red[1, :99].max() == 0
+
+
+def test_row_kv_start_maps_rows_to_their_cta():
+    case = Case((200,), (100,), num_qo_heads=32, num_kv_heads=8, window_left=64, disable_split_kv=True)
+    r = simulate(case).requests[0]
+    ks = plots.row_kv_start(r, 128, 4)
+    assert ks.shape == (100,)
+    assert ks[0] == r.kv_start[0] and ks[31] == r.kv_start[0] and ks[32] == r.kv_start[1] and ks[99] == r.kv_start[3]
+    # every row's effective first key is its CTA's kv_start (mask compiled out, no split)
+    assert np.array_equal(r.lo[:, 0], ks)
+
+
+def _render(fig) -> np.ndarray:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    assert buf.tell() > 1000
+    return buf
+
+
+def test_plot_case_12_tokens_labels_every_cell():
+    case = Case((0,), (12,), window_left=4, name="seed12")
+    fig = plots.plot_case(case, simulate(case, tiles=True))
+    assert isinstance(fig, Figure)
+    axes = fig.axes
+    assert len([a for a in axes if a.images]) == 4  # intended, model, difference, tile map (no recording)
+    intended = axes[0]
+    assert list(intended.get_xticks()) == list(range(12)) and list(intended.get_yticks()) == list(range(12))
+    title = fig._suptitle.get_text()
+    assert "fa2" in title and "plan window_left=-1" in title and "run window_left=4" in title and "leak" in title
+    diff = axes[3].images[0].get_array()
+    assert (np.asarray(diff) == 2).sum() == int(simulate(case).requests[0].extra_keys().sum()) == 28  # one cell per key
+    _render(fig)
+
+
+def test_plot_case_large_and_fa3_and_undefined():
+    big = Case((0,), (4096,), window_left=512, name="big")
+    fig = plots.plot_case(big, simulate(big, tiles=True))
+    diff = np.asarray(fig.axes[3].images[0].get_array())
+    assert diff.shape[0] <= plots.PLOT_CELLS and (diff == 2).any()
+    _render(fig)
+    fa3 = Case((64,), (100,), window_left=8, backend="fa3", num_qo_heads=8, num_kv_heads=2, name="fa3")
+    fig = plots.plot_case(fa3, simulate(fa3, tiles=True))
+    assert "fa3" in fig._suptitle.get_text()
+    split = Case((4000,), (64,), window_left=128, name="split")
+    fig = plots.plot_case(split, simulate(split, tiles=True))
+    assert "undefined" in fig._suptitle.get_text()
+
+
+def test_plot_case_with_probe_evidence_on_cpu():
+    """A genuine ProbeResult read off a CPU stand-in kernel that applies the model's masks."""
+    from swa_repro.probe import mask_attention_fn, model_masks, probe_from_attention_fn
+
+    case = Case((0, 5), (12, 9), window_left=4, num_qo_heads=4, num_kv_heads=2, head_dim=64, name="cpu_probe")
+    pr = probe_from_attention_fn(case, mask_attention_fn(case, model_masks(case)), repeats=1, random_runs=0)
+    fig = plots.plot_case(case, simulate(case, tiles=True), pr)
+    assert len([a for a in fig.axes if a.images]) == 10  # 2 requests x 5 panels
+    assert "live probe" in fig.axes[2].get_title()
+    _render(fig)
