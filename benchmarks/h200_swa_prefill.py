@@ -329,7 +329,7 @@ class Study:
             self._ws = self.torch.empty(WORKSPACE_BYTES, dtype=self.torch.uint8, device=self.device)
         return flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._ws, "NHD", backend=backend)
 
-    def plan(self, w, meta, s: Shape, plan_window: int):
+    def plan_wrapper(self, w, meta, s: Shape, plan_window: int):
         bf16 = self.torch.bfloat16
         w.plan(meta["qo_indptr"], meta["kv_indptr"], meta["kv_indices"], meta["last_page_len"],
                s.num_qo_heads, s.num_kv_heads, s.head_dim, self.args.page_size,
@@ -344,7 +344,7 @@ class Study:
         for _ in range(2):
             t = time.perf_counter()
             w = self.wrapper(backend)
-            self.plan(w, meta, s, 64 if swa else -1)
+            self.plan_wrapper(w, meta, s, 64 if swa else -1)
             w.forward(q, (kc, vc), causal=True, window_left=64)
             self.torch.cuda.synchronize()
             walls.append(time.perf_counter() - t)
@@ -373,7 +373,7 @@ class Study:
                     continue
                 try:
                     w = self.wrapper(backend)
-                    self.plan(w, meta, s, j.window if j.variant == "fixed" else -1)
+                    self.plan_wrapper(w, meta, s, j.window if j.variant == "fixed" else -1)
                     fwd_w = j.window  # causal jobs carry -1
 
                     def fn(i, w=w, fwd_w=fwd_w):

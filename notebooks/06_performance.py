@@ -118,6 +118,9 @@ def plot_time_vs_window(records, title):
     ratio = max((r["num_qo_heads"] // r["num_kv_heads"] for r in recs), default=1)
     recs = [r for r in recs if r["num_qo_heads"] // r["num_kv_heads"] == ratio]
     Ls, Bs = sorted({r["seq_len"] for r in recs}), sorted({r["batch"] for r in recs})
+    if not recs:  # e.g. a live re-measurement that produced no usable record
+        print(f"{title}: no measurements without errors to plot")
+        return None
     fig, axes = plt.subplots(len(Bs), len(Ls), figsize=(3.6 * len(Ls), 3.0 * len(Bs)), squeeze=False)
     for (i, B), (j, L) in ((a, b) for a in enumerate(Bs) for b in enumerate(Ls)):
         ax, sel = axes[i][j], [r for r in recs if (r["seq_len"], r["batch"]) == (L, B)]
@@ -245,8 +248,9 @@ if info.mode == "live":
     checks.expect(fixed_live and max(r["rel_err"] for r in fixed_live) < 1e-2,
                   "live: the fix matches the windowed reference", n=len(fixed_live))
     fig = plot_time_vs_window(live["records"], f"live: {live['provenance'].get('gpu')}")
-    save_figure(fig, "06_performance_live", output_dir)
-    plt.show()
+    if fig is not None:
+        save_figure(fig, "06_performance_live", output_dir)
+        plt.show()
 else:
     print(f"Mode {info.mode}: no GPU re-measurement; the plots above are the committed H200 results.")
 

@@ -135,11 +135,23 @@ def _error_text(e: Exception) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text).strip()[:2000]
 
 
+def _nbconvert_data_path() -> None:
+    """With ``pip install --target DIR`` (the offline notebook bundle) nbconvert's templates land in
+    ``DIR/share/jupyter``, which jupyter_core does not search: add it to JUPYTER_PATH."""
+    import nbconvert
+
+    share = Path(nbconvert.__file__).resolve().parents[1] / "share" / "jupyter"
+    paths = [p for p in os.environ.get("JUPYTER_PATH", "").split(os.pathsep) if p]
+    if (share / "nbconvert" / "templates").is_dir() and str(share) not in paths:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([*paths, str(share)])
+
+
 def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_timeout: int | None) -> dict:
     import jupytext
     import papermill as pm
     from nbconvert import HTMLExporter
 
+    _nbconvert_data_path()
     name = path.stem
     _clear_outputs(out, name)
     ipynb, html = out / f"{name}.ipynb", out / f"{name}.html"

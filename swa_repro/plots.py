@@ -269,7 +269,7 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
         diff_src = "model"
         dlo, dhi = r.lo, r.hi
         if recording is not None:
-            plo, phi = probe_intervals(recording, i)
+            plo, phi = (np.asarray(x, np.int64) for x in probe_intervals(recording, i))  # probes store int32
             empty = (plo < 0) | (phi < plo)
             big = np.iinfo(np.int64).max // 4
             elo, ehi = np.where(empty, big, plo).min(1), np.where(empty, -1, phi).max(1)

@@ -207,7 +207,7 @@ def load_recording(path) -> Recording:
 def load_recordings(root=None) -> list[Recording]:
     """Every ``<root>/<flashinfer-version>/<case>.json`` (default: the repo's ``recordings/``)."""
     root = Path(root) if root is not None else DEFAULT_ROOT
-    return [load_recording(p) for p in sorted(root.glob("*/*.json"))]
+    return [load_recording(p) for p in sorted(root.glob("[0-9]*/*.json"))]  # version folders; replay/ and logs/ are not probes
 
 
 # ----------------------------------------------------------------------------- command
