@@ -51,7 +51,7 @@ gqa_window_left = 64
 # a long request, drawn reduced (model only)
 long_extend = 32768
 long_window_left = 4096
-plot_recordings = True  # one figure per committed recording not drawn above, model and GPU side by side
+plot_recordings = True  # one figure per recorded case not drawn above (newest flashinfer), model and GPU side by side
 
 # %%
 from swa_repro.notebooks import announce_mode
@@ -207,7 +207,9 @@ for row in comparison:
 
 # %%
 if plot_recordings:
-    for rec in [r for r in recordings if not any(r is d for d in drawn)]:
+    # one figure per recorded case, from the newest flashinfer (the table above holds every version)
+    newest = {r.case.name: r for r in recordings if not any(r is d for d in drawn)}
+    for rec in newest.values():
         tag = f"rec_{rec.case.flashinfer_version}_{rec.case.name}".replace(".", "_")
         plots.publish(plots.plot_case(rec.case, simulate(rec.case, tiles=True), rec), f"02_masks_and_cta_skips_{tag}",
                       output_dir)
