@@ -57,10 +57,17 @@ def test_groups_that_disagree_store_all_heads(tmp_path):
 
 
 def test_loader_rejects_foreign_json(tmp_path):
-    (tmp_path / "v").mkdir()
-    (tmp_path / "v" / "x.json").write_text('{"format": "other"}')
+    (tmp_path / "0.6.12").mkdir()
+    (tmp_path / "0.6.12" / "x.json").write_text('{"format": "other"}')
     with pytest.raises(ValueError, match="format"):
         load_recordings(tmp_path)
+
+
+def test_loader_reads_only_version_folders(tmp_path):
+    """replay/ and logs/ beside the version folders hold other evidence, not probes."""
+    (tmp_path / "replay").mkdir()
+    (tmp_path / "replay" / "r.json").write_text('{"provenance": {}, "traces": []}')
+    assert load_recordings(tmp_path) == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
