@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import Case
-from .reference import intended_interval, interval_to_mask
+from .reference import intended_interval, intended_mask, interval_to_mask
 
 INT64_MAX = np.iinfo(np.int64).max
 # cudaDevAttrMaxSharedMemoryPerMultiprocessor / ...PerBlockOptin on sm80 and sm90 parts.
@@ -243,7 +243,7 @@ class RequestModel:
         return self.prefix_len + self.extend_len
 
     def intended(self) -> np.ndarray:
-        return intended_mask_cached(self.prefix_len, self.extend_len, self.window_left)
+        return intended_mask(self.prefix_len, self.extend_len, self.window_left)
 
     def mask(self, head: int | None = None) -> np.ndarray:
         """Effective mask ``(qo, kv)`` of head-in-group ``head``; ``None``: union over heads."""
@@ -267,11 +267,6 @@ def _heads_nested(r: RequestModel) -> bool:
     """Union of per-head intervals is itself an interval when they overlap (always true here,
     since every head keeps its causal key)."""
     return bool(np.all(r.lo.max(1) <= r.hi.min(1) + 1))
-
-
-def intended_mask_cached(prefix_len, extend_len, window_left):
-    lo, hi = intended_interval(prefix_len, extend_len, window_left)
-    return interval_to_mask(lo, hi, prefix_len + extend_len)
 
 
 def _status(lo, hi, prefix_len, extend_len, window_left):

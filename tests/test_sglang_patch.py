@@ -3,7 +3,6 @@ to a copy in tmp_path, and the real file's sha256 is checked before and after)."
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -18,6 +17,7 @@ import pytest
 
 from swa_repro import sglang_patch as sp
 from swa_repro.cli import main
+from difftools import changed_lines  # tests/difftools.py
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +51,6 @@ def expected_state(path):
 
     v = tuple(int(x) for x in version("sglang").split(".")[:3] if x.isdigit())
     return "unfixed" if v < (0, 5, 16) else "fixed"
-
-
-def changed_lines(old, new):
-    """Lines of ``old`` replaced/deleted and lines of ``new`` inserted, 1-based."""
-    a, b = [], []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(),
-                                                       autojunk=False).get_opcodes():
-        if tag != "equal":
-            a += range(i1 + 1, max(i2, i1 + 1) + 1)
-            b += range(j1 + 1, max(j2, j1 + 1) + 1)
-    return a, b
 
 
 def inside(lines, spans):

@@ -22,6 +22,7 @@ import pytest
 
 from swa_repro import sglang_patch as sp
 from swa_repro.cli import main
+from difftools import changed_lines  # tests/difftools.py
 
 pytestmark = pytest.mark.network
 
@@ -55,18 +56,6 @@ def backend_file(version: str) -> Path:
     tmp.write_bytes(data)
     tmp.replace(out)
     return out
-
-
-def changed_lines(old, new):
-    import difflib
-
-    a, b = [], []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(),
-                                                       autojunk=False).get_opcodes():
-        if tag != "equal":
-            a += range(i1 + 1, max(i2, i1 + 1) + 1)
-            b += range(j1 + 1, max(j2, j1 + 1) + 1)
-    return a, b
 
 
 def assert_only_the_two_methods_change(old, new):
