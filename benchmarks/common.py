@@ -2,7 +2,7 @@
 
 Pure functions, no torch: the report and the tests run anywhere.
 
-Visibility is the project's one rule (``swa_repro.reference.visible``): the query at absolute
+Visibility is the project's one rule (``swa_repro.core.reference.visible``): the query at absolute
 position ``p`` sees key ``j`` iff ``p - W <= j <= p``; ``W = -1`` is plain causal.
 """
 

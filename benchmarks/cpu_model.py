@@ -33,7 +33,7 @@ SEQ_LEN = 32768
 def model_cases(seq_len: int = SEQ_LEN):
     """One request of ``seq_len`` tokens the sglang way (page_size 1, GQA 32:4, head_dim 128):
     fa2 planned without / with the window, and fa3 without it; the buggy fa2 one is the target."""
-    from swa_repro.config import Case
+    from swa_repro.core.case import Case
     base = Case(prefix_lens=(0,), extend_lens=(seq_len,), num_qo_heads=32, num_kv_heads=4, head_dim=128,
                 page_size=1, window_left=4096, plan_window_left=-1, backend="fa2")
     return [
@@ -56,7 +56,7 @@ def time_call(fn, repeats: int) -> dict:
 
 
 def bench_kernel_model(seq_len: int, repeats: int) -> list[dict]:
-    from swa_repro.kernel_model import simulate
+    from swa_repro.kernel.model import simulate
     out = []
     for name, case, tiles in model_cases(seq_len):
         res = simulate(case, tiles=tiles)

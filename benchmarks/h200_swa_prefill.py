@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-s", type=float, default=0.2, help="timed GPU seconds per measurement")
     p.add_argument("--out", type=Path, default=GPU_RESULTS)
     p.add_argument("--serial-jit", action="store_true", help="build every module here, one after another")
-    p.add_argument("--no-probe", action="store_true", help="skip timing swa_repro.probe on 8k tokens")
+    p.add_argument("--no-probe", action="store_true", help="skip timing swa_repro.kernel.probe on 8k tokens")
     p.add_argument("--dry-run", action="store_true", help="print shapes, FLOPs, modules and time estimate; no GPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": sdpa-only smoke test
@@ -541,10 +541,10 @@ class Study:
     # -- optional: the live probe the targets name (8k tokens <= 10 s)
     def probe(self):
         try:
-            from swa_repro.config import Case
-            from swa_repro.probe import probe_case
+            from swa_repro.core.case import Case
+            from swa_repro.kernel.probe import probe_case
         except Exception as e:  # noqa: BLE001
-            self.doc["probe_8k"] = {"error": f"swa_repro.probe unavailable: {_err(e)}"}
+            self.doc["probe_8k"] = {"error": f"swa_repro.kernel.probe unavailable: {_err(e)}"}
             return
         case = Case(prefix_lens=(0,), extend_lens=(8192,), window_left=1024, plan_window_left=-1, backend="fa2",
                     name="bench-probe-8k")  # Case's default heads/page size (what the notebooks probe)

@@ -36,14 +36,14 @@ backend = "fa2"  # what sglang constructs the wrapper with
 seed = 0
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "00_overview")
 
 # %%
-from swa_repro import plots, story
-from swa_repro.checks import Checks
-from swa_repro.kernel_model import simulate
+from swa_repro.notebook import plots, story
+from swa_repro.notebook.checks import Checks
+from swa_repro.kernel.model import simulate
 
 checks = Checks("00_overview", output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)

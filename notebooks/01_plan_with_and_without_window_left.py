@@ -45,15 +45,15 @@ split_window_left = 128
 seed = 0
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "01_plan_with_and_without_window_left")
 
 # %%
-from swa_repro import plots, story
-from swa_repro.checks import Checks
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
+from swa_repro.notebook import plots, story
+from swa_repro.notebook.checks import Checks
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
 
 checks = Checks("01_plan_with_and_without_window_left", output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)

@@ -54,17 +54,17 @@ long_window_left = 4096
 plot_recordings = True  # one figure per recorded case not drawn above (newest flashinfer), model and GPU side by side
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 
 # %%
 import numpy as np
 
-from swa_repro import plots, story
-from swa_repro.checks import Checks
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
+from swa_repro.notebook import plots, story
+from swa_repro.notebook.checks import Checks
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
 
 checks = Checks("02_masks_and_cta_skips", output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)

@@ -35,14 +35,14 @@ head_dim = 128
 page_size = 16
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")
 
 # %%
-from swa_repro import sglang_harness as H
-from swa_repro.checks import Checks
-from swa_repro.config import Case
+from swa_repro.sglang import harness as H
+from swa_repro.notebook.checks import Checks
+from swa_repro.core.case import Case
 
 checks = Checks("03_apply_backend_patch", output_dir)
 case = Case(prefix_lens, extend_lens, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,

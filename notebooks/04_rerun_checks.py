@@ -25,21 +25,21 @@
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"
-cases = []  # names from swa_repro.sglang_check.MATRIX; empty: all
+cases = []  # names from swa_repro.sglang.check.MATRIX; empty: all
 failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "04_rerun_checks")
 
 # %%
 from pathlib import Path
 
-from swa_repro import plots
-from swa_repro import sglang_check as C
-from swa_repro.checks import Checks
+from swa_repro.notebook import plots
+from swa_repro.sglang import check as C
+from swa_repro.notebook.checks import Checks
 
 checks = Checks("04_rerun_checks", output_dir)
 trace_dir = Path(output_dir) / "traces"

@@ -26,7 +26,7 @@ prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "05_backend_matrix_and_audit")
 
@@ -35,10 +35,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from swa_repro import audit, matrix, model_configs
-from swa_repro.checks import Checks
-from swa_repro.config import Case
-from swa_repro.notebooks import save_figure
+from swa_repro.sglang import audit, model_configs
+
+from swa_repro.notebook import matrix
+from swa_repro.notebook.checks import Checks
+from swa_repro.core.case import Case
+from swa_repro.notebook.runner import save_figure
 
 checks = Checks("05_backend_matrix_and_audit", output_dir)
 

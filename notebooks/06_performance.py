@@ -39,7 +39,7 @@ gpu_results = ""  # default: the committed benchmarks/results/h200_swa_prefill.j
 cpu_results = ""  # default: the committed benchmarks/results/cpu_model.json
 
 # %%
-from swa_repro.notebooks import announce_mode
+from swa_repro.notebook.runner import announce_mode
 
 info = announce_mode(mode, output_dir, "06_performance")
 
@@ -52,8 +52,8 @@ import matplotlib
 import matplotlib.pyplot as plt
 import swa_repro
 from IPython.display import Markdown, display
-from swa_repro.checks import Checks
-from swa_repro.notebooks import save_figure
+from swa_repro.notebook.checks import Checks
+from swa_repro.notebook.runner import save_figure
 
 # benchmarks/ sits beside the library in the repository
 REPO = next(c for c in (Path(swa_repro.__file__).resolve().parents[1], Path.cwd().parent, Path.cwd())
@@ -200,12 +200,12 @@ if gpu is not None:
 # %% [markdown]
 # ## The kernel model on the CPU
 #
-# `swa_repro.kernel_model.simulate` on one 32k-token request: committed timings, and one more
+# `swa_repro.kernel.model.simulate` on one 32k-token request: committed timings, and one more
 # measurement on this machine now (target ≤ 1 s).
 
 # %%
 from benchmarks.cpu_model import model_cases  # noqa: E402
-from swa_repro.kernel_model import simulate  # noqa: E402
+from swa_repro.kernel.model import simulate  # noqa: E402
 
 name, case, tiles = model_cases()[0]
 walls = []

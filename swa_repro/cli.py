@@ -11,24 +11,20 @@ import argparse
 import importlib
 import sys
 
-from .config import CaseError
+from swa_repro.core.errors import CaseError, UsageError
 
 # subcommand -> (module that registers it, one-line help shown without importing it)
 COMMANDS = {
-    "run": ("swa_repro.notebooks", "execute the notebooks headless with papermill -> artifacts/"),
-    "doctor": ("swa_repro.mode", "what is installed, whether CUDA is usable, which mode auto picks"),
-    "mask": ("swa_repro.mask_cmd", "effective masks of one case (model or live probe) -> .npz"),
-    "record": ("swa_repro.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
-    "bundle": ("swa_repro.bundle", "offline bundles for an air-gapped GPU machine"),
-    "patch": ("swa_repro.sglang_patch", "status/diff/apply/revert the sglang backend fix"),
-    "sglang-check": ("swa_repro.sglang_check", "sglang's real backend, unpatched vs patched, vs the reference"),
-    "replay": ("swa_repro.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
-    "audit": ("swa_repro.audit", "plan/forward contract audit of sglang's FlashInfer calls"),
+    "run": ("swa_repro.notebook.runner", "execute the notebooks headless with papermill -> artifacts/"),
+    "doctor": ("swa_repro.core.mode", "what is installed, whether CUDA is usable, which mode auto picks"),
+    "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe) -> .npz"),
+    "record": ("swa_repro.evidence.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
+    "bundle": ("swa_repro.evidence.bundle", "offline bundles for an air-gapped GPU machine"),
+    "patch": ("swa_repro.sglang.patch", "status/diff/apply/revert the sglang backend fix"),
+    "sglang-check": ("swa_repro.sglang.check", "sglang's real backend, unpatched vs patched, vs the reference"),
+    "replay": ("swa_repro.sglang.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
+    "audit": ("swa_repro.sglang.audit", "plan/forward contract audit of sglang's FlashInfer calls"),
 }
-
-
-class UsageError(Exception):
-    """Bad input outside a Case: the message says what to do."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -76,7 +72,5 @@ def main(argv=None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":  # run as swa_repro.cli so UsageError is the class other modules raise
-    from swa_repro.cli import main as _main
-
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

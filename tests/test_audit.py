@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("sglang")
 
-from swa_repro import audit, audit_paths as ap  # noqa: E402
+from swa_repro.sglang import audit, audit_paths as ap  # noqa: E402
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.trace import Call, Trace, encode  # noqa: E402
+from swa_repro.sglang.trace import Call, Trace, encode  # noqa: E402
 
 SWA_CAP, FULL = ap.LayerConfig(8, 50.0), ap.LayerConfig(-1, 0.0)
 PATHS = ["extend_paged", "extend_ragged_no_prefix", "target_verify_dflash", "decode", "cuda_graph_decode"]

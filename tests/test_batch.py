@@ -1,7 +1,7 @@
 import torch
 
-from swa_repro.batch import build_paged_batch, random_inputs
-from swa_repro.config import Case
+from swa_repro.core.batch import build_paged_batch, random_inputs
+from swa_repro.core.case import Case
 
 
 def test_round_trip_through_shuffled_pages():

@@ -16,9 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common, gpu_timing, report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
-from swa_repro.config import Case  # noqa: E402
-from swa_repro.kernel_model import simulate  # noqa: E402
-from swa_repro.reference import intended_mask, masked_attention  # noqa: E402
+from swa_repro.core.case import Case  # noqa: E402
+from swa_repro.kernel.model import simulate  # noqa: E402
+from swa_repro.core.reference import intended_mask, masked_attention  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- counting

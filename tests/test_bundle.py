@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.bundle import IMPORT_DEPS, build_bundle, needed_csrc_subdirs, prune_csrc, tvm_ffi_spec
-from swa_repro.cli import UsageError
+from swa_repro.evidence.bundle import IMPORT_DEPS, build_bundle, needed_csrc_subdirs, prune_csrc, tvm_ffi_spec
+from swa_repro.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 

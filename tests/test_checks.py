@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.checks import Checks, read_checks
+from swa_repro.notebook.checks import Checks, read_checks
 
 
 def test_all_pass_writes_json_and_does_not_raise(tmp_path, capsys):

@@ -6,12 +6,12 @@ import random
 import numpy as np
 import pytest
 
-from swa_repro.config import Case, CaseError
-from swa_repro.kernel_model import (
+from swa_repro.core.case import Case, CaseError
+from swa_repro.kernel.model import (
     binary_search_kv_chunk_size, cta_kv_start, fa2_cta_tile_q, fa2_plan, partial_outputs_consistent,
     run_num_kv_chunks, simulate,
 )
-from swa_repro.reference import intended_interval, intended_mask
+from swa_repro.core.reference import intended_interval, intended_mask
 
 
 def random_cases(n, seed=0, **fixed):

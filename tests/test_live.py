@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.cli import UsageError
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
-from swa_repro.live import FA2_PLAN_FIELDS, module_key, plan_info_dict, require_cuda, run_live
+from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
+from swa_repro.kernel.live import FA2_PLAN_FIELDS, module_key, plan_info_dict, require_cuda, run_live
 
 SEED = Case(prefix_lens=(0, 0, 0), extend_lens=(6, 8, 12), window_left=4)
 
@@ -82,7 +82,7 @@ def _fake_flashinfer(case):
     through the kernel model's masks of ``case`` with ``window_left`` as planned."""
     import types
 
-    from swa_repro.probe import mask_attention_fn, model_masks
+    from swa_repro.kernel.probe import mask_attention_fn, model_masks
 
     fi = types.ModuleType("flashinfer")
     fi.__version__ = "0.7.2.post1"
@@ -129,8 +129,8 @@ def _fake_flashinfer(case):
 def fake_fi(monkeypatch):
     import sys
 
-    from swa_repro import live
-    from swa_repro.batch import PagedBatch
+    from swa_repro.kernel import live
+    from swa_repro.core.batch import PagedBatch
 
     def install(case, layout):
         fi, prefill, wrapper = _fake_flashinfer(case)
@@ -148,8 +148,8 @@ def fake_fi(monkeypatch):
 
 @pytest.mark.parametrize("plan_w,backend", [(-1, "fa2"), (4, "fa2"), (-1, "auto")])
 def test_runner_and_probe_wiring_on_fake_flashinfer(fake_fi, plan_w, backend):
-    from swa_repro.live import KernelRunner
-    from swa_repro.probe import probe_case, probe_layout
+    from swa_repro.kernel.live import KernelRunner
+    from swa_repro.kernel.probe import probe_case, probe_layout
 
     case = Case(prefix_lens=(3, 0), extend_lens=(9, 5), window_left=4, plan_window_left=plan_w, backend=backend,
                 head_dim=64)
@@ -169,7 +169,7 @@ def test_runner_and_probe_wiring_on_fake_flashinfer(fake_fi, plan_w, backend):
     runner.run(layout.q, layout.k_cache, layout.v_cache, api="run")
     fresh = KernelRunner(case, layout)
     if plan_w == -1:  # plan without the window, then run(window_left=4): run()'s consistency assert
-        from swa_repro.live import _describe_exception
+        from swa_repro.kernel.live import _describe_exception
 
         with pytest.raises(AssertionError) as ei:
             fresh.run(layout.q, layout.k_cache, layout.v_cache, api="run")

@@ -7,9 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from swa_repro import matrix
-from swa_repro.config import Case
-from swa_repro.kernel_model import fa2_cta_tile_q, simulate
+from swa_repro.notebook import matrix
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import fa2_cta_tile_q, simulate
 
 
 def spec(window_left=127, qo=64, kv=8, head_dim=64, name="gptoss_like"):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swa_repro.cli import UsageError, main
-from swa_repro.mode import require_live, resolve_mode
+from swa_repro.core.mode import require_live, resolve_mode
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sglang")
 
-from swa_repro import model_configs as mc  # noqa: E402
+from swa_repro.sglang import model_configs as mc  # noqa: E402
 
 
 def _line(rule: str) -> tuple[str, int]:

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.batch import build_paged_batch, random_inputs
-from swa_repro.config import Case
-from swa_repro.model_wrapper import DecodeModelWrapper, ModelPagedPrefillWrapper, RaggedModelWrapper
-from swa_repro.reference import intended_mask, masked_attention, reference_attention
+from swa_repro.core.batch import build_paged_batch, random_inputs
+from swa_repro.core.case import Case
+from swa_repro.kernel.wrappers import DecodeModelWrapper, ModelPagedPrefillWrapper, RaggedModelWrapper
+from swa_repro.core.reference import intended_mask, masked_attention, reference_attention
 
 WS = torch.empty(16, dtype=torch.uint8)
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.notebooks import parse_parameters, select_notebooks
+from swa_repro.notebook.runner import parse_parameters, select_notebooks
 
 HEADER = '''# %% [markdown]
 # Throwaway notebook for the runner's tests.
@@ -22,8 +22,8 @@ threshold = 1
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from swa_repro.checks import Checks
-from swa_repro.notebooks import announce_mode, save_figure
+from swa_repro.notebook.checks import Checks
+from swa_repro.notebook.runner import announce_mode, save_figure
 
 info = announce_mode(mode, output_dir, NAME)
 checks = Checks(NAME, output_dir)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from swa_repro import plots
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
-from swa_repro.reference import intended_interval, interval_to_mask
+from swa_repro.notebook import plots
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
+from swa_repro.core.reference import intended_interval, interval_to_mask
 
 
 def dense_pool(a, block, fn, pad):
@@ -146,7 +146,7 @@ def test_plot_case_large_and_fa3_and_undefined():
 
 def test_plot_case_with_probe_evidence_on_cpu():
     """A genuine ProbeResult read off a CPU stand-in kernel that applies the model's masks."""
-    from swa_repro.probe import mask_attention_fn, model_masks, probe_from_attention_fn
+    from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
 
     case = Case((0, 5), (12, 9), window_left=4, num_qo_heads=4, num_kv_heads=2, head_dim=64, name="cpu_probe")
     pr = probe_from_attention_fn(case, mask_attention_fn(case, model_masks(case)), repeats=1, random_runs=0)

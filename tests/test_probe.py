@@ -1,4 +1,4 @@
-"""The probe's decoding, driven on CPU by attention with known masks (swa_repro.probe.mask_attention_fn).
+"""The probe's decoding, driven on CPU by attention with known masks (swa_repro.kernel.probe.mask_attention_fn).
 
 The same decoding code reads the real kernel on CUDA (probe_case); here the "kernel" is float64
 attention rounded to bf16 with the kernel model's masks or hand-made ones.
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
-from swa_repro.probe import (interval_attention, mask_attention_fn, model_masks, probe_from_attention_fn,
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
+from swa_repro.kernel.probe import (interval_attention, mask_attention_fn, model_masks, probe_from_attention_fn,
                              probe_layout, slot_positions)
-from swa_repro.reference import intended_mask, masked_attention
+from swa_repro.core.reference import intended_mask, masked_attention
 
 SEED = Case(prefix_lens=(0, 0, 0), extend_lens=(6, 8, 12), window_left=4, head_dim=64, page_size=16)
 GQA = Case(prefix_lens=(70, 5), extend_lens=(90, 20), num_qo_heads=8, num_kv_heads=2, head_dim=64,
@@ -163,7 +163,7 @@ def test_bad_attention_shape_is_reported():
 @pytest.mark.gpu
 @pytest.mark.parametrize("plan_w", [-1, 4])
 def test_probe_real_kernel_seed_case(plan_w):
-    from swa_repro.probe import probe_case
+    from swa_repro.kernel.probe import probe_case
 
     case = Case(prefix_lens=(0, 0, 0), extend_lens=(6, 8, 12), window_left=4, plan_window_left=plan_w)
     res = probe_case(case)

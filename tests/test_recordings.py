@@ -9,9 +9,9 @@ softmax over one key set, or run-to-run differences.
 import numpy as np
 import pytest
 
-from swa_repro.kernel_model import simulate
-from swa_repro.recordings import load_recordings
-from swa_repro.reference import intended_interval
+from swa_repro.kernel.model import simulate
+from swa_repro.evidence.recordings import load_recordings
+from swa_repro.core.reference import intended_interval
 
 RECORDINGS = load_recordings()
 ERR_TOL = 3e-2  # bf16 output vs float64 attention with the same mask

@@ -3,7 +3,7 @@ import math
 import numpy as np
 import torch
 
-from swa_repro.reference import intended_interval, intended_mask, interval_to_mask, masked_attention, visible
+from swa_repro.core.reference import intended_interval, intended_mask, interval_to_mask, masked_attention, visible
 
 
 def test_visibility_convention():

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("sglang", reason="sglang-check drives sglang's own backend: install sglang==0.5.15.post1")
 
-from swa_repro import sglang_check as C  # noqa: E402
+from swa_repro.sglang import check as C  # noqa: E402
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.sglang_harness import reaches_past_window  # noqa: E402
+from swa_repro.sglang.harness import reaches_past_window  # noqa: E402
 
 
 def test_matrix_expectation():
@@ -53,7 +53,7 @@ def test_peer_suite_kit_swa_cases():
 
 
 def test_leak_figure_for_a_failing_case():
-    from swa_repro.sglang_harness import run_case
+    from swa_repro.sglang.harness import run_case
 
     r = run_case(C.MATRIX[2], False, "model")
     fig = C.leak_figure(r)
@@ -68,7 +68,7 @@ def test_leak_figure_for_a_failing_case():
 def test_notebook_runs_in_model_mode(tmp_path, name, params):
     """Under papermill (the project's runner), headless, model mode: says its mode, every check
     passes; 04 also saves its mask figures and one trace per run."""
-    from swa_repro.notebooks import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", params, ensure_kernel(), 900)
     assert r["status"] == "ok", r["error"]

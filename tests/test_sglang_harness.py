@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from swa_repro.config import Case
+from swa_repro.core.case import Case
 
 pytest.importorskip("sglang", reason="the harness drives sglang's own backend: install sglang==0.5.15.post1")
 
-from swa_repro import sglang_harness as H  # noqa: E402
+from swa_repro.sglang import harness as H  # noqa: E402
 
 # several query tiles (CTA_TILE_Q 128 = 32 rows x 4 heads), a prefix longer than the window, GQA
 LONG = Case((0, 150), (96, 40), num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16, window_left=32, name="long")

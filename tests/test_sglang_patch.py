@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro import sglang_patch as sp
+from swa_repro.sglang import patch as sp
 from swa_repro.cli import main
 from difftools import changed_lines  # tests/difftools.py
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro import plots, story
-from swa_repro.config import Case
-from swa_repro.kernel_model import simulate
-from swa_repro.mode import ModeInfo
-from swa_repro.probe import mask_attention_fn, model_masks, probe_from_attention_fn
-from swa_repro.reference import intended_mask
+from swa_repro.notebook import plots, story
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import simulate
+from swa_repro.core.mode import ModeInfo
+from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
+from swa_repro.core.reference import intended_mask
 
 MODEL = ModeInfo("model", "test")
 TEST_PROVENANCE = {"gpu": "CPU stand-in (pytest)", "driver": None, "torch": torch.__version__, "flashinfer": None,
@@ -27,7 +27,7 @@ def probe_with_masks(case, masks, attn_wrap=None):
 
 
 def write_and_load(tmp_path, results):
-    from swa_repro.recordings import load_recordings, write_recording
+    from swa_repro.evidence.recordings import load_recordings, write_recording
 
     for r in results:
         write_recording(r, tmp_path / r.case.flashinfer_version, TEST_PROVENANCE)
@@ -48,7 +48,7 @@ def test_cases_and_fix():
     g = story.gqa_case()
     assert (g.num_qo_heads, g.num_kv_heads, g.prefix_lens, g.extend_lens, g.window_left) == (32, 8, (200,), (100,), 64)
     # the seed is exactly the committed recording case, so recordings of it are found
-    from swa_repro.recording_cases import BY_NAME
+    from swa_repro.evidence.cases import BY_NAME
 
     assert BY_NAME["seed_bug"] == bug and BY_NAME["seed_fix"] == fix
 
@@ -146,7 +146,7 @@ def test_undefined_needs_evidence_in_the_recording(tmp_path, corrupt, agree):
 def test_live_branches_with_a_stand_in_kernel(monkeypatch):
     """The live code paths (verdict, forward/run, module table) wired to ``live.run_live``; here
     run_live is replaced by the model wrapper so the plumbing is tested without a GPU."""
-    from swa_repro import live
+    from swa_repro.kernel import live
 
     def fake_run_live(case, seed=0, api="forward"):
         r = story.model_call(case, api, seed)
@@ -172,7 +172,7 @@ def test_live_branches_with_a_stand_in_kernel(monkeypatch):
 def test_notebook_runs_in_model_mode(tmp_path, name):
     """The notebook end to end under papermill (the project's runner), headless, in model mode:
     it must say its mode, pass all its checks, and save its figures."""
-    from swa_repro.notebooks import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", {}, ensure_kernel(), 900)
     assert r["status"] == "ok", r["error"]
@@ -187,7 +187,7 @@ def test_notebooks_use_recordings_and_fail_on_a_wrong_one(tmp_path):
     """With recordings present the notebooks compare model and recording (and draw both); a
     recording the model does not explain makes the papermill run fail, not print a warning.
     The recordings here come from a CPU stand-in kernel, written to a temp dir only."""
-    from swa_repro.notebooks import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
 
     bug, fix = story.seed_case(), story.seed_case(True)
     good, bad = tmp_path / "good", tmp_path / "bad"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swa_repro.batch import build_paged_batch, random_inputs
+from swa_repro.core.batch import build_paged_batch, random_inputs
 from swa_repro.cli import UsageError, main
-from swa_repro.config import Case
-from swa_repro.model_wrapper import ModelPagedPrefillWrapper
-from swa_repro.trace import Trace, decode, encode, record_class, replay
+from swa_repro.core.case import Case
+from swa_repro.kernel.wrappers import ModelPagedPrefillWrapper
+from swa_repro.sglang.trace import Trace, decode, encode, record_class, replay
 
 CASE = Case((0, 9), (6, 3), num_qo_heads=4, num_kv_heads=4, head_dim=64, page_size=16, window_left=4)
 

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .config import Case, CaseError
+from swa_repro.core.case import Case, CaseError
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -58,14 +58,14 @@ def register(sub) -> None:
 def masks_for(case: Case, mode: str) -> tuple[list[np.ndarray], list[str], dict]:
     """Per-request union masks, statuses and a summary, from the model or the real kernel."""
     if mode == "model":
-        from .kernel_model import simulate
+        from swa_repro.kernel.model import simulate
 
         res = simulate(case)
         return [r.mask() for r in res.requests], res.statuses, res.summary()
-    from .mode import require_live
+    from swa_repro.core.mode import require_live
 
     require_live()
-    from .probe import probe_case
+    from swa_repro.kernel.probe import probe_case
 
     pr = probe_case(case)
     return pr.union_masks(), pr.statuses(), pr.summary()

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .batch import PagedBatch, build_paged_batch, random_inputs
-from .config import Case
-from .reference import intended_interval, interval_to_mask, masked_attention
+from swa_repro.core.batch import PagedBatch, build_paged_batch, random_inputs
+from swa_repro.core.case import Case
+from swa_repro.core.reference import intended_interval, interval_to_mask, masked_attention
 
 LAYOUT_SEED = 0  # page order of the probe's batch; the random-data batch uses the same
 RTOL = 2.0 ** -5  # |o - 1/count| <= RTOL/count: bf16 rounding of 1/n plus the split-KV merge
@@ -39,7 +39,7 @@ _M = 1000003
 def model_intervals(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per request ``(lo, hi)`` ``(qo, Hq)`` of the kernel model; qo head ``h`` is head-in-group
     ``h % group`` (FlashInfer packs GQA rows as ``q * group + h % group``)."""
-    from .kernel_model import simulate
+    from swa_repro.kernel.model import simulate
 
     g, hq = case.group_size, case.num_qo_heads
     cols = np.arange(hq) % g
@@ -58,7 +58,7 @@ def interval_attention(q, k, v, lo, hi, sm_scale=None, max_elems: int = 1 << 26)
     """float64 attention on ``q``'s device, key ``j`` visible to (row, head) iff ``lo <= j <= hi``.
 
     q ``(qo, Hq, D)``, k/v ``(kv, Hk, D)``, lo/hi ``(qo, Hq)``; row chunks keep the logits under
-    ``max_elems``. Equals :func:`swa_repro.reference.masked_attention` with the interval mask.
+    ``max_elems``. Equals :func:`swa_repro.core.reference.masked_attention` with the interval mask.
     """
     qo, hq, d = q.shape
     kv, hk = k.shape[:2]
@@ -367,7 +367,7 @@ def probe_case(case: Case, repeats: int = 2, *, random_runs: int = 2, seed: int 
                runner=None) -> ProbeResult:
     """Probe the real FlashInfer kernel on CUDA: plan once with ``case.plan_window_left``, then
     ``forward(window_left=case.window_left)`` per block (sglang <= 0.5.15.post1's calls)."""
-    from .live import KernelRunner
+    from swa_repro.kernel.live import KernelRunner
 
     runner = runner or KernelRunner(case, probe_layout(case, device="cuda"))
     res = probe_from_attention_fn(case, runner.attn_fn(api), repeats, random_runs=random_runs, seed=seed,

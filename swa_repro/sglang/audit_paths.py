@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 
-from . import sglang_harness as harness
-from .config import Case
-from .trace import Trace, record_class
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import harness
+from swa_repro.core.case import Case
+from swa_repro.sglang.trace import Trace, record_class
 
 PAGED, RAGGED, DECODE = harness.WRAPPER_NAMES
 
@@ -233,7 +234,6 @@ def backend_source(path: Path | None):
         return
     path = Path(path)
     if not path.is_file():
-        from .cli import UsageError
 
         raise UsageError(f"--sglang-source {path}: no such file (give a flashinfer_backend.py)")
     harness.backend_module()  # the installed one first: its imports populate sys.modules
@@ -533,7 +533,7 @@ def has_dflash() -> bool:
 def drive(path: str, cfg: LayerConfig, *, patched: bool, source: Path | None = None) -> PathRun:
     """Run one path for one layer configuration; every wrapper call lands in the returned trace.
     A path this sglang cannot reach comes back with ``error`` saying why."""
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     spec = PATHS[path]
     trace = Trace(meta={"path": path, "layer": cfg.name, "patched": patched, "source": str(source or "installed")})

@@ -28,6 +28,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from swa_repro.core.errors import UsageError
+
 LIMIT_BYTES = 64 * 2**20
 # Measured: on a python that has only torch 2.11 + its own requirements (jinja2, filelock,
 # cuda-bindings, ...), `import flashinfer` of 0.6.12 and 0.7.2.post1 needs exactly these extra.
@@ -35,12 +37,6 @@ IMPORT_DEPS = ("packaging", "requests", "urllib3", "idna", "certifi", "charset-n
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 PREFILL_GLOBS = ("batch_prefill*", "tvm_ffi_utils.h")
-
-
-def _usage(msg):
-    from .cli import UsageError
-
-    return UsageError(msg)
 
 
 # ----------------------------------------------------------------------------- csrc pruning
@@ -85,9 +81,9 @@ def prune_csrc(pkg_dir: Path) -> tuple[list[str], list[str]]:
     data = pkg_dir / "data"
     csrc = data / "csrc"
     if not csrc.is_dir():
-        raise _usage(f"{pkg_dir} has no data/csrc: not a flashinfer package with JIT sources")
+        raise UsageError(f"{pkg_dir} has no data/csrc: not a flashinfer package with JIT sources")
     if not list(csrc.glob("batch_prefill*")):
-        raise _usage(f"{csrc} has no batch_prefill* sources: refusing to prune an unknown layout")
+        raise UsageError(f"{csrc} has no batch_prefill* sources: refusing to prune an unknown layout")
     keep = needed_csrc_subdirs(data)
     removed = []
     for d in sorted(p for p in csrc.iterdir() if p.is_dir()):
@@ -109,7 +105,7 @@ def _pip_download(specs, dest: Path, *, python_version: str | None = None, binar
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
-        raise _usage(f"pip download {' '.join(specs)} failed (network? use --wheel-dir with pre-fetched wheels): "
+        raise UsageError(f"pip download {' '.join(specs)} failed (network? use --wheel-dir with pre-fetched wheels): "
                      + " | ".join(tail))
 
 
@@ -134,7 +130,7 @@ def tvm_ffi_spec(whl: Path) -> str:
     for r in wheel_requires(whl):
         if re.match(r"apache[-_]tvm[-_]ffi\b", r, re.I):
             return r.split(";")[0].replace(" ", "")
-    raise _usage(f"{whl.name} does not require apache-tvm-ffi: unknown flashinfer packaging")
+    raise UsageError(f"{whl.name} does not require apache-tvm-ffi: unknown flashinfer packaging")
 
 
 # ----------------------------------------------------------------------------- repack
@@ -181,7 +177,7 @@ def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel
                  xz_preset: int = 6) -> dict:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise _usage(f"--out {out} exists and is not empty: give a new or empty folder")
+        raise UsageError(f"--out {out} exists and is not empty: give a new or empty folder")
     out.mkdir(parents=True, exist_ok=True)
     (out / "wheels").mkdir()
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,7 +187,7 @@ def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel
             _pip_download([f"flashinfer-python=={version}"], dl)
             whl = _find_wheel(dl, "flashinfer-python", version)
         if whl is None:
-            raise _usage(f"no flashinfer_python-{version} wheel found")
+            raise UsageError(f"no flashinfer_python-{version} wheel found")
         info = repack(whl, out / f"flashinfer-{version}.tar.xz", xz_preset)
         _pip_download([tvm_ffi_spec(whl)], out / "wheels", python_version=python_version, binary_platform=True)
         _pip_download(list(IMPORT_DEPS), out / "wheels", python_version=python_version, binary_platform=True)
@@ -204,7 +200,7 @@ def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     manifest["total_bytes"] += (out / "MANIFEST.json").stat().st_size
     if manifest["total_bytes"] > LIMIT_BYTES:
-        raise _usage(f"bundle is {manifest['total_bytes'] / 2**20:.1f} MiB, over the 64 MiB that can travel")
+        raise UsageError(f"bundle is {manifest['total_bytes'] / 2**20:.1f} MiB, over the 64 MiB that can travel")
     return manifest
 
 
@@ -217,11 +213,11 @@ def notebook_pins(pyproject: Path | None = None) -> list[str]:
     """``name==version`` for :data:`NOTEBOOK_DISTS`, read from pyproject.toml's notebooks extra."""
     import tomllib
 
-    pyproject = pyproject or Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = pyproject or Path(__file__).resolve().parents[2] / "pyproject.toml"
     extra = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]["notebooks"]
     pins = [p for p in extra if p.split("==")[0].lower() in NOTEBOOK_DISTS]
     if len(pins) != len(NOTEBOOK_DISTS):
-        raise _usage(f"pyproject.toml's notebooks extra must pin {', '.join(NOTEBOOK_DISTS)}; found {pins}")
+        raise UsageError(f"pyproject.toml's notebooks extra must pin {', '.join(NOTEBOOK_DISTS)}; found {pins}")
     return pins
 
 
@@ -230,7 +226,7 @@ def build_notebook_bundle(out: Path, *, python_version: str = "3.12") -> dict:
     on an air-gapped GPU machine that has torch but no Jupyter stack."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise _usage(f"--out {out} exists and is not empty: give a new or empty folder")
+        raise UsageError(f"--out {out} exists and is not empty: give a new or empty folder")
     (out / "wheels").mkdir(parents=True)
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(out / "wheels"),
            "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
@@ -238,7 +234,7 @@ def build_notebook_bundle(out: Path, *, python_version: str = "3.12") -> dict:
         cmd += ["--platform", p]
     r = subprocess.run(cmd + notebook_pins(), capture_output=True, text=True)
     if r.returncode != 0:
-        raise _usage("pip download of the notebook stack failed: " + " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]))
+        raise UsageError("pip download of the notebook stack failed: " + " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]))
     (out / "install.sh").write_text(INSTALL_SH)
     os.chmod(out / "install.sh", 0o755)
     files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
@@ -269,7 +265,7 @@ def register(sub) -> None:
 
 def main(a) -> int:
     if a.notebooks == bool(a.flashinfer):
-        raise _usage("give either --flashinfer VERSION or --notebooks (one bundle per folder)")
+        raise UsageError("give either --flashinfer VERSION or --notebooks (one bundle per folder)")
     if a.notebooks:
         m = build_notebook_bundle(Path(a.out), python_version=a.python)
         print(f"{len(m['files']) - 2} wheels, {m['total_bytes'] / 2**20:.2f} MiB; on the GPU machine: "

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 
+from swa_repro.core.errors import UsageError
+
 MODES = ("auto", "model", "live")
 # Distributions doctor reports (PyPI names).
 PACKAGES = ("torch", "flashinfer-python", "sglang", "numpy", "papermill", "jupytext", "nbconvert",
@@ -30,12 +32,6 @@ class ModeInfo:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _usage_error(msg: str) -> Exception:
-    from .cli import UsageError  # cli imports only config: no cycle at import time
-
-    return UsageError(msg)
 
 
 def cuda_status() -> dict:
@@ -66,7 +62,7 @@ def resolve_mode(requested: str = "auto") -> ModeInfo:
     """``auto`` -> ``live`` iff CUDA and flashinfer are usable, else ``model``; ``live`` without them
     is a UsageError saying what to do; ``model`` is always available."""
     if requested not in MODES:
-        raise _usage_error(f"unknown mode {requested!r}: use one of {', '.join(MODES)}")
+        raise UsageError(f"unknown mode {requested!r}: use one of {', '.join(MODES)}")
     if requested == "model":
         return ModeInfo("model", "requested --mode model: CPU kernel model plus recorded GPU evidence",
                         {"requested": requested})
@@ -84,7 +80,7 @@ def resolve_mode(requested: str = "auto") -> ModeInfo:
     if requested == "live":
         fix = ("install the pinned baseline (`make test` or `pip install -e '.[baseline]'`)"
                if cuda["available"] else "run on a machine with an NVIDIA GPU and a CUDA build of torch")
-        raise _usage_error(f"--mode live needs real kernels but {why}: {fix}, or use --mode model "
+        raise UsageError(f"--mode live needs real kernels but {why}: {fix}, or use --mode model "
                            "(CPU kernel model plus recorded GPU evidence) or --mode auto")
     return ModeInfo("model", f"{why}: using the CPU kernel model plus recorded GPU evidence", details)
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from .cli import UsageError
+from swa_repro.core.errors import UsageError
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 REL_PATH = Path("srt/layers/attention/flashinfer_backend.py")  # under the sglang package
@@ -689,7 +689,7 @@ def apply_in_place(path: Path, target="fixed") -> str:
     why = _read_only_reason(path)
     if why:
         raise PatchError(f"{why}; nothing was changed. Write a patched copy with `--out FILE`, "
-                         "or use swa_repro.sglang_patch.patched() in-process")
+                         "or use swa_repro.sglang.patch.patched() in-process")
     _atomic_write(bak, data, like=path)
     if _sha(bak.read_bytes()) != _sha(data):
         raise PatchError(f"backup {bak} did not verify; nothing was changed")

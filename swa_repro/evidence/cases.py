@@ -5,7 +5,7 @@ one request and many; split-KV on (one long request, few queries: the no-window 
 off (``disable_split_kv`` and naturally unsplit); fa2, fa3 and auto; plan without ``window_left``
 (the bug, ``*_bug``) and with it (the fix, ``*_fix``). Distinct compiled modules are kept few
 (fa2 JIT-builds in ~30 s, fa3 in ~100 s): see :func:`modules_needed` and
-``python -m swa_repro.recording_cases``, which also checks the model's predictions.
+``python -m swa_repro.evidence.cases``, which also checks the model's predictions.
 
 ``flashinfer_version``, ``sm_count`` and ``arch`` are filled in at record time from the GPU.
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from .config import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
 
 H = dict(num_qo_heads=4, num_kv_heads=4, head_dim=128, page_size=16)
 
@@ -67,7 +68,6 @@ BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 
 def select(names: str) -> list[Case]:
     """``all`` or comma-separated names -> cases; unknown names raise with the known ones."""
-    from .cli import UsageError
 
     if names.strip() == "all":
         return list(CASES)
@@ -93,13 +93,13 @@ def modules_needed(cases=CASES) -> dict[str, list[str]]:
 def risky_last(cases) -> list[Case]:
     """Order for recording: cases the model calls ``undefined`` (split-KV reads of partial outputs
     nobody wrote) run last, so a fault there cannot cost the others."""
-    from .kernel_model import simulate
+    from swa_repro.kernel.model import simulate
 
     return sorted(cases, key=lambda c: "undefined" in simulate(c).statuses)
 
 
 def table(cases=CASES) -> str:
-    from .kernel_model import simulate
+    from swa_repro.kernel.model import simulate
 
     rows = [("case", "backend", "g", "hd", "page", "W", "plan_W", "split", "cta_q", "model status")]
     for c in cases:

@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import model_wrapper as mw
-from .config import Case, CaseError
-from .kernel_model import ModelResult, simulate
-from .reference import reference_attention
-from .trace import Trace, decode, record_class
+from swa_repro.core.errors import UsageError
+from swa_repro.kernel import wrappers as mw
+from swa_repro.core.case import Case, CaseError
+from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.core.reference import reference_attention
+from swa_repro.sglang.trace import Trace, decode, record_class
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 WRAPPER_NAMES = ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
@@ -155,7 +156,7 @@ def _inputs(case: Case, runner, layer, *, dtype, device, seed: int, max_context_
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
-    from .batch import random_inputs
+    from swa_repro.core.batch import random_inputs
 
     qs, ks, vs = random_inputs(case, seed=seed, dtype=dtype)
     kcase = kit.DenseAttentionCase(
@@ -208,12 +209,12 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
     ``paged`` (SGLANG_FLASHINFER_USE_PAGED=1) or ``deterministic`` (enable_deterministic_inference,
     which also plans with fixed_split_size=4096). Inputs are seeded bf16 randn; ``passed`` is
     ``max |output - reference| <= atol`` (2e-2 for bf16) with no NaN."""
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     case = case_spec if isinstance(case_spec, Case) else Case.from_dict(dict(case_spec))
     if case.window_left < 0:
         raise CaseError("the harness drives a sliding-window layer: give window_left >= 0")
-    from .mode import resolve_mode
+    from swa_repro.core.mode import resolve_mode
 
     mode = resolve_mode(mode).mode  # auto -> live | model; live without CUDA/flashinfer: UsageError
     device = "cuda" if mode == "live" else "cpu"
@@ -310,10 +311,10 @@ def reaches_past_window(case: Case) -> bool:
 
 
 def sglang_info() -> dict:
-    """Where sglang is and what state its backend file is in (via swa_repro.sglang_patch)."""
+    """Where sglang is and what state its backend file is in (via swa_repro.sglang.patch)."""
     import sglang
 
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     path = sglang_patch.installed_path()
     try:
@@ -330,7 +331,7 @@ def method_source(name: str, patched: bool | None = None) -> str:
     (``patched=None``), or inside ``sglang_patch.patched()`` / ``unpatched()``."""
     import inspect
 
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     fb = backend_module()
     cls = fb.FlashInferIndicesUpdaterPrefill
@@ -342,7 +343,7 @@ def method_source(name: str, patched: bool | None = None) -> str:
 
 def patch_diff() -> str:
     """Unified diff of the installed backend file against its fixed form (empty when it is fixed)."""
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     path = sglang_patch.installed_path()
     text = path.read_text()
@@ -355,7 +356,7 @@ def file_digest() -> str:
     """sha256 of the installed backend file: the in-memory patch must leave it unchanged."""
     import hashlib
 
-    from . import sglang_patch
+    from swa_repro.sglang import patch as sglang_patch
 
     return hashlib.sha256(sglang_patch.installed_path().read_bytes()).hexdigest()
 

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
 
 FORMAT = "swa-repro-recording/1"
-DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "recordings"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "recordings"
 INT_FIELDS = ("lo", "hi", "count")
 FLAG_FIELDS = ("contiguous", "consistent", "nan", "repeat_equal")  # (qo, heads)
 ROW_FIELDS = ("err_vs_reference", "err_vs_model", "err_vs_probed", "random_equal")  # (qo,)
@@ -43,7 +44,7 @@ def groups_agree(case: Case, req) -> bool:
 
 def to_record(result, provenance: dict, extra: dict | None = None) -> tuple[dict, dict]:
     """A ProbeResult -> (JSON dict, npz arrays)."""
-    from .kernel_model import simulate
+    from swa_repro.kernel.model import simulate
 
     case = result.case
     agree = all(groups_agree(case, r) for r in result.requests)
@@ -161,7 +162,7 @@ class RecordedRequest:
         return self.arrays[field][:, : self.group_size]
 
     def union_mask(self) -> np.ndarray:
-        from .reference import interval_to_mask
+        from swa_repro.core.reference import interval_to_mask
 
         lo, hi = self.by_qo_head("lo"), self.by_qo_head("hi")
         kv = self.prefix_len + self.extend_len
@@ -223,8 +224,7 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-    from . import recording_cases as rc
-    from .cli import UsageError
+    from swa_repro.evidence import cases as rc
 
     cases = rc.select(a.cases)
     if a.list:
@@ -232,7 +232,7 @@ def main(a) -> int:
         return 0
     if a.repeats < 1 or a.random_runs < 0:
         raise UsageError("--repeats must be >= 1 and --random-runs >= 0")
-    from .live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
+    from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 
     require_cuda()
     import torch
@@ -249,7 +249,7 @@ def main(a) -> int:
     builds = prebuild_modules([module_key(c) for c in cases], workers=a.jit_workers)
     jit_total = round(time.perf_counter() - t, 1)
     print(f"JIT: {len(builds)} modules in {jit_total} s: {builds}", flush=True)
-    from .probe import probe_case
+    from swa_repro.kernel.probe import probe_case
 
     failed = []
     for c in rc.risky_last(cases):
@@ -272,6 +272,6 @@ def main(a) -> int:
 
 
 def res_model(case: Case) -> list[str]:
-    from .kernel_model import simulate
+    from swa_repro.kernel.model import simulate
 
     return simulate(case).statuses

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import Case
+from swa_repro.core.case import Case
 
 
 @dataclass

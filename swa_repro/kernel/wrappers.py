@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import Case
-from .kernel_model import ModelResult, simulate
-from .reference import intended_mask, masked_attention
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.core.reference import intended_mask, masked_attention
 
 _DTYPES = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
            "float32": torch.float32, "float": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn}
@@ -59,7 +59,7 @@ class GpuSpec:
     @classmethod
     def detect(cls) -> "GpuSpec":
         """The CUDA device 0 and the installed flashinfer (for modelling a live run's trace)."""
-        from .config import FLASHINFER_VERSIONS
+        from swa_repro.core.case import FLASHINFER_VERSIONS
 
         p = torch.cuda.get_device_properties(0)
         try:

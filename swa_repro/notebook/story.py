@@ -13,10 +13,10 @@ import math
 import numpy as np
 import torch
 
-from .config import Case
-from .kernel_model import ModelResult, simulate
-from .probe import RANDOM_ATOL as TOL  # bf16 output vs float64 attention with the same mask
-from .reference import intended_interval
+from swa_repro.core.case import Case
+from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.kernel.probe import RANDOM_ATOL as TOL  # bf16 output vs float64 attention with the same mask
+from swa_repro.core.reference import intended_interval
 
 SEED_SHAPES = dict(prefix_lens=(0, 0, 0), extend_lens=(6, 8, 12), window_left=4, num_qo_heads=4,
                    num_kv_heads=4, head_dim=128, page_size=16)
@@ -49,8 +49,8 @@ def for_machine(case: Case, mode: str) -> Case:
     *this* kernel; in model mode, unchanged."""
     if mode != "live":
         return case
-    from .config import FLASHINFER_VERSIONS
-    from .live import installed_flashinfer_version
+    from swa_repro.core.case import FLASHINFER_VERSIONS
+    from swa_repro.kernel.live import installed_flashinfer_version
 
     p = torch.cuda.get_device_properties(0)
     kw = dict(sm_count=p.multi_processor_count, arch=tuple(torch.cuda.get_device_capability(0)))
@@ -95,7 +95,7 @@ def _maxf(a) -> float:
 # ----------------------------------------------------------------------------- recordings
 def load_recordings_or_empty(root=None) -> tuple[list, str]:
     """``(recordings, note)``; the note says plainly when there are none."""
-    from .recordings import DEFAULT_ROOT, load_recordings
+    from swa_repro.evidence.recordings import DEFAULT_ROOT, load_recordings
 
     recs = load_recordings(root)
     where = root or DEFAULT_ROOT
@@ -176,7 +176,7 @@ def model_vs_recordings(recordings) -> list[dict]:
 
 # ----------------------------------------------------------------------------- model runs
 def _model_wrapper(case: Case):
-    from .model_wrapper import GpuSpec, ModelPagedPrefillWrapper
+    from swa_repro.kernel.wrappers import GpuSpec, ModelPagedPrefillWrapper
 
     gpu = GpuSpec(sm_count=case.sm_count, arch=case.arch, flashinfer_version=case.flashinfer_version)
     return ModelPagedPrefillWrapper(torch.empty(1, dtype=torch.uint8), "NHD", backend=case.backend, gpu=gpu)
@@ -185,8 +185,8 @@ def _model_wrapper(case: Case):
 def model_call(case: Case, api: str = "forward", seed: int = 0) -> dict:
     """sglang's calls on the CPU stand-in wrapper: ``plan(window_left=case.plan_window_left)`` then
     ``forward(window_left=W)`` or ``run(window_left=W)``; per-row max error vs the reference."""
-    from .batch import build_paged_batch, random_inputs
-    from .probe import LAYOUT_SEED, interval_attention, intended_intervals, row_max_abs
+    from swa_repro.core.batch import build_paged_batch, random_inputs
+    from swa_repro.kernel.probe import LAYOUT_SEED, interval_attention, intended_intervals, row_max_abs
 
     qs, ks, vs = random_inputs(case, seed=seed)
     b = build_paged_batch(qs, ks, vs, case.page_size, seed=LAYOUT_SEED)
@@ -216,7 +216,7 @@ def model_call(case: Case, api: str = "forward", seed: int = 0) -> dict:
 def call(case: Case, mode: str, api: str = "forward", seed: int = 0) -> dict:
     """One plan + forward/run, on the real kernel (live) or the model wrapper (model)."""
     if mode == "live":
-        from .live import run_live
+        from swa_repro.kernel.live import run_live
 
         r = run_live(case, seed=seed, api=api)
         return {"api": api, "error": r.error, "err_vs_reference": list(r.err_vs_reference), "module": r.module,
@@ -228,8 +228,8 @@ def module_uri(case: Case) -> str:
     """The JIT module ``plan()`` selects for ``case``, named by flashinfer's own
     ``get_batch_prefill_uri`` when flashinfer imports (it does on CPU), else by its key."""
     try:
-        from .live import module_key
-        from .live import module_uri as uri
+        from swa_repro.kernel.live import module_key
+        from swa_repro.kernel.live import module_uri as uri
 
         k = module_key(case)
         return uri(k[0], k[1:])
@@ -340,7 +340,7 @@ def evidence_for(case: Case, mode: str, recordings=()) -> tuple[object | None, s
     """What the real kernel did for ``case``: a live probe (live mode) or the first committed
     recording of it (model mode), with one line saying which, or ``(None, why not)``."""
     if mode == "live":
-        from .probe import probe_case
+        from swa_repro.kernel.probe import probe_case
 
         p = probe_case(case)
         return p, f"{case.name}: live probe of {p.source} on this GPU"

@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import audit_paths as ap
-from .trace import PLAN_METHODS, decode
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import audit_paths as ap
+from swa_repro.sglang.trace import PLAN_METHODS, decode
 
 FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
 PARAMS = ("window_left", "logits_soft_cap")
@@ -119,8 +120,8 @@ def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -
 def kernel_model_of(plan: dict, window: int, backend: str) -> dict | None:
     """Kernel-model status of a causal paged prefill planned without the window (page-size-1
     layout as recorded; fa2/fa3 as the wrapper was built; GPU: H200)."""
-    from .config import Case, CaseError
-    from .kernel_model import simulate
+    from swa_repro.core.case import Case, CaseError
+    from swa_repro.kernel.model import simulate
 
     qo, kv = geometry(ap.PAGED, plan)
     live = [i for i, n in enumerate(qo) if n > 0]
@@ -303,7 +304,6 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-    from .cli import UsageError
 
     paths = None
     if a.paths:

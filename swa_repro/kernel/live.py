@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .batch import build_paged_batch, random_inputs
-from .config import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.batch import build_paged_batch, random_inputs
+from swa_repro.core.case import Case
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # sglang's and flashinfer's recommended float workspace
 APIS = ("forward", "run")
@@ -36,15 +37,9 @@ FA3_PLAN_FIELDS = ("qo_tile_indices_offset", "qo_indptr_offset", "kv_indptr_offs
                    "same_schedule_for_all_heads")
 
 
-def _usage(msg):
-    from .cli import UsageError
-
-    return UsageError(msg)
-
-
 def require_cuda() -> None:
     if not torch.cuda.is_available():
-        raise _usage("this needs a CUDA GPU and none is visible to torch; without one use the kernel "
+        raise UsageError("this needs a CUDA GPU and none is visible to torch; without one use the kernel "
                      "model (`swa-repro mask --mode model`) or the committed recordings (recordings/)")
 
 
@@ -54,7 +49,7 @@ def import_flashinfer():
         import flashinfer
         from flashinfer import prefill  # noqa: F401
     except Exception as e:  # ImportError, or a broken install raising anything at import
-        raise _usage(f"flashinfer is not importable ({type(e).__name__}: {e}); install the baseline "
+        raise UsageError(f"flashinfer is not importable ({type(e).__name__}: {e}); install the baseline "
                      "(`pip install -e .[baseline]`) or, on an air-gapped GPU machine, carry a "
                      "`swa-repro bundle` and run scripts/gpu_evidence.sh") from e
     return flashinfer
@@ -242,10 +237,10 @@ def _describe_exception(e: BaseException) -> str:
 def run_live(case: Case, *, seed: int = 0, api: str = "forward", dtype=torch.bfloat16) -> LiveResult:
     """Plan with ``case.plan_window_left``, then ``forward(..., window_left=W)`` (sglang's way)
     or ``run(..., window_left=W)``; errors per row vs the float64 reference and vs the model."""
-    from .probe import LAYOUT_SEED, interval_attention, intended_intervals, model_intervals, row_max_abs
+    from swa_repro.kernel.probe import LAYOUT_SEED, interval_attention, intended_intervals, model_intervals, row_max_abs
 
     if api not in APIS:
-        raise _usage(f"--api must be one of {', '.join(APIS)}; got {api!r}")
+        raise UsageError(f"--api must be one of {', '.join(APIS)}; got {api!r}")
     require_cuda()
     qs, ks, vs = random_inputs(case, seed=seed, dtype=dtype)
     batch = build_paged_batch(qs, ks, vs, case.page_size, seed=LAYOUT_SEED, device="cuda")

@@ -1,24 +1,21 @@
 """One dataclass describes a batch paged prefill case; every entry point validates through it.
 
-Convention (said once, here): a key at absolute position ``j`` is visible to a query at absolute
-position ``p`` iff ``p - window_left <= j <= p``; ``window_left = -1`` means no window. A request
-with prefix ``P`` and extend ``E`` has ``kv_len = P + E`` keys at positions ``0..kv_len-1`` and its
-queries sit at positions ``P..P+E-1``.
+Positions: a request with prefix ``P`` and extend ``E`` has ``kv_len = P + E`` keys at positions
+``0..kv_len-1`` and its queries sit at positions ``P..P+E-1``. Which keys a query may see is said
+once, in :func:`swa_repro.core.reference.visible`.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from swa_repro.core.errors import CaseError
+
 BACKENDS = ("fa2", "fa3", "auto")
 # Head dims FlashInfer compiles its batch prefill modules for (both fa2 and fa3 JIT templates
 # dispatch on 64/128/256; flashinfer/jit/attention/modules.py and the sm90 head-dim dispatch).
 HEAD_DIMS = {"fa2": (64, 128, 256), "fa3": (64, 128, 256)}
 FLASHINFER_VERSIONS = ("0.6.12", "0.7.2.post1")
-
-
-class CaseError(ValueError):
-    """Bad input: the message says what to change."""
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .checks import read_checks
-from .mode import MODES, ModeInfo, resolve_mode
+from swa_repro.core.errors import UsageError
+from swa_repro.notebook.checks import read_checks
+from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
 KERNEL_NAME = "swa-repro"
 RESERVED = ("mode", "output_dir")
@@ -60,7 +61,6 @@ def available_notebooks(nb_dir: Path) -> list[Path]:
 
 def select_notebooks(names: list[str], nb_dir: Path) -> list[Path]:
     """Names may be the stem, the file name, or the NN prefix; unknown names are a UsageError."""
-    from .cli import UsageError
 
     avail = available_notebooks(nb_dir)
     if not avail:
@@ -80,7 +80,6 @@ def select_notebooks(names: list[str], nb_dir: Path) -> list[Path]:
 
 def parse_parameters(items: list[str]) -> dict:
     """``k=v`` -> {k: v}; v is JSON when it parses (4, 1.5, true, [1,2], "s"), else the string."""
-    from .cli import UsageError
 
     params = {}
     for it in items or []:
@@ -177,7 +176,7 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
     rec = json.loads(rec_path.read_text()) if rec_path.exists() else None
     checks = read_checks(out, name)
     if error is None and rec is None:
-        error = "the notebook did not record its mode: call swa_repro.notebooks.announce_mode(mode, output_dir, name)"
+        error = "the notebook did not record its mode: call swa_repro.notebook.runner.announce_mode(mode, output_dir, name)"
     if error is None and checks and checks["failed"]:
         error = f"{checks['failed']} checks failed"
     return {
@@ -218,7 +217,6 @@ def main(a) -> int:
     info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
     out = Path(a.output).resolve()
     if out.exists() and not out.is_dir():
-        from .cli import UsageError
 
         raise UsageError(f"--output {a.output} is a file: give a directory (it is created if missing)")
     out.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import Case
-from .reference import intended_interval, intended_mask, interval_to_mask
+from swa_repro.core.case import Case
+from swa_repro.core.reference import intended_interval, intended_mask, interval_to_mask
 
 INT64_MAX = np.iinfo(np.int64).max
 # cudaDevAttrMaxSharedMemoryPerMultiprocessor / ...PerBlockOptin on sm80 and sm90 parts.

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from swa_repro.core.errors import UsageError
+
 RECORDED_METHODS = ("plan", "begin_forward", "forward", "forward_return_lse", "run", "run_return_lse")
 OUTPUT_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
 PLAN_METHODS = ("plan", "begin_forward")
@@ -228,7 +230,6 @@ def compare_output(got: torch.Tensor, recorded: torch.Tensor | None, reference: 
 
 def replay(trace: Trace, backend: str = "flashinfer", atol: float = 2e-2, device: str = "cuda") -> list[CallReport]:
     """Re-issue ``trace`` against real FlashInfer; one report per plan/forward call."""
-    from .cli import UsageError
 
     if backend != "flashinfer":
         raise UsageError(f"replay backend {backend!r} unknown: only 'flashinfer' is supported")
@@ -280,7 +281,6 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-    from .cli import UsageError
 
     traces = []
     for t in a.traces:
@@ -308,7 +308,7 @@ def main(a) -> int:
                       f"{'ok' if r.ok else 'BAD: ' + r.why}" + (f" raised {r.replay_error}" if r.replay_error else ""))
     sys.stdout.flush()
     if a.out:  # GPU evidence: the reports with where and how they were made
-        from .recordings import provenance
+        from swa_repro.evidence.recordings import provenance
 
         Path(a.out).write_text(json.dumps({"provenance": provenance(), "traces": docs}, indent=1) + "\n")
     return 1 if bad else 0

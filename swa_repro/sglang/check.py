@@ -18,7 +18,8 @@ import sys
 import unittest
 from pathlib import Path
 
-from .config import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
 
 HEAD_DIM = 128
 MATRIX = (
@@ -36,14 +37,14 @@ ROUTED = tuple((c, "paged") for c in MATRIX) + ((MATRIX[2], "deterministic"),)
 
 
 def expected_pass(case: Case, patched: bool) -> bool:
-    from .sglang_harness import reaches_past_window
+    from swa_repro.sglang.harness import reaches_past_window
 
     return patched or not reaches_past_window(case)
 
 
 def run_matrix(mode: str = "model", *, cases=None, trace_dir=None, keep=False):
     """``[(row dict, HarnessResult or None)]`` for every (case, route) x (unpatched, patched)."""
-    from .sglang_harness import reaches_past_window, run_case
+    from swa_repro.sglang.harness import reaches_past_window, run_case
 
     out = []
     for case, route in ROUTED:
@@ -64,7 +65,7 @@ def run_matrix(mode: str = "model", *, cases=None, trace_dir=None, keep=False):
 
 def _swa_plan_window(r) -> int | None:
     """The window_left sglang gave the SWA wrapper's plan (None: not given, the bug)."""
-    from .sglang_harness import _swa_forward_index
+    from swa_repro.sglang.harness import _swa_forward_index
 
     fwd = _swa_forward_index(r.trace)
     if fwd is None:
@@ -77,8 +78,8 @@ def _swa_plan_window(r) -> int | None:
 def leak_figure(result, title: str | None = None):
     """Intended vs effective mask (+ difference, per-CTA kv_start, tile map) of the SWA wrapper's
     run in the harness, on the KV sglang handed it (its trimmed window, page_size 1)."""
-    from .kernel_model import simulate
-    from .plots import plot_case
+    from swa_repro.kernel.model import simulate
+    from swa_repro.notebook.plots import plot_case
 
     m = result.model
     case = m.case.with_(name=result.case.name)
@@ -100,7 +101,7 @@ def kit_cases():
 
 def kit_expected_pass(kit_case, patched: bool) -> bool:
     """The same geometric expectation as the matrix, for a kit case (no window: always pass)."""
-    from .sglang_harness import reaches_past_window
+    from swa_repro.sglang.harness import reaches_past_window
 
     if patched or kit_case.sliding_window_size is None:
         return True
@@ -115,9 +116,9 @@ def peer_suite(mode: str = "model", patched: bool = False, names=None) -> list[d
     (fp16, hidden 64, shuffled pages). The kit compares with atol = rtol = 3e-2 after its o_proj."""
     import torch
 
-    from . import sglang_patch
-    from .sglang_harness import sglang_env
-    from .trace import Trace
+    from swa_repro.sglang import patch as sglang_patch
+    from swa_repro.sglang.harness import sglang_env
+    from swa_repro.sglang.trace import Trace
 
     from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
@@ -155,8 +156,7 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-    from .cli import UsageError
-    from .mode import resolve_mode
+    from swa_repro.core.mode import resolve_mode
 
     names = [n for n in a.cases.split(",") if n.strip()]
     unknown = sorted(set(names) - {c.name for c in MATRIX})
@@ -177,7 +177,7 @@ def main(a) -> int:
 
 def matrix_doc(info, rows: list[dict], peer: dict | None = None) -> dict:
     """The report: mode and why, where sglang is and its state, every row, the peer suite."""
-    from .sglang_harness import sglang_info
+    from swa_repro.sglang.harness import sglang_info
 
     ok = all(r["as_expected"] for r in rows) and all(
         r["passed"] is None or r["passed"] == r["expected_pass"] for rs in (peer or {}).values() for r in rs)

@@ -16,8 +16,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .kernel_model import ModelResult, RequestModel
-from .reference import intended_interval
+from swa_repro.kernel.model import ModelResult, RequestModel
+from swa_repro.core.reference import intended_interval
 
 MAX_CELLS = 256  # per axis, after reduction
 PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at the default size, so none is lost
@@ -320,7 +320,7 @@ def publish(fig: Figure, name: str, output_dir) -> None:
     """Save ``fig`` as ``output_dir/name.png`` through ``notebooks.save_figure`` and show that PNG
     in the notebook (a bare ``Figure`` has no inline repr), so the reader sees exactly the saved
     artifact. Returns None so a notebook cell ending in it prints nothing more."""
-    from .notebooks import save_figure
+    from swa_repro.notebook.runner import save_figure
 
     path = save_figure(fig, name, output_dir)
     try:

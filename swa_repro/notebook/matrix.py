@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .config import Case, CaseError
-from .kernel_model import simulate
-from .reference import intended_interval
+from swa_repro.core.case import Case, CaseError
+from swa_repro.kernel.model import simulate
+from swa_repro.core.reference import intended_interval
 
 PROMPTS = (1024, 8192, 32768)
 PREFIXES = (0, 4096)
@@ -101,7 +101,7 @@ def model_cell(spec, prompt: int, prefix: int, *, estimate_error: bool = True) -
 
 
 def model_matrix(specs=None, prompts=PROMPTS, prefixes=PREFIXES, *, estimate_error: bool = True) -> list[Cell]:
-    from .model_configs import model_specs
+    from swa_repro.sglang.model_configs import model_specs
 
     return [model_cell(s, p, x, estimate_error=estimate_error)
             for s in (specs or model_specs()) for p in prompts for x in prefixes]
@@ -165,7 +165,7 @@ def _worst(statuses) -> str:
 def load_recordings_or_empty():
     """Committed GPU recordings, or [] with why (none committed yet / module missing)."""
     try:
-        from .recordings import load_recordings
+        from swa_repro.evidence.recordings import load_recordings
     except ImportError as e:
         return [], f"recordings unavailable: {e}"
     recs = load_recordings()

@@ -1,0 +1,121 @@
+"""Per-request visible-key intervals and the one status rule (exact / leak / undefined).
+
+Every source of a mask speaks this type: the kernel model (``kernel.model.RequestModel``), the probe
+of the real kernel (``kernel.probe.ProbeRequest``) and a committed recording
+(``evidence.recordings.RecordedRequest``) each expose ``.intervals`` and ``.status``, so counting
+extra and missing keys, and deciding the status, happen here and nowhere else.
+
+Row ``q`` of a request with prefix ``P`` sits at absolute position ``P + q``; ``lo[q, h]`` and
+``hi[q, h]`` are its first and last visible key for head column ``h`` (inclusive), ``-1`` when it
+sees none. Columns are either query heads ``Hq`` or heads-in-group ``g`` (the kernel model's
+GQA-packed rows repeat for every KV head); :func:`qo_head_columns` maps one to the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STATUSES = ("exact", "leak", "undefined")
+
+
+def ceil_div(a, b):
+    """``ceil(a / b)`` for ints and int arrays (the kernels' ``ceil_div``, math.cuh)."""
+    return -(-a // b)
+
+
+def nan_max(x, empty=None):
+    """Largest value of ``x`` with NaN counted as the largest (a NaN output is the worst error);
+    ``empty`` when ``x`` has no elements."""
+    x = np.asarray(x, np.float64)
+    if x.size == 0:
+        return empty
+    return float("nan") if np.isnan(x).any() else float(x.max())
+
+
+def qo_head_columns(num_qo_heads: int, group_size: int) -> np.ndarray:
+    """Column of a ``(qo, group)`` array that query head ``h`` reads: FlashInfer packs GQA rows as
+    ``packed = q * group + h % group`` (prefill.cuh ``get_warp_idx_q``/``packed_offset``), so every
+    KV head sees the same per-head-in-group mask."""
+    return np.arange(num_qo_heads) % group_size
+
+
+def intended_bounds(prefix_len: int, extend_len: int, window_left: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(qo,)`` first and last key each query may see (:func:`swa_repro.core.reference.visible`)."""
+    pos = np.arange(prefix_len, prefix_len + extend_len, dtype=np.int64)
+    lo = np.zeros_like(pos) if window_left < 0 else np.maximum(pos - window_left, 0)
+    return lo, pos
+
+
+def bounds_to_mask(lo: np.ndarray, hi: np.ndarray, kv_len: int) -> np.ndarray:
+    """Bool ``(qo, kv)`` from inclusive per-row bounds; a row with ``lo < 0`` or ``hi < lo`` is empty."""
+    lo, hi = np.asarray(lo), np.asarray(hi)
+    k = np.arange(kv_len)[None, :]
+    return (k >= lo[:, None]) & (k <= hi[:, None]) & (lo[:, None] >= 0)
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Visible keys of one request: ``lo, hi`` ``(qo, heads)`` inclusive, ``-1`` = none."""
+    prefix_len: int
+    extend_len: int
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @property
+    def kv_len(self) -> int:
+        return self.prefix_len + self.extend_len
+
+    @property
+    def heads(self) -> int:
+        return int(np.shape(self.lo)[1])
+
+    def mask(self, head: int | None = None) -> np.ndarray:
+        """Bool ``(qo, kv)`` of head column ``head``; ``None``: the union over all columns."""
+        if head is not None:
+            return bounds_to_mask(self.lo[:, head], self.hi[:, head], self.kv_len)
+        out = np.zeros((self.extend_len, self.kv_len), bool)
+        for h in range(self.heads):
+            out |= bounds_to_mask(self.lo[:, h], self.hi[:, h], self.kv_len)
+        return out
+
+    def diff(self, window_left: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(extra, missing)`` ``(qo, heads)``: keys attended that the window excludes, and
+        in-window keys not attended. Exact interval arithmetic, empty rows included."""
+        ilo, ihi = (b[:, None] for b in intended_bounds(self.prefix_len, self.extend_len, window_left))
+        lo, hi = np.asarray(self.lo, np.int64), np.asarray(self.hi, np.int64)
+        seen = np.where((lo >= 0) & (hi >= lo), hi - lo + 1, 0)
+        both = np.where(seen > 0, np.maximum(np.minimum(hi, ihi) - np.maximum(lo, ilo) + 1, 0), 0)
+        return seen - both, (ihi - ilo + 1) - both
+
+    def per_qo_head(self, num_qo_heads: int) -> "Intervals":
+        """The same intervals with one column per query head (see :func:`qo_head_columns`)."""
+        if self.heads == num_qo_heads:
+            return self
+        cols = qo_head_columns(num_qo_heads, self.heads)
+        return Intervals(self.prefix_len, self.extend_len, self.lo[:, cols], self.hi[:, cols])
+
+    def equals(self, other: "Intervals") -> bool:
+        """Same visible keys on every row and column (columns broadcast to query heads)."""
+        n = max(self.heads, other.heads)
+        a, b = self.per_qo_head(n), other.per_qo_head(n)
+        return bool(np.array_equal(a.lo, b.lo) and np.array_equal(a.hi, b.hi))
+
+    @classmethod
+    def intended(cls, prefix_len: int, extend_len: int, window_left: int, heads: int = 1) -> "Intervals":
+        lo, hi = intended_bounds(prefix_len, extend_len, window_left)
+        return cls(prefix_len, extend_len, np.repeat(lo[:, None], heads, 1), np.repeat(hi[:, None], heads, 1))
+
+
+def status_of(iv: Intervals, window_left: int, broken: str | None = None) -> tuple[str, str]:
+    """The one status rule: ``undefined`` when ``broken`` says why the output is not a softmax
+    over one key set (split-KV race, NaN, run-to-run differences); else ``exact`` when every row
+    and head sees exactly its window; else ``leak``, with the counts."""
+    if broken:
+        return "undefined", broken
+    extra, missing = iv.diff(window_left)
+    if not extra.any() and not missing.any():
+        return "exact", "effective mask equals the intended window"
+    return "leak", (f"{int(extra.sum())} (query row, head) x key pairs outside the window are attended, "
+                    f"{int(missing.sum())} in-window pairs dropped")
