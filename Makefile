@@ -15,10 +15,19 @@ OUTPUT  ?= artifacts
 MODE    ?= auto
 PYTEST_ARGS ?= -q
 PIP_ARGS    ?= --progress-bar off
+# uv installs the pinned stack ~7x faster than pip (benchmarks/REPORT.md); itself pinned, from PyPI.
+UV_VERSION  ?= 0.13.9
+# make lab: JupyterLab on notebooks/ (LAB_ROOT) with the venv's kernel. The shipped defaults (a .py
+# opens as a notebook: jupyter/labconfig/) come in through JUPYTER_CONFIG_PATH; Jupyter's, IPython's
+# and matplotlib's per-user state (settings, workspaces, runtime files) goes to LAB_STATE, not $HOME.
+LAB_PORT    ?= 8888
+LAB_ARGS    ?=
+LAB_ROOT    ?= notebooks
+LAB_STATE   ?= $(VENV)/lab-state
 HASH    := $(shell (sha256sum pyproject.toml 2>/dev/null || shasum -a 256 pyproject.toml) | cut -c1-16)
 STAMP   := $(VENV)/.swa-repro-installed-$(HASH)
 
-.PHONY: repro test venv doctor clean help
+.PHONY: repro test venv doctor lab clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -26,6 +35,7 @@ help:
 	@echo "make test    run the whole test suite"
 	@echo "make venv    only create/refresh $(VENV) (stamped on pyproject.toml's hash)"
 	@echo "make doctor  what is installed and which mode auto picks"
+	@echo "make lab     JupyterLab on notebooks/, a .py opens as a notebook (LAB_PORT=$(LAB_PORT), LAB_ARGS=...)"
 
 repro: $(STAMP)
 	$(BIN)/swa-repro run --mode $(MODE) --output $(OUTPUT)
@@ -41,12 +51,19 @@ doctor: $(STAMP)
 
 venv: $(STAMP)
 
+lab: $(STAMP)
+	JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
+	  JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
+	  MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib' \
+	  $(BIN)/jupyter lab --ServerApp.root_dir='$(LAB_ROOT)' --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "swa-repro needs Python >= 3.11, but $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or newer)")' \
 	  || { [ $$? -eq 127 ] && echo "'$(PYTHON)' not found: install Python >= 3.11 or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 	@if [ ! -x $(BIN)/python ]; then echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); fi
 	@$(BIN)/python -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "$(VENV) has Python " + sys.version.split()[0] + ": remove $(VENV) and run make again with Python >= 3.11")'
-	$(BIN)/python -m pip install $(PIP_ARGS) -e '.[$(EXTRAS)]'
+	$(BIN)/python -m pip install $(PIP_ARGS) --disable-pip-version-check -q 'uv==$(UV_VERSION)'
+	$(BIN)/uv pip install --python $(BIN)/python -e '.[$(EXTRAS)]'
 	@rm -f $(VENV)/.swa-repro-installed-*
 	@touch $@
 

@@ -1,0 +1,369 @@
+"""`make lab`: JupyterLab on notebooks/ where a double-clicked `.py` opens as a notebook.
+
+Each test starts the server with the very command `make lab` runs (through make, with LAB_PORT,
+LAB_ROOT, LAB_STATE, LAB_ARGS overridden), HOME pointed at an empty temp dir that must still be
+empty after the server is gone, and always stops it (POST /api/shutdown, then the process group).
+The browser test needs Chromium (`chromium` on PATH) and skips cleanly without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+NOTEBOOK = "02_masks_and_cta_skips.py"
+START_TIMEOUT_S = 180  # a cold `jupyter lab` imports for ~15 s here (jsonschema's rfc3987 grammar)
+
+pytestmark = pytest.mark.slow
+
+jupytext = pytest.importorskip("jupytext", reason="the notebooks extra (jupytext, jupyterlab) is not installed")
+pytest.importorskip("jupyterlab", reason="the notebooks extra (jupyterlab) is not installed")
+
+
+def _venv_ready() -> str | None:
+    """Why `make lab` cannot run here without installing something, or None."""
+    if shutil.which("make") is None:
+        return "make is not on PATH"
+    r = subprocess.run(["make", "-s", "-q", "-C", str(REPO), "venv"], capture_output=True, timeout=60)
+    return None if r.returncode == 0 else "the venv is missing or stale (run `make venv`)"
+
+
+@pytest.fixture(scope="module")
+def make_lab_ready():
+    why = _venv_ready()
+    if why:
+        pytest.skip(f"make lab: {why}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cmdlines() -> dict[int, list[str]]:
+    out = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            out[int(d.name)] = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    return out
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+class Lab:
+    """A `make lab` server on a free loopback port, with a token and a throwaway HOME."""
+
+    def __init__(self, root: Path, tmp: Path):
+        self.root, self.tmp = root, tmp
+        self.home, self.state = tmp / "home", tmp / "lab-state"
+        self.home.mkdir()
+        self.port, self.token = _free_port(), secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "lab.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Lab:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("JUPYTER", "XDG_", "IPYTHON")) and k not in ("MPLCONFIGDIR",)}
+        env.update(HOME=str(self.home), JUPYTER_TOKEN=self.token)
+        args = "--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port_retries=0"
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            args += " --allow-root"  # containers and CI runners are often root
+        cmd = ["make", "-s", "--no-print-directory", "-C", str(REPO), "lab", f"LAB_PORT={self.port}",
+               f"LAB_ROOT={self.root}", f"LAB_STATE={self.state}", f"LAB_ARGS={args}"]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"make lab exited with {self.proc.returncode}:\n{self.log_text()}")
+            with contextlib.suppress(OSError, urllib.error.URLError):
+                if self.request("GET", "/api/status", timeout=2)[0] == 200:
+                    return self
+            time.sleep(0.5)
+        raise AssertionError(f"make lab did not answer within {START_TIMEOUT_S}s:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+    def request(self, method: str, path: str, body=None, timeout: float = 30) -> tuple[int, object]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+                return r.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(Exception):
+                self.request("POST", "/api/shutdown", timeout=10)  # stops the kernels too
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=10)
+        # Kernels run in sessions of their own: any left (a failed shutdown) are found by their
+        # connection file under this server's LAB_STATE and killed by pid.
+        if Path("/proc").is_dir():
+            for pid, argv in _cmdlines().items():
+                if any(str(self.state) in a for a in argv) and pid != os.getpid():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def make_lab(root: Path, tmp: Path):
+    lab = Lab(root, tmp)
+    try:
+        yield lab.start()
+    finally:
+        lab.stop()
+    # after a clean stop: nothing of Jupyter's, IPython's, npm's or matplotlib's landed in HOME
+    assert _files(lab.home) == [], f"make lab wrote into HOME: {_files(lab.home)}"
+
+
+def _notebooks_copy(tmp: Path) -> Path:
+    """notebooks/ as shipped (the .py files and jupytext.toml), for tests that write or open."""
+    dst = tmp / "notebooks"
+    dst.mkdir()
+    for p in NOTEBOOKS.iterdir():
+        if p.is_file() and (p.suffix == ".py" or p.name == "jupytext.toml"):
+            shutil.copy2(p, dst / p.name)
+    return dst
+
+
+def _has_parameters_cell(nb: dict) -> bool:
+    return any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+
+
+def test_lab_serves_py_as_notebook_with_venv_kernel(make_lab_ready, tmp_path):
+    before = _files(NOTEBOOKS)
+    with make_lab(NOTEBOOKS, tmp_path) as lab:
+        # the shipped default viewer: a .py (file type "python") opens with jupytext's notebook factory
+        status, plugin = lab.request("GET", "/lab/api/settings/@jupyterlab/docmanager-extension:plugin")
+        assert status == 200, plugin
+        assert plugin["schema"]["properties"]["defaultViewers"]["default"].get("python") == "Jupytext Notebook"
+        assert "python" not in plugin["settings"].get("defaultViewers", {})  # no user setting shadows it
+
+        # what the lab asks for when it opens the file as a notebook
+        status, model = lab.request("GET", f"/api/contents/{NOTEBOOK}?type=notebook&content=1")
+        assert status == 200, model
+        assert model["type"] == "notebook" and model["format"] == "json"
+        nb = model["content"]
+        assert nb["nbformat"] == 4 and len(nb["cells"]) > 3
+        assert _has_parameters_cell(nb), "no cell tagged `parameters`"
+        assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+        # that kernel runs the venv's python (the interpreter running `make lab`'s jupyter)
+        status, specs = lab.request("GET", "/api/kernelspecs")
+        assert status == 200 and "python3" in specs["kernelspecs"], specs
+        if Path("/proc").is_dir():
+            status, kernel = lab.request("POST", "/api/kernels", {"name": "python3"})
+            assert status in (200, 201), kernel
+            argv, deadline = None, time.monotonic() + 30
+            while argv is None and time.monotonic() < deadline:
+                argv = next((a for a in _cmdlines().values() if any(f"kernel-{kernel['id']}.json" in x for x in a)),
+                            None)
+                time.sleep(0.2)
+            assert argv, "the kernel process did not show up"
+            venv_bin = Path(os.path.abspath(REPO / ".venv" / "bin"))
+            assert Path(argv[0]).parent == venv_bin or Path(argv[0]).parent == Path(sys.executable).parent, argv
+            assert lab.request("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
+    assert _files(NOTEBOOKS) == before, "opening the notebooks wrote into notebooks/"
+
+
+def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
+    root = _notebooks_copy(tmp_path)
+    original = (root / NOTEBOOK).read_text(encoding="utf-8")
+    assert re.search(r"(?m)^window_left = 4$", original)
+    with make_lab(root, tmp_path) as lab:
+        status, model = lab.request("GET", f"/api/contents/{NOTEBOOK}?type=notebook&content=1")
+        assert status == 200, model
+        nb = model["content"]
+        # an edit in the parameters cell, and what the lab itself adds after a run
+        params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
+        params["source"] = re.sub(r"(?m)^window_left = 4$", "window_left = 5", params["source"])
+        nb["metadata"]["language_info"] = {"name": "python", "version": sys.version.split()[0]}
+        for c in nb["cells"]:
+            if c["cell_type"] == "code":
+                c["metadata"]["trusted"] = True
+                c["execution_count"] = 1
+                c["outputs"] = [{"output_type": "stream", "name": "stdout", "text": "OUTPUT-NOT-SAVED\n"}]
+        status, saved = lab.request("PUT", f"/api/contents/{NOTEBOOK}",
+                                    {"type": "notebook", "format": "json", "content": nb})
+        assert status in (200, 201), saved
+        assert saved["path"] == NOTEBOOK and saved["type"] == "notebook"
+
+    assert not [p for p in _files(root) if p.endswith(".ipynb")], f"a .ipynb was written: {_files(root)}"
+    text = (root / NOTEBOOK).read_text(encoding="utf-8")
+    assert "OUTPUT-NOT-SAVED" not in text and "language_info" not in text and "trusted" not in text
+
+    # the .py is still the source: the same cells, only the edit differs; the header may gain
+    # jupytext's version stamp (format_version / jupytext_version), nothing else
+    def body(t: str) -> list[str]:
+        return [ln for ln in t.splitlines() if not ln.startswith(("#       format_version:", "#       jupytext_version:"))]
+    assert body(text) == body(re.sub(r"(?m)^window_left = 4$", "window_left = 5", original))
+    assert _has_parameters_cell(jupytext.reads(text, fmt="py:percent"))
+
+
+def test_jupytext_toml_leaves_swa_repro_run_alone():
+    """`swa-repro run` converts with jupytext.read(path) (no config); the lab reads with the config
+    of notebooks/jupytext.toml: both give the same notebook, and the config pairs nothing."""
+    from jupytext.config import find_jupytext_configuration_file, load_jupytext_config
+
+    assert Path(find_jupytext_configuration_file(str(NOTEBOOKS))) == NOTEBOOKS / "jupytext.toml"
+    config = load_jupytext_config(str(NOTEBOOKS / NOTEBOOK))
+    assert config.formats in ("py:percent", ["py:percent"])  # one format: paired with nothing
+    def shape(nb) -> tuple:  # all but the random cell ids
+        return nb.metadata, [(c.cell_type, c.source, c.metadata) for c in nb.cells]
+
+    for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
+        plain = shape(jupytext.read(path))
+        assert plain == shape(jupytext.read(path, config=config)), path.name
+        assert plain == shape(jupytext.reads(path.read_text(encoding="utf-8"), fmt="py:percent")), path.name
+
+
+# --- in a real browser -------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium")
+
+PROBE_JS = r"""(() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const cells = panel ? panel.querySelectorAll('.jp-Cell') : [];
+  const kernel = panel && panel.querySelector('.jp-KernelName, [data-jp-item-name="kernelName"]');
+  return JSON.stringify({
+    notebook: !!panel,
+    cells: cells.length,
+    heading: panel ? [...panel.querySelectorAll('.jp-MarkdownOutput h1')].map(h => h.textContent) : [],
+    fileEditor: !!document.querySelector('.jp-FileEditor'),
+    dialog: !!document.querySelector('.jp-Dialog'),
+    kernel: kernel ? kernel.textContent : null,
+    statusbar: (document.querySelector('#jp-main-statusbar') || {}).textContent || '',
+    tabs: [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tabLabel')].map(t => t.textContent),
+  });
+})()"""
+
+
+async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path) -> dict:
+    from tornado.websocket import websocket_connect
+
+    conn = await websocket_connect(ws_url, max_message_size=256 << 20)
+    ids = iter(range(1, 1 << 30))
+
+    async def call(method: str, **params):
+        i = next(ids)
+        conn.write_message(json.dumps({"id": i, "method": method, "params": params}))
+        while True:
+            msg = await conn.read_message()
+            if msg is None:
+                raise ConnectionError("devtools websocket closed")
+            msg = json.loads(msg)
+            if msg.get("id") == i:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    try:
+        state, deadline = {}, time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            r = await call("Runtime.evaluate", expression=PROBE_JS, returnByValue=True)
+            state = json.loads(r["result"].get("value") or "{}")
+            if state.get("notebook") and state.get("cells") and state.get("heading") \
+                    and "| Idle" in state.get("statusbar", ""):
+                break  # opened as a notebook, and its kernel started and is idle
+            if state.get("fileEditor"):
+                break  # opened as text: no point waiting
+            await asyncio.sleep(0.5)
+        shot = await call("Page.captureScreenshot", format="png")
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        return state
+    finally:
+        conn.close()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (`chromium` on PATH, Debian package chromium)")
+def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
+    root = _notebooks_copy(tmp_path)
+    profile, chrome_home = tmp_path / "chromium-profile", tmp_path / "chromium-home"
+    chrome_home.mkdir()
+    screenshot = tmp_path / "lab.png"
+    with make_lab(root, tmp_path) as lab:
+        url = f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}"
+        cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--disable-dev-shm-usage", "--window-size=1440,900", f"--user-data-dir={profile}",
+               "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", url]
+        env = {**os.environ, "HOME": str(chrome_home)}
+        with open(tmp_path / "chromium.log", "wb") as log:
+            chrome = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True)
+        try:
+            port_file, deadline = profile / "DevToolsActivePort", time.monotonic() + 60
+            while not (port_file.exists() and port_file.read_text().strip()) and time.monotonic() < deadline:
+                assert chrome.poll() is None, (tmp_path / "chromium.log").read_text(errors="replace")[-3000:]
+                time.sleep(0.2)
+            devtools_port = int(port_file.read_text().split()[0])
+            ws_url, deadline = None, time.monotonic() + 30
+            while ws_url is None and time.monotonic() < deadline:
+                with urllib.request.urlopen(f"http://127.0.0.1:{devtools_port}/json/list", timeout=5) as r:
+                    pages = [t for t in json.load(r) if t.get("type") == "page" and "/lab" in t.get("url", "")]
+                ws_url = pages[0]["webSocketDebuggerUrl"] if pages else None
+                time.sleep(0.2)
+            assert ws_url, "no page with the lab in Chromium"
+            state = asyncio.run(asyncio.wait_for(_cdp_probe(ws_url, 90, screenshot), timeout=150))
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                if chrome.poll() is not None:
+                    break
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(chrome.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    chrome.wait(timeout=10)
+            if os.environ.get("SWA_LAB_SCREENSHOT") and screenshot.exists():
+                dst = Path(os.environ["SWA_LAB_SCREENSHOT"])
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(screenshot, dst)
+        # what the lab shows: a notebook panel with cells, the title rendered, the venv's kernel
+        assert state.get("notebook") and not state.get("fileEditor"), f"not opened as a notebook: {state}"
+        assert state["cells"] > 3, state
+        assert any("Masks and CTA skips" in h for h in state["heading"]), state
+        assert NOTEBOOK in state["tabs"], state
+        assert not state["dialog"], f"a dialog is open (kernel selection?): {state}"
+        assert state["kernel"] and "Python 3" in state["kernel"], state
+        assert "| Idle" in state["statusbar"], f"the kernel did not start: {state}"
+    assert not [p for p in _files(root) if p.endswith(".ipynb")], _files(root)
