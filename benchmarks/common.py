@@ -3,7 +3,8 @@
 Pure functions, no torch: the report and the tests run anywhere.
 
 Visibility is the project's one rule (``swa_repro.core.reference.visible``): the query at absolute
-position ``p`` sees key ``j`` iff ``p - W <= j <= p``; ``W = -1`` is plain causal.
+position ``p`` sees key ``j`` iff ``p - W <= j <= p``; ``W = -1`` is plain causal. The per-row
+interval form of it is ``swa_repro.core.intervals.intended_bounds``, used here, never re-derived.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+
+from swa_repro.core.intervals import intended_bounds
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GPU_RESULTS = RESULTS_DIR / "h200_swa_prefill.json"
@@ -31,20 +34,11 @@ TIMING_KEYS = ("ms", "useful_tflops", "peak_fraction")
 
 
 # ----------------------------------------------------------------------------- counting
-def _prefix_pairs(n: int, window_left: int) -> int:
-    """Visible causal pairs of the queries at positions ``0..n-1`` (each sees ``min(p, W) + 1``)."""
-    if n <= 0:
-        return 0
-    if window_left < 0 or n <= window_left + 1:
-        return n * (n + 1) // 2
-    w1 = window_left + 1
-    return w1 * (w1 + 1) // 2 + (n - w1) * w1
-
-
 def window_pairs(prefix_len: int, extend_len: int, window_left: int) -> int:
     """Exact in-window causal (query, key) pairs of one request whose ``extend_len`` queries sit at
-    positions ``prefix_len..prefix_len+extend_len-1`` (closed form of ``intended_mask(...).sum()``)."""
-    return _prefix_pairs(prefix_len + extend_len, window_left) - _prefix_pairs(prefix_len, window_left)
+    positions ``prefix_len..prefix_len+extend_len-1``: the sum of its intended intervals' lengths."""
+    lo, hi = intended_bounds(prefix_len, extend_len, window_left)  # (qo,) inclusive
+    return int((hi - lo + 1).sum())
 
 
 def useful_flops(seq_len: int, batch: int, window: int, num_qo_heads: int, head_dim: int) -> int:
@@ -187,6 +181,32 @@ def validate_gpu_results(doc: dict) -> list[str]:
             if abs(r["peak_fraction"] - r["useful_tflops"] / peak) > 1e-6 * max(1.0, r["peak_fraction"]):
                 errs.append(f"{where}: peak_fraction != useful_tflops / peak_bf16_tflops")
     return errs
+
+
+def timed_records(records) -> list[dict]:
+    return [r for r in records if not r.get("error")]
+
+
+def flops_mismatches(records) -> list[dict]:
+    """Timed records whose ``useful_flops`` is not what their shape gives (:func:`useful_flops`)."""
+    return [r for r in timed_records(records) if r.get("useful_flops") != useful_flops(
+        r["seq_len"], r["batch"], r["window"], r["num_qo_heads"], r["head_dim"])]
+
+
+def rate_mismatches(records) -> list[dict]:
+    """Timed records whose ``useful_tflops`` is not useful FLOPs / time."""
+    return [r for r in timed_records(records) if abs(r["useful_tflops"] * r["ms"] * 1e9 / r["useful_flops"] - 1) > 1e-6]
+
+
+def fixed_rel_errs(records) -> list[float]:
+    """Sampled-row errors of every kernel planned with the window (against the windowed reference)."""
+    return [r["rel_err"] for r in records if r["variant"] == "fixed" and r.get("rel_err") is not None]
+
+
+def fa3_buggy_windowed(records) -> list[dict]:
+    """Timed fa3 records planned without the window whose window cuts keys (W < L - 1)."""
+    return [r for r in timed_records(records) if (r["backend"], r["variant"]) == ("fa3", "buggy")
+            and r["window"] < r["seq_len"] - 1]
 
 
 def validate_cpu_results(doc: dict) -> list[str]:

@@ -55,6 +55,12 @@ def time_call(fn, repeats: int) -> dict:
     return {"median_s": statistics.median(walls), "min_s": min(walls), "max_s": max(walls), "repeats": repeats}
 
 
+def time_simulate(case, tiles: bool, repeats: int = 3):
+    """``(ModelResult, timing)``: one model run and the median of ``repeats`` more (:func:`time_call`)."""
+    from swa_repro.kernel.model import simulate
+    return simulate(case, tiles=tiles), time_call(lambda: simulate(case, tiles=tiles), repeats)
+
+
 def bench_kernel_model(seq_len: int, repeats: int) -> list[dict]:
     from swa_repro.kernel.model import simulate
     out = []

@@ -1,13 +1,16 @@
 """Timing and checking for the GPU study (METHOD.md): CUDA events around groups of calls after
 warm-up, medians, inputs rotated past the L2, sampled rows held to a float32 reference.
 
-Pure torch; the CPU path (``perf_counter``) exists for the smoke test only.
+Pure torch; the CPU path (``perf_counter``) exists for the smoke test only. The window a row is
+held to is ``swa_repro.core.intervals.intended_bounds``'s.
 """
 
 from __future__ import annotations
 
 import math
 import time
+
+from swa_repro.core.intervals import intended_bounds
 
 CHECK_ROWS = 24
 
@@ -93,10 +96,11 @@ def check_rows(torch, out, q, k, v, window: int) -> dict:
     g = hq // k.shape[1]
     num = den = 0.0
     nan_rows = 0
+    first, last = intended_bounds(0, L, window)  # (L,) each row's first and last visible key
     for p in sample_positions(L, window):
-        lo = 0 if window < 0 else max(0, p - window)
-        kk = k[lo:p + 1].float().repeat_interleave(g, 1)  # (n, Hq, D)
-        vv = v[lo:p + 1].float().repeat_interleave(g, 1)
+        lo, hi = int(first[p]), int(last[p])
+        kk = k[lo:hi + 1].float().repeat_interleave(g, 1)  # (n, Hq, D)
+        vv = v[lo:hi + 1].float().repeat_interleave(g, 1)
         s = torch.einsum("hd,nhd->hn", q[p].float(), kk) / math.sqrt(d)
         ref = torch.einsum("hn,nhd->hd", torch.softmax(s, -1), vv)
         o = out[p].float()

@@ -109,7 +109,7 @@ def render_targets(gpu, cpu) -> list[str]:
     return lines + [""]
 
 
-def _index(records):
+def index(records):
     """``(backend, variant, seq_len, batch, heads, head_dim, window) -> record`` of timed records."""
     idx = {}
     for r in records:
@@ -120,16 +120,36 @@ def _index(records):
     return idx
 
 
-def _shapes(records):
+def shapes(records):
+    """Every measured ``(seq_len, batch, (Hq, Hk), head_dim, window)`` but causal's, in table order."""
     keys = {(r["seq_len"], r["batch"], (r["num_qo_heads"], r["num_kv_heads"]), r["head_dim"], r["window"])
             for r in records if r["variant"] != "causal"}
     return sorted(keys, key=lambda k: (k[3], k[0], k[1], -k[2][0] // k[2][1], k[4]))
 
 
-def _ms(idx, backend, variant, shape, window=None):
+def ms(idx, backend, variant, shape, window=None):
+    """Median ms of one (backend, variant) at ``shape`` (``window`` overrides its W), None if not timed."""
     L, B, heads, d, w = shape
     r = idx.get((backend, variant, L, B, heads, d, w if window is None else window))
     return r["ms"] if r else None
+
+
+def small_window_shapes(records):
+    """Shapes whose window is at most 1/8 of the sequence: where the fix should pay most."""
+    return [s for s in shapes(records) if s[4] * 8 <= s[0]]
+
+
+def fa3_fixed_vs_buggy(records) -> list[tuple[float, float]]:
+    """``(fixed ms, buggy ms)`` of fa3 at every small-window shape where both were timed."""
+    idx = index(records)
+    pairs = [(ms(idx, "fa3", "fixed", s), ms(idx, "fa3", "buggy", s)) for s in small_window_shapes(records)]
+    return [(a, b) for a, b in pairs if a and b]
+
+
+def cost_tables(records) -> list[str]:
+    """Markdown: what the bug costs, the fix against the limit, and the findings (REPORT.md's)."""
+    idx = index(records)
+    return bug_table(idx, records) + fixed_table(idx, records) + findings_lines(idx, records)
 
 
 def _ratio(a, b):
@@ -154,11 +174,11 @@ def render_gpu(gpu: dict | None) -> list[str]:
     if problems:
         lines += ["**The results file has problems:** " + "; ".join(problems[:10]), ""]
     recs = gpu.get("records", [])
-    idx = _index(recs)
-    lines += _jit_table(gpu)
-    lines += _fixed_table(idx, recs)
-    lines += _bug_table(idx, recs)
-    lines += _findings(idx, recs)
+    idx = index(recs)
+    lines += jit_table(gpu)
+    lines += fixed_table(idx, recs)
+    lines += bug_table(idx, recs)
+    lines += findings_lines(idx, recs)
     errs = [r for r in recs if r.get("error")]
     if errs:
         lines += [f"### Not measured ({len(errs)} records)", ""]
@@ -171,7 +191,7 @@ def render_gpu(gpu: dict | None) -> list[str]:
     return lines
 
 
-def _jit_table(gpu):
+def jit_table(gpu):
     jit = gpu.get("jit", [])
     if not jit:
         return []
@@ -183,17 +203,17 @@ def _jit_table(gpu):
     return lines + [""]
 
 
-def _fixed_table(idx, recs):
+def fixed_table(idx, recs):
     lines = ["### The fix against the limit and the alternatives (ms, median)", "",
              "| L | B | Hq:Hk | D | W | floor | fa2 fixed | fa3 fixed | peak (best fixed) | flex | sdpa | flex / best fixed |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for sh in _shapes(recs):
+    for sh in shapes(recs):
         L, B, (hq, hk), d, w = sh
-        f2, f3 = _ms(idx, "fa2", "fixed", sh), _ms(idx, "fa3", "fixed", sh)
+        f2, f3 = ms(idx, "fa2", "fixed", sh), ms(idx, "fa3", "fixed", sh)
         best = min((x for x in (f2, f3) if x), default=None)
         rb = next((idx[k] for k in [("fa2", "fixed", L, B, (hq, hk), d, w), ("fa3", "fixed", L, B, (hq, hk), d, w)]
                    if k in idx and idx[k]["ms"] == best), None)
-        fl, sd = _ms(idx, "torch", "flex", sh), _ms(idx, "torch", "sdpa", sh)
+        fl, sd = ms(idx, "torch", "flex", sh), ms(idx, "torch", "sdpa", sh)
         floor = next((idx[k].get("floor_ms") for k in idx if k[2:] == (L, B, (hq, hk), d, w)), None)
         lines.append(f"| {L} | {B} | {hq}:{hk} | {d} | {w} | {_fmt_ms(floor)} | {_fmt_ms(f2)} | {_fmt_ms(f3)} | "
                      f"{_fmt(rb.get('peak_fraction') if rb else None)} | {_fmt_ms(fl)} | {_fmt_ms(sd)} | "
@@ -201,7 +221,7 @@ def _fixed_table(idx, recs):
     return lines + [""]
 
 
-def _bug_table(idx, recs):
+def bug_table(idx, recs):
     lines = ["### What the bug costs: planned without the window (buggy) vs with it (fixed)", "",
              "`causal pairs / window pairs` is the work fa3-buggy is expected to do over the fix's "
              "(it ignores the window, GUIDE); fa2-buggy leaks per CTA tile. `err` is the sampled-row error "
@@ -209,12 +229,12 @@ def _bug_table(idx, recs):
              "| L | B | Hq:Hk | W | causal/window pairs | fa3 buggy | fa3 fixed | fa3 buggy/fixed | fa3 causal | "
              "fa2 buggy | fa2 fixed | fa2 buggy/fixed | err fa2 fixed / buggy | err fa3 fixed / buggy |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for sh in _shapes(recs):
+    for sh in shapes(recs):
         L, B, (hq, hk), d, w = sh
-        cells = {(b, v): _ms(idx, b, v, sh) for b in ("fa2", "fa3") for v in ("fixed", "buggy")}
+        cells = {(b, v): ms(idx, b, v, sh) for b in ("fa2", "fa3") for v in ("fixed", "buggy")}
         if not any(cells.values()):
             continue
-        c3 = _ms(idx, "fa3", "causal", sh, window=-1)
+        c3 = ms(idx, "fa3", "causal", sh, window=-1)
         errs = []
         for b in ("fa2", "fa3"):
             e = [idx.get((b, v, L, B, (hq, hk), d, w), {}) for v in ("fixed", "buggy")]
@@ -235,28 +255,28 @@ def _median(xs):
 
 def findings(idx, recs) -> dict:
     """The numbers the prose states, each a median over the measured shapes."""
-    shapes = _shapes(recs)
+    shs = shapes(recs)
     f = {}
-    f["fa3_buggy_over_causal"] = _median([_ratio(_ms(idx, "fa3", "buggy", s), _ms(idx, "fa3", "causal", s, -1))
-                                          for s in shapes])
-    big = [s for s in shapes if s[4] * 8 <= s[0]]  # windows much smaller than the sequence
-    f["fa3_buggy_over_fixed_small_w"] = _median([_ratio(_ms(idx, "fa3", "buggy", s), _ms(idx, "fa3", "fixed", s))
+    f["fa3_buggy_over_causal"] = _median([_ratio(ms(idx, "fa3", "buggy", s), ms(idx, "fa3", "causal", s, -1))
+                                          for s in shs])
+    big = small_window_shapes(recs)
+    f["fa3_buggy_over_fixed_small_w"] = _median([_ratio(ms(idx, "fa3", "buggy", s), ms(idx, "fa3", "fixed", s))
                                                  for s in big])
-    f["fa2_buggy_over_fixed"] = _median([_ratio(_ms(idx, "fa2", "buggy", s), _ms(idx, "fa2", "fixed", s))
-                                         for s in shapes])
+    f["fa2_buggy_over_fixed"] = _median([_ratio(ms(idx, "fa2", "buggy", s), ms(idx, "fa2", "fixed", s))
+                                         for s in shs])
     for b in ("fa2", "fa3"):
-        f[f"flex_over_{b}_fixed"] = _median([_ratio(_ms(idx, "torch", "flex", s), _ms(idx, b, "fixed", s))
-                                             for s in shapes])
+        f[f"flex_over_{b}_fixed"] = _median([_ratio(ms(idx, "torch", "flex", s), ms(idx, b, "fixed", s))
+                                             for s in shs])
         f[f"{b}_fixed_peak_max"] = max((r["peak_fraction"] for r in recs if r["backend"] == b
                                         and r["variant"] == "fixed" and r.get("peak_fraction")), default=None)
     f["fa2_buggy_expected_over_fixed"] = _median([
         computed_pairs("buggy", s[0], s[4], "fa2", idx.get(("fa2", "buggy", *s), {}).get("plan_cta_tile_q", 128),
                        s[2][0] // s[2][1]) / window_pairs(0, s[0], s[4])
-        for s in shapes if ("fa2", "buggy", *s) in idx])
+        for s in shs if ("fa2", "buggy", *s) in idx])
     return f
 
 
-def _findings(idx, recs):
+def findings_lines(idx, recs):
     f = findings(idx, recs)
     out = ["### Findings (medians over the measured shapes)", ""]
     if f["fa3_buggy_over_causal"]:

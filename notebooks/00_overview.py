@@ -24,28 +24,31 @@
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"
 recordings_dir = ""  # empty: the committed recordings/ of this repo
-# the seed case: three fresh requests, window 4, 4 query / 4 KV heads, page 16
-prefix_lens = [0, 0, 0]
-extend_lens = [6, 8, 12]
-window_left = 4
-num_qo_heads = 4
-num_kv_heads = 4
-head_dim = 128
-page_size = 16
+# the seed case is story.SEED_SHAPES (three fresh requests of 6/8/12 tokens, window 4, 4/4 heads,
+# page 16); a value set here replaces that shape, None keeps it (e.g. window_left = 8)
+prefix_lens = None
+extend_lens = None
+window_left = None
+num_qo_heads = None
+num_kv_heads = None
+head_dim = None
+page_size = None
 backend = "fa2"  # what sglang constructs the wrapper with
 seed = 0
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 info = announce_mode(mode, output_dir, "00_overview")
 
 # %%
+from swa_repro.kernel.model import simulate
 from swa_repro.notebook import plots, story
 from swa_repro.notebook.checks import Checks
-from swa_repro.kernel.model import simulate
+from swa_repro.notebook.show import show
 
 checks = Checks("00_overview", output_dir)
+save = figure_saver(output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)
 print(note)
 
@@ -72,7 +75,7 @@ bug = story.seed_case(fix=False, prefix_lens=prefix_lens, extend_lens=extend_len
                       page_size=page_size, backend=backend)
 bug = story.for_machine(bug, info.mode)  # live: this GPU's SM count, arch and flashinfer version
 fix = story.with_fix(bug, True)
-story.show([{"case": c.name, **simulate(c).summary()} for c in (bug, fix)])
+show([{"case": c.name, **simulate(c).summary()} for c in (bug, fix)])
 
 # %% [markdown]
 # ## The effective mask, planned the sglang way
@@ -85,7 +88,7 @@ story.show([{"case": c.name, **simulate(c).summary()} for c in (bug, fix)])
 evidence, why = story.evidence_for(bug, info.mode, recordings)
 print(why)
 fig = plots.plot_case(bug, story.model_for(bug, evidence), evidence)
-plots.publish(fig, "00_overview_seed_bug", output_dir)
+plots.publish(fig, "00_overview_seed_bug", save)
 
 # %% [markdown]
 # The same shapes planned **with** `window_left` (the fix):
@@ -94,7 +97,7 @@ plots.publish(fig, "00_overview_seed_bug", output_dir)
 evidence_fix, why_fix = story.evidence_for(fix, info.mode, recordings)
 print(why_fix)
 fig = plots.plot_case(fix, story.model_for(fix, evidence_fix), evidence_fix)
-plots.publish(fig, "00_overview_seed_fix", output_dir)
+plots.publish(fig, "00_overview_seed_fix", save)
 
 # %% [markdown]
 # ## Verdict on this machine
@@ -105,22 +108,20 @@ plots.publish(fig, "00_overview_seed_fix", output_dir)
 
 # %%
 v = story.verdict(info, bug, recordings, seed=seed)
-print(v["sentence"])
-for line in v["evidence"]:
+print(v.sentence)
+for line in v.evidence:
     print("  evidence:", line)
 
 # %%
-checks.expect(v["bug_present_without_window"], "bug present when plan() gets no window_left",
-              detail=v["without_window"])
-checks.expect(v["fixed_with_window"], "no wrong row when plan() gets window_left", detail=v["with_window"])
-for key in ("without_window", "with_window"):
-    agree = v[key].get("recordings_agree")
-    if agree is None and info.mode == "model":
-        print(f"NOTE: no GPU recording of {v[key]['case']}: model-vs-kernel check skipped (not passed)")
-    elif agree is not None:
-        checks.expect(agree, f"kernel model equals the GPU recording(s) of {v[key]['case']}",
-                      flashinfer=v[key]["recordings"])
+checks.expect(v.bug_present_without_window, "bug present when plan() gets no window_left", detail=v.without_window)
+checks.expect(v.fixed_with_window, "no wrong row when plan() gets window_left", detail=v.with_window)
+for side in (v.without_window, v.with_window):
+    if side.recordings_agree is None and info.mode == "model":
+        print(f"NOTE: no GPU recording of {side.case}: model-vs-kernel check skipped (not passed)")
+    elif side.recordings_agree is not None:
+        checks.expect(side.recordings_agree, f"kernel model equals the GPU recording(s) of {side.case}",
+                      flashinfer=side.recordings)
 if evidence is not None and info.mode == "live":
     rows = story.compare_model_to_recording(evidence, simulate(bug))
-    checks.expect(all(r["agree"] for r in rows), "kernel model equals the live probe of the seed case", rows=rows)
+    checks.expect(all(r.agree for r in rows), "kernel model equals the live probe of the seed case", rows=rows)
 checks.close()

@@ -24,14 +24,14 @@
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"
 recordings_dir = ""  # empty: the committed recordings/ of this repo
-# the seed case
-prefix_lens = [0, 0, 0]
-extend_lens = [6, 8, 12]
-window_left = 4
-num_qo_heads = 4
-num_kv_heads = 4
-head_dim = 128
-page_size = 16
+# the seed case is story.SEED_SHAPES; a value set here replaces that shape, None keeps it
+prefix_lens = None
+extend_lens = None
+window_left = None
+num_qo_heads = None
+num_kv_heads = None
+head_dim = None
+page_size = None
 # a case with more queries than one CTA tile, GQA 4 (recorded for fa3/auto as fa3_gqa4_*)
 tile_prefix_lens = [64, 0]
 tile_extend_lens = [100, 20]
@@ -45,27 +45,27 @@ split_window_left = 128
 seed = 0
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 info = announce_mode(mode, output_dir, "01_plan_with_and_without_window_left")
 
 # %%
-from swa_repro.notebook import plots, story
-from swa_repro.notebook.checks import Checks
-from swa_repro.core.case import Case
 from swa_repro.kernel.model import simulate
+from swa_repro.notebook import plots, story, tables
+from swa_repro.notebook.calls import TOL
+from swa_repro.notebook.checks import Checks
+from swa_repro.notebook.show import show
 
 checks = Checks("01_plan_with_and_without_window_left", output_dir)
+save = figure_saver(output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)
 print(note)
 bug = story.seed_case(False, prefix_lens=prefix_lens, extend_lens=extend_lens, window_left=window_left,
                       num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
-tiles_bug = Case(name="tiles_bug", prefix_lens=tile_prefix_lens, extend_lens=tile_extend_lens,
-                 window_left=tile_window_left, num_qo_heads=tile_num_qo_heads, num_kv_heads=tile_num_kv_heads,
-                 head_dim=head_dim, page_size=page_size)
-split_bug = Case(name="split_long_bug", prefix_lens=(split_prefix,), extend_lens=(split_extend,),
-                 window_left=split_window_left, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                 head_dim=head_dim, page_size=page_size)
+tiles_bug = bug.with_(name="tiles_bug", prefix_lens=tile_prefix_lens, extend_lens=tile_extend_lens,
+                      window_left=tile_window_left, num_qo_heads=tile_num_qo_heads, num_kv_heads=tile_num_kv_heads)
+split_bug = bug.with_(name="split_long_bug", prefix_lens=(split_prefix,), extend_lens=(split_extend,),
+                      window_left=split_window_left)
 bug, tiles_bug, split_bug = (story.for_machine(c, info.mode) for c in (bug, tiles_bug, split_bug))
 fix = story.with_fix(bug, True)
 cases = [bug, fix, tiles_bug, story.with_fix(tiles_bug, True), split_bug, story.with_fix(split_bug, True)]
@@ -81,17 +81,16 @@ cases = [bug, fix, tiles_bug, story.with_fix(tiles_bug, True), split_bug, story.
 # named by flashinfer's own `get_batch_prefill_uri` (flashinfer imports without a GPU).
 
 # %%
-modules = story.module_table(cases, info.mode)
-story.show(modules, max_width=200)
+modules = tables.module_table(cases, info.mode)
+show(modules, max_width=200)
 
 # %%
 for row in modules:
-    swa = row.get("use_sliding_window (live)", row["use_sliding_window"])
-    checks.expect(swa == (row["plan window_left"] >= 0),
-                  f"{row['case']}: module has the window mask iff plan() got window_left", use_sliding_window=swa)
-    name = row.get("module (live)", row.get("module")) or ""
-    checks.expect(f"use_swa_{row['plan window_left'] >= 0}" in name, f"{row['case']}: module name says use_swa_{row['plan window_left'] >= 0}",
-                  module=name)
+    swa, planned = row.effective_use_sliding_window, row.plan_window_left >= 0
+    checks.expect(swa == planned, f"{row.case}: module has the window mask iff plan() got window_left",
+                  use_sliding_window=swa)
+    checks.expect(f"use_swa_{planned}" in row.effective_module, f"{row.case}: module name says use_swa_{planned}",
+                  module=row.effective_module)
 
 # %% [markdown]
 # ## 2. What else the plan fixes: CTA_TILE_Q and split-KV
@@ -104,10 +103,9 @@ for row in modules:
 # partial outputs that were never written: the model calls that `undefined`.
 
 # %%
-plans = story.plan_table(cases)
-story.show(plans)
+show(tables.plan_table(cases))
 if info.mode == "live":
-    story.show([{k: v for k, v in r.items() if "live" in k or k == "case"} for r in modules])
+    show(modules, cols=["case", "module (live)", "use_sliding_window (live)", "cta_tile_q (live)", "split_kv (live)"])
 
 # %%
 m_split = simulate(split_bug)
@@ -118,9 +116,9 @@ checks.expect(m_split.statuses == ["undefined"], "model calls that request undef
 checks.expect(simulate(story.with_fix(split_bug, True)).statuses == ["exact"], "planned with the window it is exact")
 if info.mode == "live":
     for row in modules:
-        checks.expect(row["cta_tile_q (live)"] == row["cta_tile_q"] and row["split_kv (live)"] == row["split_kv"],
-                      f"{row['case']}: model's CTA_TILE_Q / split_kv equal the real plan_info",
-                      live=(row["cta_tile_q (live)"], row["split_kv (live)"]), model=(row["cta_tile_q"], row["split_kv"]))
+        checks.expect((row.live_cta_tile_q, row.live_split_kv) == (row.cta_tile_q, row.split_kv),
+                      f"{row.case}: model's CTA_TILE_Q / split_kv equal the real plan_info",
+                      live=(row.live_cta_tile_q, row.live_split_kv), model=(row.cta_tile_q, row.split_kv))
 
 # %% [markdown]
 # ## 3. `forward()` runs, `run()` refuses
@@ -132,16 +130,15 @@ if info.mode == "live":
 # `ModelPagedPrefillWrapper` (same contract, kernel replaced by the model).
 
 # %%
-calls = story.forward_vs_run(bug, info.mode, seed) + story.forward_vs_run(fix, info.mode, seed)
-story.show(calls, max_width=110)
+calls = tables.forward_vs_run(bug, info.mode, seed) + tables.forward_vs_run(fix, info.mode, seed)
+show(calls, max_width=110)
 
 # %%
 fwd_bug, run_bug, fwd_fix, run_fix = calls
-checks.expect(fwd_bug["outcome"] == "returned", "plan without window + forward(window_left=W) returns (silently)")
-checks.expect(run_bug["outcome"].startswith("AssertionError"), "plan without window + run(window_left=W) raises AssertionError",
-              outcome=run_bug["outcome"])
-checks.expect(fwd_fix["outcome"] == "returned" and run_fix["outcome"] == "returned",
-              "plan with window: forward() and run() both return");
+checks.expect(fwd_bug.returned, "plan without window + forward(window_left=W) returns (silently)")
+checks.expect(run_bug.asserted, "plan without window + run(window_left=W) raises AssertionError",
+              outcome=run_bug.error)
+checks.expect(fwd_fix.returned and run_fix.returned, "plan with window: forward() and run() both return");
 
 # %% [markdown]
 # ## 4. Which rows come out wrong
@@ -152,26 +149,26 @@ checks.expect(fwd_fix["outcome"] == "returned" and run_fix["outcome"] == "return
 # it, none is. (In model mode, committed GPU errors of the same case are shown alongside.)
 
 # %%
-err_bug = story.row_error_table(bug, info.mode, seed, recordings)
-err_fix = story.row_error_table(fix, info.mode, seed, recordings)
-story.show(err_bug)
+err_bug = tables.row_error_table(bug, info.mode, seed, recordings)
+err_fix = tables.row_error_table(fix, info.mode, seed, recordings)
+show(err_bug)
 
 # %%
-col = f"err ({info.mode})"
-wrong = [r for r in err_bug if not r[col] <= story.TOL]
+wrong = [r for r in err_bug if not r.err <= TOL]
 checks.expect(len(wrong) > 0, "planned without window_left, some rows are wrong", wrong_rows=len(wrong))
-checks.expect(all(r["extra keys"] > 0 for r in wrong), "every wrong row is a row the model says attends extra keys",
-              rows=[(r["req"], r["row"]) for r in wrong if r["extra keys"] == 0])
-checks.expect(all(r[col] <= story.TOL for r in err_fix), "planned with window_left, every row matches the reference",
-              max_err=max(r[col] for r in err_fix))
-for k in [k for k in (err_bug + err_fix)[0] if k.startswith("err (GPU")]:
-    differ = [(r["req"], r["row"]) for r in err_bug + err_fix if (r[k] > story.TOL) != (r[col] > story.TOL)]
-    checks.expect(not differ, f"{k}: the recorded real kernel is wrong on exactly the same rows", rows=differ)
+checks.expect(all(r.extra_keys > 0 for r in wrong), "every wrong row is a row the model says attends extra keys",
+              rows=[(r.req, r.row) for r in wrong if r.extra_keys == 0])
+checks.expect(all(r.err <= TOL for r in err_fix), "planned with window_left, every row matches the reference",
+              max_err=max(r.err for r in err_fix))
+for version in err_bug[0].gpu_err:
+    differ = [(r.req, r.row) for r in err_bug + err_fix if (r.gpu_err[version] > TOL) != (r.err > TOL)]
+    checks.expect(not differ, f"err (GPU, fi {version}): the recorded real kernel is wrong on exactly the same rows",
+                  rows=differ)
 
 # %%
-fig = plots.plot_case(bug, simulate(bug, tiles=True), requests=[len(extend_lens) - 1],
+fig = plots.plot_case(bug, simulate(bug, tiles=True), requests=[bug.batch_size - 1],
                       title=f"{bug.name}: the longest request, planned without window_left")
-plots.publish(fig, "01_plan_with_and_without_window_left_seed_longest", output_dir)
+plots.publish(fig, "01_plan_with_and_without_window_left_seed_longest", save)
 
 # %% [markdown]
 # ## 5. fa2 vs fa3
@@ -184,30 +181,28 @@ plots.publish(fig, "01_plan_with_and_without_window_left_seed_longest", output_d
 # `backend="fa2"` (`flashinfer_backend.py:309`).
 
 # %%
-bt_seed = story.backend_table(bug, info.mode, seed=seed, recordings=recordings)
-bt_tiles = story.backend_table(tiles_bug, info.mode, seed=seed, recordings=recordings)
-story.show(bt_seed + bt_tiles, max_width=90)
+bt_seed = tables.backend_table(bug, info.mode, seed=seed, recordings=recordings)
+bt_tiles = tables.backend_table(tiles_bug, info.mode, seed=seed, recordings=recordings)
+show(bt_seed + bt_tiles, max_width=90)
 
 # %%
-by = {r["case"]: r for r in bt_seed + bt_tiles}
-checks.expect(by["seed_fa2_bug"]["plain causal (model)"], "seed, fa2 without window: few queries, equals plain causal")
-checks.expect(not by["tiles_fa2_bug"]["plain causal (model)"] and by["tiles_fa3_bug"]["plain causal (model)"],
+by = {r.case: r for r in bt_seed + bt_tiles}
+checks.expect(by["seed_fa2_bug"].plain_causal, "seed, fa2 without window: few queries, equals plain causal")
+checks.expect(not by["tiles_fa2_bug"].plain_causal and by["tiles_fa3_bug"].plain_causal,
               "many queries: fa2 leaks per CTA tile, fa3 ignores the window entirely",
-              fa2_extra=by["tiles_fa2_bug"]["max extra keys (model)"], fa3_extra=by["tiles_fa3_bug"]["max extra keys (model)"])
-checks.expect(all(by[f"{s}_{b}_fix"]["status (model)"] == ["exact"] * len(by[f"{s}_{b}_fix"]["status (model)"])
-                  for s in ("seed", "tiles") for b in ("fa2", "fa3", "auto")), "every backend planned with the window is exact")
-wcol = f"wrong rows ({info.mode})"
+              fa2_extra=by["tiles_fa2_bug"].max_extra_keys, fa3_extra=by["tiles_fa3_bug"].max_extra_keys)
+checks.expect(all(set(by[f"{s}_{b}_fix"].status) == {"exact"} for s in ("seed", "tiles") for b in ("fa2", "fa3", "auto")),
+              "every backend planned with the window is exact")
 for name, r in by.items():
-    if isinstance(r[wcol], str):
-        print(f"NOTE: {name}: {r[wcol]} (check skipped)")
+    if r.unavailable:
+        print(f"NOTE: {name}: {r.unavailable} (check skipped)")
     elif name.endswith("_fix"):
-        checks.expect(sum(r[wcol]) == 0, f"{name}: no wrong row", wrong=r[wcol])
+        checks.expect(sum(r.wrong_rows) == 0, f"{name}: no wrong row", wrong=r.wrong_rows)
     else:
-        checks.expect(sum(r[wcol]) > 0, f"{name}: rows wrong without the window", wrong=r[wcol])
-    rec = r.get("recorded status", "no recording")
-    if rec != "no recording":
-        checks.expect(all(part.split(": ")[1].split(",") == r["status (model)"] for part in rec.split("; ")),
-                      f"{name}: recorded status equals the model's", recorded=rec, model=r["status (model)"])
+        checks.expect(sum(r.wrong_rows) > 0, f"{name}: rows wrong without the window", wrong=r.wrong_rows)
+    if r.recorded:
+        checks.expect(all(st == r.status for st in r.recorded.values()),
+                      f"{name}: recorded status equals the model's", recorded=r.recorded, model=r.status)
 
 # %%
 checks.close()

@@ -34,66 +34,44 @@
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"
 recordings_dir = ""  # empty: the committed recordings/ of this repo
+# The cases are story.SEED_SHAPES, story.GQA_SHAPES and story.LONG_SHAPES; a value set here
+# replaces that shape, None keeps it (e.g. window_left = 8, gqa_window_left = 32).
 # the seed case
-prefix_lens = [0, 0, 0]
-extend_lens = [6, 8, 12]
-window_left = 4
-num_qo_heads = 4
-num_kv_heads = 4
-head_dim = 128
-page_size = 16
-# a GQA case with a prefix and several query tiles
-gqa_num_qo_heads = 32
-gqa_num_kv_heads = 8
-gqa_prefix = 200
-gqa_extend = 100
-gqa_window_left = 64
-# a long request, drawn reduced (model only)
-long_extend = 32768
-long_window_left = 4096
+prefix_lens = None
+extend_lens = None
+window_left = None
+num_qo_heads = None
+num_kv_heads = None
+head_dim = None
+page_size = None
+# a GQA case with a prefix and several query tiles (32/8 heads, prefix 200, extend 100, window 64)
+gqa_num_qo_heads = None
+gqa_num_kv_heads = None
+gqa_prefix = None
+gqa_extend = None
+gqa_window_left = None
+# a long request, drawn reduced (model only): 32768 tokens, window 4096
+long_extend = None
+long_window_left = None
 plot_recordings = True  # one figure per recorded case not drawn above (newest flashinfer), model and GPU side by side
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 
 # %%
 import numpy as np
 
+from swa_repro.kernel.model import simulate
 from swa_repro.notebook import plots, story
 from swa_repro.notebook.checks import Checks
-from swa_repro.core.case import Case
-from swa_repro.kernel.model import simulate
+from swa_repro.notebook.show import show
 
 checks = Checks("02_masks_and_cta_skips", output_dir)
+save = figure_saver(output_dir)
 recordings, note = story.load_recordings_or_empty(recordings_dir or None)
 print(note)
-
-
-def kv_start_formula(case, req_index, n_tiles, cta_tile_q):
-    """The guide's measured formula, written out independently of the model."""
-    kv, qo, g, w = case.kv_lens[req_index], case.extend_lens[req_index], case.group_size, case.window_left
-    return np.array([max(0, kv - qo + (t * cta_tile_q) // g - w) for t in range(n_tiles)])
-
-
-drawn = []  # evidence already drawn next to its model
-
-
-def show_case(case, tag):
-    """Model (with tile map) and the real kernel's effective mask, if any, in one figure."""
-    evidence, why = story.evidence_for(case, info.mode, recordings)
-    print(why)
-    drawn.append(evidence)
-    model = story.model_for(case, evidence)
-    plots.publish(plots.plot_case(case, model, evidence), f"02_masks_and_cta_skips_{tag}", output_dir)
-    if evidence is not None:
-        rows = story.compare_model_to_recording(evidence, model)
-        story.show(rows)
-        checks.expect(all(r["agree"] for r in rows), f"{case.name}: kernel model equals the real kernel ({why[:60]})")
-    elif info.mode == "model":
-        print(f"NOTE: {case.name}: no GPU recording, model-vs-kernel check skipped (not passed)")
-    return model
 
 
 # %% [markdown]
@@ -107,16 +85,17 @@ seed_bug = story.seed_case(False, prefix_lens=prefix_lens, extend_lens=extend_le
                            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            page_size=page_size)
 seed_bug = story.for_machine(seed_bug, info.mode)
-m_seed = show_case(seed_bug, "seed_bug")
+m_seed, ev_seed = story.show_case(seed_bug, info.mode, recordings, save, "02_masks_and_cta_skips_seed_bug", checks)
 
 # %%
-m_seed_fix = show_case(story.with_fix(seed_bug, True), "seed_fix")
+m_seed_fix, ev_seed_fix = story.show_case(story.with_fix(seed_bug, True), info.mode, recordings, save,
+                                          "02_masks_and_cta_skips_seed_fix", checks)
 
 # %%
 checks.expect(any(r.extra_keys().any() for r in m_seed.requests), "seed planned without window: extra keys attended")
 checks.expect(all(r.status == "exact" for r in m_seed_fix.requests), "seed planned with window: every request exact")
 for i, r in enumerate(m_seed.requests):
-    checks.expect(np.array_equal(r.kv_start, kv_start_formula(seed_bug, i, len(r.kv_start), m_seed.plan.cta_tile_q)),
+    checks.expect(np.array_equal(r.kv_start, story.kv_start_formula(seed_bug, i, len(r.kv_start), m_seed.plan.cta_tile_q)),
                   f"seed req {i}: per-CTA kv_start equals max(0, kv_len - qo_len + t*CTA_TILE_Q/g - W)")
 
 # %% [markdown]
@@ -132,19 +111,21 @@ for i, r in enumerate(m_seed.requests):
 gqa_bug = story.gqa_case(False, num_qo_heads=gqa_num_qo_heads, num_kv_heads=gqa_num_kv_heads, prefix=gqa_prefix,
                          extend=gqa_extend, window=gqa_window_left, head_dim=head_dim, page_size=page_size)
 gqa_bug = story.for_machine(gqa_bug, info.mode)
-m_gqa = show_case(gqa_bug, "gqa_bug")
+m_gqa, ev_gqa = story.show_case(gqa_bug, info.mode, recordings, save, "02_masks_and_cta_skips_gqa_bug", checks)
 
 # %%
 gqa_nosplit = gqa_bug.with_(disable_split_kv=True, name=gqa_bug.name.replace("_bug", "_nosplit_bug"))
-m_gqa_nosplit = show_case(gqa_nosplit, "gqa_nosplit_bug")
+m_gqa_nosplit, ev_gqa_nosplit = story.show_case(gqa_nosplit, info.mode, recordings, save,
+                                                "02_masks_and_cta_skips_gqa_nosplit_bug", checks)
 
 # %%
-m_gqa_fix = show_case(story.with_fix(gqa_bug, True), "gqa_fix")
+m_gqa_fix, ev_gqa_fix = story.show_case(story.with_fix(gqa_bug, True), info.mode, recordings, save,
+                                        "02_masks_and_cta_skips_gqa_fix", checks)
 
 # %%
 r = m_gqa_nosplit.requests[0]
 cta = m_gqa_nosplit.plan.cta_tile_q
-checks.expect(np.array_equal(r.kv_start, kv_start_formula(gqa_nosplit, 0, len(r.kv_start), cta)),
+checks.expect(np.array_equal(r.kv_start, story.kv_start_formula(gqa_nosplit, 0, len(r.kv_start), cta)),
               "GQA: per-CTA kv_start equals the formula", kv_start=r.kv_start)
 checks.expect(len(r.kv_start) > 1, "GQA case spans several query tiles", q_tiles=len(r.kv_start))
 checks.expect(r.status == "leak" and int(r.extra_keys().max()) == cta // gqa_nosplit.group_size - 1,
@@ -162,12 +143,13 @@ if m_gqa.plan.split_kv:
 # be exactly the row blocks that contain a row with extra keys.
 
 # %%
-long_bug = Case(name="long_bug", prefix_lens=(0,), extend_lens=(long_extend,), window_left=long_window_left,
-                num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
+long_bug = story.long_case(False, extend=long_extend, window=long_window_left, num_qo_heads=num_qo_heads,
+                           num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size)
 long_bug = story.for_machine(long_bug, info.mode)
 m_long = simulate(long_bug, tiles=True)
-print(f"{long_bug.name}: model only (a {long_extend}x{long_extend} probe is left to `swa-repro record`)")
-plots.publish(plots.plot_case(long_bug, m_long), "02_masks_and_cta_skips_long_bug", output_dir)
+n = long_bug.extend_lens[0]
+print(f"{long_bug.name}: model only (a {n}x{n} probe is left to `swa-repro record`)")
+plots.publish(plots.plot_case(long_bug, m_long), "02_masks_and_cta_skips_long_bug", save)
 
 # %%
 r = m_long.requests[0]
@@ -195,24 +177,25 @@ checks.expect(set(np.unique(r.tiles).tolist()) == set(np.unique(tile_levels).tol
 for rec in recordings:
     print(story.provenance_line(rec))
 comparison = story.model_vs_recordings(recordings)
-story.show(comparison)
+show(comparison)
 
 # %%
 if not recordings:
     print("NOTE: no GPU recordings are committed yet, so the model-vs-recording check is SKIPPED, not passed. "
           "Run `swa-repro record` on a CUDA machine and commit recordings/.")
 for row in comparison:
-    checks.expect(row["agree"], f"{row['case']} req {row['req']} (flashinfer {row['flashinfer']}): model "
-                  f"{row['model']} vs recording {row['recording']}", evidence=row["evidence"])
+    checks.expect(row.agree, f"{row.case} req {row.req} (flashinfer {row.flashinfer}): model "
+                  f"{row.model} vs recording {row.recording}", evidence=row.evidence)
 
 # %%
 if plot_recordings:
     # one figure per recorded case, from the newest flashinfer (the table above holds every version)
+    drawn = (ev_seed, ev_seed_fix, ev_gqa, ev_gqa_nosplit, ev_gqa_fix)  # evidence already drawn by its model
     newest = {r.case.name: r for r in recordings if not any(r is d for d in drawn)}
     for rec in newest.values():
         tag = f"rec_{rec.case.flashinfer_version}_{rec.case.name}".replace(".", "_")
         plots.publish(plots.plot_case(rec.case, simulate(rec.case, tiles=True), rec), f"02_masks_and_cta_skips_{tag}",
-                      output_dir)
+                      save)
 
 # %%
 checks.close()

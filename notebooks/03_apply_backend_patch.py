@@ -25,14 +25,16 @@
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"
-# one sliding-window EXTEND batch: three fresh requests, window 4 (the upstream regression case)
-prefix_lens = [0, 0, 0]
-extend_lens = [6, 8, 12]
-window_left = 4  # RadixAttention.sliding_window_size: W keys left of the query, W + 1 in all
-num_qo_heads = 4
-num_kv_heads = 4
-head_dim = 128
-page_size = 16
+# one sliding-window EXTEND batch: the seed case (story.SEED_SHAPES: three fresh requests of
+# 6/8/12 tokens, window 4, the upstream regression case); a value set here replaces that shape,
+# None keeps it. window_left is RadixAttention.sliding_window_size: W keys left of the query.
+prefix_lens = None
+extend_lens = None
+window_left = None
+num_qo_heads = None
+num_kv_heads = None
+head_dim = None
+page_size = None
 
 # %%
 from swa_repro.notebook.runner import announce_mode
@@ -40,13 +42,14 @@ from swa_repro.notebook.runner import announce_mode
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")
 
 # %%
-from swa_repro.sglang import harness as H
+from swa_repro.notebook import story
 from swa_repro.notebook.checks import Checks
-from swa_repro.core.case import Case
+from swa_repro.sglang import harness as H
 
 checks = Checks("03_apply_backend_patch", output_dir)
-case = Case(prefix_lens, extend_lens, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-            page_size=page_size, window_left=window_left, name="03_case")
+case = story.seed_case(prefix_lens=prefix_lens, extend_lens=extend_lens, window_left=window_left,
+                       num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                       page_size=page_size).with_(name="03_case")
 digest_before = H.file_digest()
 
 # %% [markdown]
@@ -121,9 +124,9 @@ after = H.run_case(case, patched=True, mode=info.mode)
 
 # %%
 checks.expect("window_left" not in H.swa_plan_kwargs(before), "unpatched: plan() gets no window_left (the bug)")
-checks.expect(H.swa_plan_kwargs(after).get("window_left") == window_left,
+checks.expect(H.swa_plan_kwargs(after).get("window_left") == case.window_left,
               "patched: plan() gets window_left = the layer's sliding_window_size")
-checks.expect(H.swa_forward_kwargs(before)["window_left"] == window_left == H.swa_forward_kwargs(after)["window_left"],
+checks.expect(H.swa_forward_kwargs(before)["window_left"] == case.window_left == H.swa_forward_kwargs(after)["window_left"],
               "both: the window reaches forward() (which overwrites the wrapper's window)");
 
 # %% [markdown]

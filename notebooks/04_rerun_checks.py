@@ -30,7 +30,7 @@ failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 info = announce_mode(mode, output_dir, "04_rerun_checks")
 
@@ -42,6 +42,7 @@ from swa_repro.sglang import check as C
 from swa_repro.notebook.checks import Checks
 
 checks = Checks("04_rerun_checks", output_dir)
+save = figure_saver(output_dir)
 trace_dir = Path(output_dir) / "traces"
 
 # %% [markdown]
@@ -72,8 +73,8 @@ checks.expect(any(not r["passed"] for r, _ in runs if not r["patched"]), "unpatc
 by_key = {(row["case"], row["route"], row["patched"]): res for row, res in runs}
 if (failing_case, "paged", False) in by_key:
     unpatched, patched = by_key[(failing_case, "paged", False)], by_key[(failing_case, "paged", True)]
-    plots.publish(C.leak_figure(unpatched), "04_rerun_checks_unpatched_masks", output_dir)
-    plots.publish(C.leak_figure(patched), "04_rerun_checks_patched_masks", output_dir)
+    plots.publish(plots.harness_figure(unpatched), "04_rerun_checks_unpatched_masks", save)
+    plots.publish(plots.harness_figure(patched), "04_rerun_checks_patched_masks", save)
     checks.expect(unpatched.why["max_extra_keys_per_row"] > 0 and not unpatched.passed,
                   f"{failing_case} unpatched: keys outside the window are attended", why=unpatched.why)
     checks.expect(set(patched.model.statuses) == {"exact"} and patched.passed,

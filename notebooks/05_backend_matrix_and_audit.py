@@ -13,6 +13,10 @@
 # %% [markdown]
 # # 05 · Beyond this bug: the plan/forward contract audit, real models, the backend matrix
 #
+# Is the release you run affected? The release table below answers it for every sglang release from
+# 0.5.10 on, each cell read off that release's own recorded calls (`swa-repro audit --release-table`);
+# then the same question for the release on this machine, with what each finding does and what to do.
+#
 # FlashInfer compiles `window_left` and `logits_soft_cap` into the module it picks at `plan()`;
 # sglang passes some of them only to `forward()`. The audit drives every path of sglang's
 # FlashInfer backend that plans a wrapper (on CPU, with recording stand-ins for the wrappers) and
@@ -26,33 +30,54 @@ prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 info = announce_mode(mode, output_dir, "05_backend_matrix_and_audit")
 
 # %%
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 
-from swa_repro.sglang import audit, model_configs
-
-from swa_repro.notebook import matrix
-from swa_repro.notebook.checks import Checks
 from swa_repro.core.case import Case
-from swa_repro.notebook.runner import save_figure
+from swa_repro.notebook import matrix, plots, release_answer
+from swa_repro.notebook.checks import Checks
+from swa_repro.sglang import audit, audit_table, model_configs
 
 checks = Checks("05_backend_matrix_and_audit", output_dir)
+save = figure_saver(output_dir)
 
 # %% [markdown]
-# ## 1. The audit of sglang's FlashInfer calls, without and with the fix (PR #31501)
+# ## 0. Which release has which finding (the committed release table)
+#
+# holds: the layer's window or soft cap reaches `forward()` but not `plan()`, with a visible effect;
+# fixed: it reaches `plan()`; absent: the release has no such path; not driven: with why
+# (`docs/audit/releases.md` has the recorded call behind every cell).
 
 # %%
-unpatched = audit.run_audit(patched=False)
-patched = audit.run_audit(patched=True)
-print("paths driven:", sorted({d["path"] for d in unpatched.driven}))
-print("not driven:", unpatched.not_driven or "none")
-pd.DataFrame(audit.report_table(unpatched.findings))
+table = audit_table.committed()
+pd.DataFrame(release_answer.table_frame_rows(table))
+
+# %% [markdown]
+# The release on this machine, audited as it is installed (no in-process patch):
+
+# %%
+as_installed = audit.run_audit()
+print(audit.header(as_installed.release, None))
+answer = release_answer.answer(as_installed.to_dict(), table)
+pd.DataFrame(answer)
+
+# %%
+row = audit_table.committed_row(as_installed.release["sglang"])
+checks.expect(row is not None and audit_table.cells(as_installed.to_dict()) == row["cells"],
+              "this machine's audit re-derives its release's row of the committed table")
+
+# %% [markdown]
+# ## 1. The audit of sglang's FlashInfer calls, as installed and with the fix (PR #31501) as a what-if
+
+# %%
+patched = audit.run_audit("patched")  # WHAT-IF: the fix swapped in in-process
+print("paths driven:", sorted({d["path"] for d in as_installed.driven}))
+print("not driven:", as_installed.not_driven or "none")
+pd.DataFrame(audit.report_table(as_installed.findings))
 
 # %%
 pd.DataFrame(audit.report_table(patched.findings))
@@ -61,13 +86,14 @@ pd.DataFrame(audit.report_table(patched.findings))
 # Which public reports hold on the installed sglang, read off the findings above:
 
 # %%
-reports = audit.reports([unpatched, patched])
-pd.DataFrame([{"report": r["report"], "unpatched": audit.verdict(r["unpatched"]),
-               "patched": audit.verdict(r["patched"])} for r in reports])
+reports = audit.reports([as_installed, patched])
+pd.DataFrame([{"report": r["report"], "as installed": audit.verdict(r["as installed"]),
+               "what-if patched": audit.verdict(r["patched"])} for r in reports])
 
 # %%
-paged = [f for f in unpatched.findings if f.path == "extend_paged" and f.parameter == "window_left"]
-checks.expect(any(f.effect == "wrong" for f in paged), "unpatched: the audit finds the paged-only window (plan -1, forward W)")
+paged = [f for f in as_installed.findings if f.path == "extend_paged" and f.parameter == "window_left"]
+checks.expect(any(f.effect == "wrong" for f in paged) == (as_installed.release["state"] == "unfixed"),
+              "as installed: the audit finds the paged-only window exactly when the backend is unfixed")
 checks.expect(not [f for f in patched.findings if f.path == "extend_paged" and f.parameter == "window_left"],
               "patched: the paged-only wrapper is planned with its window")
 checks.expect(all(f.plan_value == -1 and f.forward_value >= 0 for f in paged if f.kind == "mismatch"),
@@ -86,22 +112,15 @@ cells = matrix.model_matrix(specs, prompts, prefixes)
 pd.DataFrame([c.to_dict() for c in cells])
 
 # %% [markdown]
-# Leaked keys per query (max) over prompt length × window, sglang's paged-only layout, fa2 on an
-# H200 as the kernel model predicts it, 8 query / 4 KV heads of dim 256 (blank: undefined,
-# split-KV chunk counts disagree):
+# How many of a request's queries attend keys outside their window, per model (its own heads,
+# head_dim and window) and prompt length, from the table above: sglang's paged-only layout,
+# fa2 planned without the window on an H200, as the kernel model predicts it. A query at most
+# `window_left` tokens into the sequence cannot leak (0); beyond it every query but the first
+# row of each CTA tile does, by up to `max_leak` keys (the table's column). Hatched: undefined
+# (split-KV planned for no window, the output is no masked softmax at all).
 
 # %%
-windows = sorted({s.window_left for s in specs if s.has_window})
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
-for ax, prefix in zip(axes, prefixes):
-    grid = matrix.leak_grid(windows, prompts, prefix=prefix)
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap="magma_r", aspect="auto", vmin=0)
-    ax.set(xticks=range(len(prompts)), xticklabels=prompts, yticks=range(len(windows)), yticklabels=windows,
-           xlabel="prompt length", ylabel="window_left", title=f"cached prefix {prefix}")
-    for (i, j), v in np.ndenumerate(grid):
-        ax.text(j, i, "undef." if np.isnan(v) else int(v), ha="center", va="center", color="tab:blue")
-    fig.colorbar(im, ax=ax, label="max leaked keys / query")
-save_figure(fig, "05_backend_matrix_and_audit_leak_heatmap", output_dir)
+plots.publish(plots.leak_heatmaps(cells, prompts, prefixes), "05_backend_matrix_and_audit_leak_heatmap", save)
 
 # %%
 windowed = [c for c in cells if c.status not in ("no window", "not modelled")]
@@ -139,7 +158,7 @@ print(probe)
 # ## 4. What a user of each model should do (from the findings)
 
 # %%
-for row in audit.advice(specs, unpatched, patched):
+for row in audit.advice(specs, as_installed, patched):
     print(f"{row['model']} (window_left={row['window_left']}, soft cap={row['soft_cap']:g}):")
     for t in row["do"] or ["nothing found"]:
         print("  -", t)

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("sglang")
 
-from swa_repro.sglang import audit, audit_paths as ap  # noqa: E402
 from swa_repro.cli import main  # noqa: E402
+from swa_repro.sglang import audit, audit_paths as ap, harness  # noqa: E402
+from swa_repro.sglang import patch as sglang_patch  # noqa: E402
+from swa_repro.sglang.audit_env import PAGED  # noqa: E402
 from swa_repro.sglang.trace import Call, Trace, encode  # noqa: E402
 
 SWA_CAP, FULL = ap.LayerConfig(8, 50.0), ap.LayerConfig(-1, 0.0)
@@ -23,7 +21,8 @@ PATHS = ["extend_paged", "extend_ragged_no_prefix", "target_verify_dflash", "dec
 
 @pytest.fixture(scope="module")
 def results():
-    return {p: audit.run_audit(p, paths=PATHS, layers=[SWA_CAP, FULL]) for p in (False, True)}
+    return {p: audit.run_audit("patched" if p else "unpatched", paths=PATHS, layers=[SWA_CAP, FULL])
+            for p in (False, True)}
 
 
 def _f(result, path, param, layer=SWA_CAP.name):
@@ -39,7 +38,7 @@ def test_every_path_is_driven(results):
 def test_unpatched_finds_the_paged_only_window_and_patched_does_not(results):
     (f,) = _f(results[False], "extend_paged", "window_left")
     assert (f.plan_value, f.forward_value, f.kind, f.effect) == (-1, 8, "mismatch", "wrong")
-    assert f.wrapper.startswith(ap.PAGED) and "(fa2)" in f.wrapper and "tile-granular leak (fa2" in f.consequence
+    assert f.wrapper.startswith(PAGED) and "(fa2)" in f.wrapper and "tile-granular leak (fa2" in f.consequence
     assert f.evidence["kernel_model"]["statuses"] and "leak" in f.evidence["kernel_model"]["statuses"]
     assert f.evidence["pairs_outside_window"] > 0
     assert _f(results[True], "extend_paged", "window_left") == []
@@ -90,11 +89,11 @@ def _plan_args(qo=(0, 12), kv=(0, 20)):
 
 
 def test_analyzer_compares_forward_with_the_plan_before_it():
-    run = _trace((0, ap.PAGED, "__init__", [torch.empty(1)], {"backend": "fa2"}),
-                 (0, ap.PAGED, "begin_forward", _plan_args(), {"causal": True}),
-                 (0, ap.PAGED, "forward", [torch.zeros(12, 4, 64), None], {"causal": True, "window_left": 8}),
-                 (0, ap.PAGED, "plan", _plan_args(), {"causal": True, "window_left": 8}),
-                 (0, ap.PAGED, "run", [torch.zeros(12, 4, 64), None], {}))
+    run = _trace((0, PAGED, "__init__", [torch.empty(1)], {"backend": "fa2"}),
+                 (0, PAGED, "begin_forward", _plan_args(), {"causal": True}),
+                 (0, PAGED, "forward", [torch.zeros(12, 4, 64), None], {"causal": True, "window_left": 8}),
+                 (0, PAGED, "plan", _plan_args(), {"causal": True, "window_left": 8}),
+                 (0, PAGED, "run", [torch.zeros(12, 4, 64), None], {}))
     (f,) = audit.analyze(run)
     assert (f.plan_value, f.forward_value, f.stage) == (-1, 8, "eager")
     # 12 queries over 20 keys, window 8: rows at positions 8..19 see keys < pos - 8
@@ -102,58 +101,50 @@ def test_analyzer_compares_forward_with_the_plan_before_it():
 
 
 def test_analyzer_trusts_a_plan_that_carries_the_window():
-    run = _trace((0, ap.PAGED, "__init__", [torch.empty(1)], {"backend": "fa2"}),
-                 (0, ap.PAGED, "plan", _plan_args(), {"causal": True, "window_left": 8}),
-                 (0, ap.PAGED, "forward", [torch.zeros(12, 4, 64), None], {"causal": True, "window_left": 8}))
+    run = _trace((0, PAGED, "__init__", [torch.empty(1)], {"backend": "fa2"}),
+                 (0, PAGED, "plan", _plan_args(), {"causal": True, "window_left": 8}),
+                 (0, PAGED, "forward", [torch.zeros(12, 4, 64), None], {"causal": True, "window_left": 8}))
     assert audit.analyze(run) == []
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_json(capsys):
+def test_cli_json_what_ifs_are_labelled(capsys):
     assert main(["audit", "--paths", "extend_paged", "--both", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     unp, pat = doc["runs"]
+    assert (unp["what_if"], pat["what_if"]) == ("unpatched", "patched")
     assert any(f["parameter"] == "window_left" and f["path"] == "extend_paged" for f in unp["findings"])
     assert not any(f["parameter"] == "window_left" for f in pat["findings"])
     for f in unp["findings"]:
         assert {"path", "parameter", "plan_value", "forward_value", "wrapper", "consequence"} <= set(f)
 
 
-def test_cli_bad_input_is_one_line(capsys, tmp_path):
+def test_default_audits_the_installed_release_as_it_is_and_says_so(capsys):
+    """Misleading behaviour 2: the default used to remove PR #31501 in-process. Now it states the
+    release, its file and its state, and reports what that code does."""
+    assert main(["audit", "--paths", "extend_paged"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    path = str(sglang_patch.installed_path())
+    assert out[0].startswith("sglang 0.5.15.post1 (installed, ") and path in out[0]
+    assert "backend unfixed (#31501 not applied)" in out[0] and "WHAT-IF" not in "\n".join(out)
+    paged = next(ln for ln in out if ln.strip().startswith("paged-only window"))
+    assert paged.split()[3] == "holds" and "begin_forward(window_left not passed) then forward(window_left=8)" in paged
+    assert main(["audit", "--paths", "extend_paged", "--patched"]) == 0
+    assert capsys.readouterr().out.startswith("WHAT-IF: sglang 0.5.15.post1")
+
+
+def test_default_applies_no_transform():
+    """The as-is audit of a backend whose loaded methods are the fixed ones reports no paged-only
+    window (the old default would have removed the fix and reported it)."""
+    with sglang_patch.patched(harness.backend_module()):
+        r = audit.run_audit(paths=["extend_paged"], layers=[SWA_CAP])
+    assert r.what_if is None and not r.not_driven
+    assert not _f(r, "extend_paged", "window_left") and _f(r, "extend_paged", "logits_soft_cap")
+
+
+def test_cli_bad_input_is_one_line(capsys):
     assert main(["audit", "--paths", "nope"]) == 2
-    assert main(["audit", "--sglang-source", str(tmp_path / "missing.py")]) == 2
+    assert main(["audit", "--sglang-source", "anything.py"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "--paths" in err[0] and "no such file" in err[1]
-
-
-# ----------------------------------------------------------------------------- another release
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "sglang-wheels"
-
-
-def _backend_file(version: str) -> Path:
-    out = CACHE / "src" / version / "flashinfer_backend.py"
-    if out.exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    if not list(CACHE.glob(f"sglang-{version}-*.whl")):
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "-q", "-d", str(CACHE),
-                        f"sglang=={version}"], check=True, capture_output=True, timeout=900)
-    with zipfile.ZipFile(sorted(CACHE.glob(f"sglang-{version}-*.whl"))[0]) as z:
-        data = z.read("sglang/srt/layers/attention/flashinfer_backend.py")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(data)
-    return out
-
-
-@pytest.mark.network
-def test_sglang_0_5_16_source_is_audited_and_the_installed_module_restored():
-    src = _backend_file("0.5.16")
-    before = ap.harness.backend_module()
-    shipped = audit.run_audit(True, source=src, paths=["extend_paged"], layers=[SWA_CAP])  # 0.5.16 as released
-    reverted = audit.run_audit(False, source=src, paths=["extend_paged"], layers=[SWA_CAP])
-    assert sys.modules[ap.harness.MODULE] is before
-    assert not shipped.not_driven and not reverted.not_driven
-    assert not _f(shipped, "extend_paged", "window_left")
-    assert _f(reverted, "extend_paged", "window_left")[0].effect == "wrong"
-    assert _f(shipped, "extend_paged", "logits_soft_cap")  # 0.5.16 still plans without the cap
+    assert len(err) == 2 and "--paths" in err[0]
+    assert "--sglang-source was removed" in err[1] and "--sglang VERSION" in err[1]

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common, gpu_timing, report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
+from benchmarks.h200_plan import Job, Shape  # noqa: E402
 from swa_repro.core.case import Case  # noqa: E402
 from swa_repro.kernel.model import simulate  # noqa: E402
 from swa_repro.core.reference import intended_mask, masked_attention  # noqa: E402
@@ -65,7 +66,8 @@ def _record(backend, variant, L, B, hq, hk, w, ms, peak, **kw):
     flops = common.useful_flops(L, B, w, hq, 128)
     tf = flops / (ms * 1e-3) / 1e12
     return {"backend": backend, "variant": variant, "seq_len": L, "batch": B, "window": w, "num_qo_heads": hq,
-            "num_kv_heads": hk, "head_dim": 128, "ms": ms, "useful_tflops": tf, "peak_fraction": tf / peak, **kw}
+            "num_kv_heads": hk, "head_dim": 128, "ms": ms, "useful_flops": flops, "useful_tflops": tf,
+            "peak_fraction": tf / peak, **kw}
 
 
 def synthetic_gpu(peak=800.0) -> dict:
@@ -209,10 +211,10 @@ def test_default_plan_fits_the_nine_minute_call():
 
 
 def test_job_flops_are_recomputed_from_shapes():
-    j = study.Job("fa3", "fixed", study.Shape(32768, 4, 32, 8, 128), 4096)
+    j = Job("fa3", "fixed", Shape(32768, 4, 32, 8, 128), 4096)
     assert j.flops() == 4 * 32 * common.window_pairs(0, 32768, 4096) * 4 * 128
-    assert study.Job("fa3", "causal", j.shape, -1).flops() == 4 * 32 * (32768 * 32769 // 2) * 4 * 128
-    assert j.module == "fa3/hd128/swa" and study.Job("fa3", "buggy", j.shape, 4096).module == "fa3/hd128/noswa"
+    assert Job("fa3", "causal", j.shape, -1).flops() == 4 * 32 * (32768 * 32769 // 2) * 4 * 128
+    assert j.module == "fa3/hd128/swa" and Job("fa3", "buggy", j.shape, 4096).module == "fa3/hd128/noswa"
 
 
 def test_bad_arguments_say_what_to_do():
@@ -275,3 +277,34 @@ def test_gpu_study_smallest_shape(tmp_path):
     fixed = [r for r in doc["records"] if r["variant"] == "fixed"]
     assert fixed and all(r["rel_err"] < 1e-2 for r in fixed)
     assert np.isfinite([r["ms"] for r in doc["records"] if not r.get("error")]).all()
+
+
+def test_notebook_06_helpers_on_synthetic_results():
+    """What notebook 06 calls: the report's tables and pairs, the record checks, the figures."""
+    from benchmarks import figures
+
+    doc = synthetic_gpu()
+    recs = doc["records"]
+    assert "### What the bug costs" in "\n".join(report.cost_tables(recs))
+    pairs = report.fa3_fixed_vs_buggy(recs)
+    assert pairs and all(a < b for a, b in pairs)
+    assert common.flops_mismatches(recs) == [] and common.rate_mismatches(recs) == []
+    broken = copy.deepcopy(recs)
+    broken[0]["useful_flops"] += 1
+    assert common.flops_mismatches(broken) == [broken[0]]
+    fig = figures.time_vs_window(recs, "synthetic")
+    assert fig is not None and fig._suptitle.get_text() == "synthetic"
+    assert figures.time_vs_window([dict(r, error="x") for r in recs], "none") is None
+    assert figures.kernel_model_times(synthetic_cpu()).axes[0].get_xlabel() == "seconds (median)"
+
+
+@pytest.mark.parametrize("argv", [["-m", "benchmarks.h200_swa_prefill"], ["benchmarks/h200_swa_prefill.py"]])
+def test_study_cli_runs_as_module_and_as_file(argv):
+    """The study is split over h200_plan/h200_study/h200_kernels; its CLI (and the file form its
+    fa3 build child uses) still starts."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, *argv, "--dry-run", "--seq-lens", "4096", "--windows", "128"],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "measurements, modules" in r.stdout and "--budget-s" in r.stdout

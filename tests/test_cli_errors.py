@@ -1,8 +1,21 @@
-"""Bad input to `swa-repro mask` is one line on stderr, exit 2, no traceback, nothing written."""
+"""Bad input to any subcommand is one line on stderr, exit 2, no traceback, nothing written.
+
+``swa-repro mask``'s cases run as real ``python -m swa_repro.cli`` processes, one each. The table
+of every subcommand's bad inputs (:data:`TABLE`) runs in one process through ``cli.main``, with
+file descriptors 1 and 2 captured per invocation, so anything any layer prints (argparse, a logger,
+a traceback) is seen; :func:`test_in_process_driver_matches_real_processes` holds it to real ones.
+"""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
+
+from conftest import REPO, run_cli
+from swa_repro.cli import COMMANDS
 
 BASE = {"--prefix-lens": "0,8", "--extend-lens": "8,8", "--num-qo-heads": "4", "--num-kv-heads": "4",
         "--head-dim": "128", "--window-left": "4"}
@@ -17,6 +30,11 @@ BAD = {
     "mismatched lengths": ({"--prefix-lens": "0,8,16"}, "one prefix length per request"),
     "not integers": ({"--extend-lens": "8,x"}, "comma-separated integers"),
     "unknown backend": ({"--backend": "fa9"}, "backend"),
+    # issue 12: numpy tried to allocate 8.88 PiB / accepted silently
+    "extend 99999999: too large to model": ({"--prefix-lens": "0", "--extend-lens": "99999999"}, "2**24"),
+    "1000000 qo heads over 1 kv head": ({"--num-qo-heads": "1000000", "--num-kv-heads": "1"}, "65535"),
+    "keys past int32": ({"--prefix-lens": "3000000000,0"}, "2**31 - 1"),
+    "16385 requests": ({"--prefix-lens": ",".join(["0"] * 16385), "--extend-lens": ",".join(["1"] * 16385)}, "16384"),
 }
 
 
@@ -27,19 +45,35 @@ def _argv(overrides: dict, out) -> list[str]:
     return args
 
 
+def _one_error_line(stderr: str, command: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith(f"swa-repro {command}: error:"), lines[0]
+    return lines[0]
+
+
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_mask_input_is_one_line_exit_2(name, cli, tmp_path):
     overrides, must_mention = BAD[name]
     out = tmp_path / "m.npz"
     r = cli(*_argv(overrides, out))
     assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr
-    assert lines[0].startswith("swa-repro mask: error:"), lines[0]
-    assert must_mention in lines[0], lines[0]
+    assert must_mention in _one_error_line(r.stderr, "mask")
     assert r.stdout == ""
     assert not out.exists()
+
+
+@pytest.mark.parametrize("out, flags, must_mention", [
+    ("/nonexistent/dir/x.npz", [], "folder /nonexistent/dir does not exist"),  # issue 12: FileNotFoundError
+    ("m.txt", [], ".npz or .json"),
+    ("m.json", ["--dense"], "--dense writes an .npz"),
+    ("m.npz", ["--dense", "--prefix-lens", "0", "--extend-lens", "40000"], "drop --dense"),
+], ids=["out folder missing", "out not npz or json", "dense to json", "dense over 1 GiB"])
+def test_bad_mask_output_is_one_line_exit_2(out, flags, must_mention, cli, tmp_path):
+    r = cli(*_argv({}, out), *flags, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert must_mention in _one_error_line(r.stderr, "mask")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unknown_flag_is_one_line_exit_2(cli, tmp_path):
@@ -55,3 +89,154 @@ def test_good_input_still_works(cli, tmp_path):
     r = cli(*_argv({}, out))
     assert r.returncode == 0, r.stderr
     assert out.exists()
+
+
+# ----------------------------------------------------------------------------- every subcommand
+# Placeholders: {FILE} an existing file, {MISSING} a path that does not exist, {HOSTNAME} a file
+# holding a host name (issue 12: `audit --sglang-source /etc/hostname` ended in a NameError),
+# {SYNTAX} a .py that does not parse, {EMPTY} an empty .py. All lie outside the working folder.
+# Each entry: (argv, a string the one line must contain). Every one must fail before any work.
+TABLE: dict[str, list[tuple[list[str], str]]] = {
+    "run": [(["run", "no_such_notebook"], "unknown notebook"),
+            (["run", "--parameters", "oops"], "name=value"),
+            (["run", "--output", "{FILE}"], "is a file"),
+            (["run", "--output", "{FILE}/sub"], "cannot be created"),
+            (["run", "--notebooks-dir", "{MISSING}"], "no notebooks")],
+    "doctor": [(["doctor", "--bogus"], "--bogus"), (["doctor", "extra"], "extra")],
+    "mask": [(_argv({}, "{MISSING}/x.npz"), "does not exist"),
+             (_argv({"--prefix-lens": "0", "--extend-lens": "99999999"}, "m.npz"), "2**24"),
+             (_argv({"--num-qo-heads": "1000000", "--num-kv-heads": "1"}, "m.npz"), "65535"),
+             (_argv({}, "m.npz") + ["--dense", "--prefix-lens", "0", "--extend-lens", "40000"], "drop --dense"),
+             (_argv({}, "{FILE}/m.npz"), "is a file")],
+    "record": [(["record", "--cases", "nope"], "unknown case"),
+               (["record", "--repeats", "0"], "--repeats"),
+               (["record", "--out", "{FILE}"], "is a file")],
+    "bundle": [(["bundle", "--out", "b"], "--flashinfer VERSION or --notebooks"),
+               (["bundle", "--flashinfer", "0.6.12", "--notebooks", "--out", "b"], "one bundle per folder"),
+               (["bundle", "--flashinfer", "0.6.12", "--out", "{FILE}"], "is a file"),
+               (["bundle", "--flashinfer", "0.6.12", "--wheel-dir", "{MISSING}", "--out", "b"], "--wheel-dir")],
+    "patch": [(["patch", "frobnicate"], "invalid choice"),
+              (["patch", "status", "--source", "{MISSING}"], "no such file"),
+              (["patch", "apply", "--out", "x.py", "--in-place"], "choose one of"),
+              (["patch", "diff", "--out", "x.py"], "go with `apply`")],
+    "sglang-check": [(["sglang-check", "--cases", "nope"], "unknown case"),
+                     (["sglang-check", "--mode", "model", "--trace-dir", "{FILE}"], "is a file"),
+                     (["sglang-check", "--mode", "bogus"], "invalid choice")],
+    "replay": [(["replay", "{MISSING}.pt"], "does not exist"),
+               (["replay", "x.pt", "--out", "{MISSING}/r.json"], "does not exist"),
+               (["replay", "x.pt", "--out", "r.txt"], ".json")],
+    "audit": [(["audit", "--paths", "nope"], "--paths"),
+              (["audit", "--no-such-flag"], "--no-such-flag"),
+              (["audit", "--sglang-source", "{HOSTNAME}"], "--sglang-source"),
+              (["audit", "--sglang-source", "{SYNTAX}"], "--sglang-source"),
+              (["audit", "--sglang-source", "{EMPTY}"], "--sglang-source")],
+    "fuzz": [(["fuzz", "--backends", "fa9"], "--backends"),
+             (["fuzz", "--repeats", "0"], "--repeats"),
+             (["fuzz", "--mode", "selftest", "--out", "{FILE}"], "is a file"),
+             (["fuzz", "--mode", "selftest", "--report", "{FILE}/r.json"], "is a file"),
+             (["fuzz", "--mode", "model", "--recordings", "{MISSING}"], "no fuzz recordings")],
+}
+
+# One process runs every invocation through cli.main; fds 1/2 go to a temp file per invocation.
+DRIVER = r"""
+import json, os, sys, tempfile, traceback
+from swa_repro.cli import main
+
+def tree(root):
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs)
+
+root, cases, report = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+results = []
+for argv in cases:
+    before = tree(root)
+    with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+        sys.stdout.flush(); sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(fo.fileno(), 1); os.dup2(fe.fileno(), 2)
+        try:
+            try:
+                rc = main(argv)
+            except SystemExit as e:
+                rc = e.code
+            except BaseException:
+                traceback.print_exc()
+                rc = "uncaught"
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.close(saved[0]); os.close(saved[1])
+        fe.seek(0)
+        err = fe.read().decode(errors="replace")
+    results.append({"argv": argv, "rc": rc, "stderr": err, "new": sorted(set(tree(root)) - set(before))})
+with open(report, "w") as f:
+    json.dump(results, f)
+"""
+
+
+def _fixtures(tmp_path):
+    """``(cwd, placeholders)``: an empty working folder and the files the table names, beside it."""
+    fx = tmp_path / "fixtures"
+    fx.mkdir()
+    (fx / "a_file").write_text("not a folder\n")
+    (fx / "hostname").write_text("vm-4f2a\n")  # parses as Python (a name), executes to NameError
+    (fx / "syntax.py").write_text("def f(:\n")
+    (fx / "empty.py").write_text("")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    return cwd, {"{FILE}": str(fx / "a_file"), "{MISSING}": str(fx / "missing"), "{HOSTNAME}": str(fx / "hostname"),
+                 "{SYNTAX}": str(fx / "syntax.py"), "{EMPTY}": str(fx / "empty.py")}
+
+
+def _fill(argv: list[str], ph: dict) -> list[str]:
+    out = []
+    for a in argv:
+        for k, v in ph.items():
+            a = a.replace(k, v)
+        out.append(a)
+    return out
+
+
+def run_in_process(tmp_path, invocations: list[list[str]]) -> list[dict]:
+    report = tmp_path / "report.json"
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", DRIVER, str(tmp_path / "work"), json.dumps(invocations), str(report)],
+                       cwd=tmp_path / "work", capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    results = json.loads(report.read_text())
+    report.unlink()
+    return results
+
+
+def test_table_covers_every_subcommand():
+    """A new subcommand fails here until its bad inputs are in TABLE."""
+    assert set(TABLE) == set(COMMANDS)
+    short = {k: len(v) for k, v in TABLE.items() if len(v) < 2}
+    assert not short, f"give every subcommand at least two bad inputs: {short}"
+    assert all(argv[0] == cmd for cmd, rows in TABLE.items() for argv, _ in rows)
+
+
+def test_every_subcommand_rejects_bad_input_in_one_line(tmp_path):
+    cwd, ph = _fixtures(tmp_path)
+    rows = [(cmd, _fill(argv, ph), must) for cmd, rs in TABLE.items() for argv, must in rs]
+    fixtures = sorted(p.name for p in (tmp_path / "fixtures").iterdir())
+    results = run_in_process(tmp_path, [argv for _, argv, _ in rows])
+    bad = []
+    for (cmd, argv, must), res in zip(rows, results):
+        lines = res["stderr"].strip().splitlines()
+        ok = (res["rc"] == 2 and len(lines) == 1 and "Traceback" not in res["stderr"]
+              and lines[0].startswith("swa-repro") and must in lines[0] and not res["new"])
+        if not ok:
+            bad.append(f"{' '.join(argv)[:160]}\n    rc={res['rc']} new={res['new']} stderr={res['stderr'][-600:]!r}")
+    assert not bad, f"{len(bad)} of {len(rows)} bad invocations misbehave:\n" + "\n".join(bad)
+    assert list(cwd.iterdir()) == [] and sorted(p.name for p in (tmp_path / "fixtures").iterdir()) == fixtures
+
+
+def test_in_process_driver_matches_real_processes(tmp_path):
+    """The driver is faithful: a sample of the table gives the same status and stderr as
+    ``python -m swa_repro.cli`` in its own process."""
+    cwd, ph = _fixtures(tmp_path)
+    sample = [_fill(argv, ph) for argv, _ in (TABLE["mask"][0], TABLE["mask"][2], TABLE["doctor"][0])]
+    inproc = run_in_process(tmp_path, sample)
+    for argv, res in zip(sample, inproc):
+        real = run_cli(*argv, cwd=cwd)
+        assert (res["rc"], res["stderr"]) == (real.returncode, real.stderr), argv

@@ -163,7 +163,7 @@ def test_runner_and_probe_wiring_on_fake_flashinfer(fake_fi, plan_w, backend):
     assert d["backend"] == case.resolved_backend and d["split_kv"] is False
     assert d["cta_tile_q"] == (16 if backend == "fa2" else None)
     res = probe_case(case, runner=runner)
-    assert res.statuses() == simulate(case).statuses and res.plan_info == d
+    assert res.statuses == simulate(case).statuses and res.plan_info == d
     assert set(res.timings) >= {"jit_build", "plan", "probe", "random"}
     # after forward(window_left=4) the wrapper's window is 4, so run(window_left=4) passes (prefill.py:2136)
     runner.run(layout.q, layout.k_cache, layout.v_cache, api="run")

@@ -154,3 +154,38 @@ def test_plot_case_with_probe_evidence_on_cpu():
     assert len([a for a in fig.axes if a.images]) == 10  # 2 requests x 5 panels
     assert "live probe" in fig.axes[2].get_title()
     _render(fig)
+
+
+def test_harness_figure_for_a_failing_case():
+    """Notebook 04's figure of sglang's own run (moved here from sglang.check: drawing is the
+    notebook layer's job)."""
+    pytest.importorskip("sglang", reason="drives sglang's own backend: install sglang==0.5.15.post1")
+    from swa_repro.sglang.check import MATRIX
+    from swa_repro.sglang.harness import run_case
+
+    r = run_case(MATRIX[2], False, "model")
+    fig = plots.harness_figure(r)
+    assert "unpatched" in fig._suptitle.get_text() and len(fig.axes) >= 3 * 5
+
+
+def test_leak_heatmaps_one_panel_per_prefix():
+    grid = np.array([[0.0, 3.0], [np.nan, 7.0]])
+    fig = plots.leak_heatmaps([64, 128], [1024, 8192], {0: grid, 4096: grid})
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["cached prefix 0", "cached prefix 4096"]
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["0", "3", "undef.", "7"]
+
+
+def test_publish_saves_through_the_given_function(tmp_path):
+    saved = []
+
+    def save(fig, name):
+        saved.append(name)
+        path = tmp_path / f"{name}.png"
+        fig.savefig(path)
+        return path
+
+    fig = Figure()
+    fig.subplots().plot([0, 1])
+    assert plots.publish(fig, "x_fig", save) is None and saved == ["x_fig"] and (tmp_path / "x_fig.png").exists()

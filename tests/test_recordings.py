@@ -6,12 +6,12 @@ and head by head, and the real kernel must be deterministic and consistent; wher
 softmax over one key set, or run-to-run differences.
 """
 
-import numpy as np
 import pytest
 
-from swa_repro.kernel.model import simulate
+from swa_repro.core.intervals import nan_max
 from swa_repro.evidence.recordings import load_recordings
-from swa_repro.core.reference import intended_interval
+from swa_repro.kernel.model import simulate
+from swa_repro.kernel.probe import ProbeRequest
 
 RECORDINGS = load_recordings()
 ERR_TOL = 3e-2  # bf16 output vs float64 attention with the same mask
@@ -43,11 +43,8 @@ def test_recordings_cover_the_matrix():
     assert any(c.disable_split_kv for c in cases)
 
 
-def _missing_keys(req, window_left):
-    ilo, ihi = intended_interval(req.prefix_len, req.extend_len, window_left)
-    lo, hi = req.by_qo_head("lo"), req.by_qo_head("hi")
-    empty = req.by_qo_head("count") == 0
-    return int((empty | (lo > ilo[:, None]) | (hi < ihi[:, None])).sum())
+def _missing_keys(req, window_left) -> int:
+    return int(req.intervals.diff(window_left)[1].sum())
 
 
 @pytest.mark.parametrize("rec", RECORDINGS, ids=lambda r: f"{r.flashinfer_version}/{r.name}")
@@ -60,14 +57,22 @@ def test_model_equals_probe(rec):
                         + int((~r.repeat_equal).sum()) + int((~r.random_equal).sum()))
             assert evidence > 0, "model says undefined but the kernel looked well defined"
             continue
-        assert np.array_equal(r.by_head_in_group("lo"), m.lo)
-        assert np.array_equal(r.by_head_in_group("hi"), m.hi)
-        assert np.array_equal(r.by_qo_head("lo"), m.lo[:, np.arange(rec.case.num_qo_heads) % rec.case.group_size])
+        assert r.intervals.equals(m.intervals), "probed intervals differ from the model's"
         assert r.contiguous.all() and r.consistent.all() and not r.nan.any()
         assert r.repeat_equal.all() and r.random_equal.all()
-        assert np.nanmax(r.err_vs_model) <= ERR_TOL  # random data: the model's mask explains the output
+        assert nan_max(r.err_vs_model) <= ERR_TOL  # random data: the model's mask explains the output
         if m.status == "leak":
-            assert _missing_keys(r, rec.case.window_left) == 0 and np.nanmax(r.err_vs_reference) > ERR_TOL
+            assert _missing_keys(r, rec.case.window_left) == 0 and nan_max(r.err_vs_reference) > ERR_TOL
+
+
+@pytest.mark.parametrize("rec", RECORDINGS, ids=lambda r: f"{r.flashinfer_version}/{r.name}")
+def test_status_rule_reproduces_recorded_statuses(rec):
+    """The one status rule (core.intervals.status_of via ProbeRequest), applied afresh to the
+    recorded arrays, gives the status recorded on the GPU."""
+    for r in rec.requests:
+        flags = {f: getattr(r, f) for f in ("count", "contiguous", "consistent", "nan", "repeat_equal",
+                                            "err_vs_reference", "err_vs_model", "err_vs_probed", "random_equal")}
+        assert ProbeRequest(r.intervals, rec.case.window_left, **flags).status == r.status
 
 
 def test_versions_agree():
@@ -82,4 +87,4 @@ def test_versions_agree():
         assert a.statuses == b.statuses
         for ra, rb, s in zip(a.requests, b.requests, a.statuses):
             if s != "undefined":
-                assert np.array_equal(ra.lo, rb.lo) and np.array_equal(ra.hi, rb.hi)
+                assert ra.intervals.equals(rb.intervals)

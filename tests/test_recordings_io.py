@@ -33,15 +33,16 @@ def test_round_trip_group0(tmp_path):
     assert doc["model_at_record"]["statuses"] == simulate(GQA).statuses
     rec = load_recordings(tmp_path)
     assert len(rec) == 1 and rec[0].case == GQA and rec[0].name == GQA.name
-    assert rec[0].provenance == SYNTHETIC and rec[0].statuses == res.statuses()
+    assert rec[0].provenance == SYNTHETIC and rec[0].statuses == res.statuses
     for rr, pr, mr in zip(rec[0].requests, res.requests, simulate(GQA).requests):
         assert rr.lo.shape == (pr.lo.shape[0], GQA.group_size) and rr.lo.dtype == np.int32
-        np.testing.assert_array_equal(rr.by_qo_head("lo"), pr.lo)
-        np.testing.assert_array_equal(rr.by_qo_head("hi"), pr.hi)
-        np.testing.assert_array_equal(rr.by_head_in_group("lo"), mr.lo)  # what tests/test_recordings.py compares
-        np.testing.assert_array_equal(rr.union_mask(), pr.union_mask())
+        qo_heads = rr.intervals.per_qo_head(GQA.num_qo_heads)
+        np.testing.assert_array_equal(qo_heads.lo, pr.lo)
+        np.testing.assert_array_equal(qo_heads.hi, pr.hi)
+        assert rr.intervals.equals(mr.intervals) and rr.intervals.equals(pr.intervals)  # tests/test_recordings.py
+        np.testing.assert_array_equal(rr.mask(), pr.mask())
         np.testing.assert_array_equal(rr.err_vs_model, pr.err_vs_model)
-        assert rr.status == pr.status()[0]
+        assert (rr.status, rr.reason) == (pr.status, pr.reason)
 
 
 def test_groups_that_disagree_store_all_heads(tmp_path):

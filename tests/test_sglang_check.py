@@ -52,14 +52,6 @@ def test_peer_suite_kit_swa_cases():
     assert pa == {"swa_extend_no_prefix_window_edges": True, "swa_extend_prefix_window_edges": True}
 
 
-def test_leak_figure_for_a_failing_case():
-    from swa_repro.sglang.harness import run_case
-
-    r = run_case(C.MATRIX[2], False, "model")
-    fig = C.leak_figure(r)
-    assert "unpatched" in fig._suptitle.get_text() and len(fig.axes) >= 3 * 5
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name,params", [
     ("03_apply_backend_patch", {}),

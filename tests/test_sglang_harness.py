@@ -38,7 +38,7 @@ def test_plan_kwargs_sglang_issues(long_runs):
     with the layer's window patched; the full-attention wrapper never gets one; page_size 1."""
     for patched, want in ((False, None), (True, 32)):
         tr = long_runs[patched].trace
-        fwd = tr.calls[H._swa_forward_index(tr)]
+        fwd = tr.calls[H.swa_forward_index(tr)]
         assert fwd.kwargs["window_left"] == 32  # forward(window_left=W) either way
         plans = {k["wrapper"]: k for k in long_runs[patched].plan_kwargs}
         assert plans[fwd.wrapper].get("window_left") == want

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang import patch as sp
 from swa_repro.cli import main
-from difftools import changed_lines  # tests/difftools.py
+from swa_repro.sglang import patch as sp
+from swa_repro.sglang.patch import files, stubs
+from difftools import changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
 
 @pytest.fixture(scope="module")
@@ -84,19 +85,28 @@ def test_diff_in_the_direction_already_taken_is_empty(installed, capsys):
     assert cap.out == "" and "already" in cap.err
 
 
-def test_apply_out_writes_a_patched_copy_and_leaves_the_source(installed, tmp_path, capsys):
+@pytest.mark.parametrize("start", ["unfixed", "fixed"])
+def test_apply_out_writes_a_patched_copy_and_leaves_the_source(installed, tmp_path, capsys, start):
+    """Both directions on any sglang: the source is the installed file, or its transform when the
+    installed file is in the other state."""
+    text = installed.read_bytes().decode()
     src = tmp_path / "flashinfer_backend.py"
-    shutil.copy2(installed, src)
+    src.write_bytes((text if sp.classify(text).state == start else sp.transform(text, start)).encode())
     before = src.read_bytes()
     out = tmp_path / "patched.py"
-    flag = [] if expected_state(installed) == "unfixed" else ["--reverse"]
+    flag = ["--reverse"] if start == "fixed" else []
     assert main(["patch", "apply", "--source", str(src), "--out", str(out), *flag]) == 0
     assert src.read_bytes() == before
-    new = out.read_text()
-    want = "unfixed" if flag else "fixed"
+    new = out.read_bytes().decode()
+    want = sp.OTHER[start]
     assert sp.classify(new).state == want
     compile(new, str(out), "exec")
-    assert sp.transform(new, sp.OTHER[want]).encode() == before or flag  # exact way back
+    back = sp.transform(new, start)
+    if start == "unfixed":
+        assert back.encode() == before  # exact way back
+    else:  # re-fixing the written copy gives the same fix (upstream's may be laid out differently)
+        assert normalized_methods(back) == normalized_methods(before.decode())
+        assert not changed_outside_the_methods(before.decode(), back)
     fixed = new if want == "fixed" else before.decode()
     assert sp.plan_window_lefts(fixed, window=4096) == {0: 4096, 1: None}
     assert sp.plan_window_lefts(fixed, use_ragged=True) == {0: None, 1: None}
@@ -120,7 +130,7 @@ def test_in_place_apply_and_revert_in_a_fake_site_packages(fake_site, capsys):
     state = sp.classify(original.decode()).state
     flag = [] if state == "unfixed" else ["--reverse"]
     assert main(["patch", "apply", "--in-place", *flag]) == 0
-    bak, meta = sp._backup_paths(fake_site)
+    bak, meta = files.backup_paths(fake_site)
     assert bak.read_bytes() == original
     info = json.loads(meta.read_text())
     assert info["original_sha256"] == hashlib.sha256(original).hexdigest()
@@ -168,7 +178,7 @@ def test_file_changed_since_backup_is_refused(fake_site, capsys):
     assert "changed since" in capsys.readouterr().err
     assert main(["patch", "apply", "--in-place"]) == 2
     assert "changed since" in capsys.readouterr().err
-    bak, _ = sp._backup_paths(fake_site)
+    bak, _ = files.backup_paths(fake_site)
     assert fake_site.read_bytes() == changed and bak.read_bytes() == original
 
 
@@ -217,7 +227,7 @@ def test_bad_flag_combinations_exit_2(capsys):
 def lite_module(path):
     """The installed FlashInferIndicesUpdaterPrefill compiled from the real file's class on stub
     globals (importing sglang's module takes a minute on 2 cores; the slow test below does)."""
-    glb = sp._Stubs(__name__="lite_flashinfer_backend")
+    glb = stubs.Stubs(__name__="lite_flashinfer_backend")
     cls = sp.compile_class(path.read_text(), glb, str(path), whole=True)
     return types.SimpleNamespace(__file__=str(path), __name__=glb["__name__"], **{sp.CLASS: cls})
 

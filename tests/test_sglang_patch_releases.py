@@ -1,7 +1,7 @@
 """`swa-repro patch` on the real flashinfer_backend.py of released sglang wheels.
 
-Wheels come from PyPI (`pip download --no-deps`) into .cache/sglang-wheels/ (kept between runs);
-only srt/layers/attention/flashinfer_backend.py is read out of each.
+Wheels come from PyPI (`difftools.backend_file`: `pip download --no-deps` into
+.cache/sglang-wheels/, kept between runs); only srt/layers/attention/flashinfer_backend.py is read.
 
 Pre-fix structures covered: 0.4.10 (wrapper 0 always paged, begin_forward with 8 positional +
 4 keywords, no kwargs dict), 0.5.5 and 0.5.10 (multi-item scoring keywords; 0.5.10 adds the
@@ -12,71 +12,21 @@ after ``window_left``, kw-only parameters after it in the signature).
 
 from __future__ import annotations
 
-import ast
-import subprocess
-import sys
-import zipfile
-from pathlib import Path
-
 import pytest
 
 from swa_repro.sglang import patch as sp
 from swa_repro.cli import main
-from difftools import changed_lines  # tests/difftools.py
+from difftools import backend_file, changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
 pytestmark = pytest.mark.network
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "sglang-wheels"
 PRE_FIX = ["0.4.10", "0.5.5", "0.5.10", "0.5.15.post1"]
 POST_FIX = ["0.5.16", "0.5.19", "0.5.23"]
-MEMBER = "sglang/" + sp.REL_PATH.as_posix()
-
-
-def backend_file(version: str) -> Path:
-    """flashinfer_backend.py of sglang==version, fetched once and cached."""
-    out = CACHE / "src" / version / "flashinfer_backend.py"
-    if out.exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if not wheels:
-        r = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-             "--disable-pip-version-check", "-q", "-d", str(CACHE), f"sglang=={version}"],
-            capture_output=True, text=True, timeout=900)
-        wheels = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-        if not wheels:
-            pytest.fail(f"pip download sglang=={version} failed:\n"
-                        f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
-        data = z.read(MEMBER)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
-    return out
-
 
 def assert_only_the_two_methods_change(old, new):
-    a, b = changed_lines(old, new)
-    assert a and b
-    for lines, spans in ((a, sp.method_spans(old)), (b, sp.method_spans(new))):
-        outside = [n for n in lines if not any(lo <= n <= hi for lo, hi in spans.values())]
-        assert not outside, f"lines changed outside {sorted(spans)}: {outside[:5]}"
-
-
-def normalized_methods(text):
-    """ast dump of the two methods with call keywords sorted (order is not behaviour)."""
-    s = sp.classify(text)
-    out = []
-    for fn in (s.usw, s.cbf):
-        fn = ast.parse(ast.unparse(fn))
-        for n in ast.walk(fn):
-            if isinstance(n, ast.Call):
-                n.keywords.sort(key=lambda k: k.arg or "")
-        out.append(ast.dump(fn))
-    return out
+    assert changed_lines(old, new) != ([], [])
+    outside = changed_outside_the_methods(old, new)
+    assert not outside, f"lines changed outside the two methods: {outside[:5]}"
 
 
 def status(path, capsys):

@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.notebook import plots, story
 from swa_repro.core.case import Case
-from swa_repro.kernel.model import simulate
 from swa_repro.core.mode import ModeInfo
-from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
 from swa_repro.core.reference import intended_mask
+from swa_repro.kernel.model import simulate
+from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
+from swa_repro.notebook import calls, plots, story, tables
+from swa_repro.notebook.calls import TOL
+from swa_repro.notebook.show import table
 
 MODEL = ModeInfo("model", "test")
 TEST_PROVENANCE = {"gpu": "CPU stand-in (pytest)", "driver": None, "torch": torch.__version__, "flashinfer": None,
@@ -47,6 +49,11 @@ def test_cases_and_fix():
     assert story.with_fix(fix, False) == bug
     g = story.gqa_case()
     assert (g.num_qo_heads, g.num_kv_heads, g.prefix_lens, g.extend_lens, g.window_left) == (32, 8, (200,), (100,), 64)
+    assert g.name == "gqa4_bug" and story.gqa_case(window=32, num_kv_heads=None).window_left == 32
+    # a parameters cell's None keeps the shared shape, a value replaces it
+    assert story.seed_case(window_left=None, extend_lens=None) == bug
+    assert story.seed_case(window_left=8).with_(window_left=4) == bug
+    assert story.long_case().extend_lens == (32768,) and story.long_case(extend=64).extend_lens == (64,)
     # the seed is exactly the committed recording case, so recordings of it are found
     from swa_repro.evidence.cases import BY_NAME
 
@@ -54,46 +61,62 @@ def test_cases_and_fix():
 
 
 def test_table_formats_plain_rows():
-    text = story.table([{"a": 1, "b": [1, 2]}, {"a": float("nan"), "c": "x"}])
+    text = table([{"a": 1, "b": [1, 2]}, {"a": float("nan"), "c": "x"}])
     lines = text.splitlines()
     assert lines[0].split() == ["a", "b", "c"] and "1,2" in lines[2] and "nan" in lines[3]
-    assert story.table([]) == "(no rows)"
+    assert table([]) == "(no rows)"
+
+
+def test_typed_rows_get_their_labels_only_when_shown():
+    """Rows are indexed by attribute; the display labels (with the mode, one column per recorded
+    version, optional columns) appear only in the table text."""
+    rows = [tables.RowError("model", 0, 1, "leak", 2, 0.5, {"0.6.12": 0.4}),
+            tables.RowError("model", 0, 2, "leak", 0, 0.01, {"0.6.12": 0.02})]
+    assert rows[0].err == 0.5 and rows[0].gpu_err["0.6.12"] == 0.4
+    header = table(rows).splitlines()[0].split("  ")
+    assert [h.strip() for h in header if h.strip()] == ["req", "row", "status", "extra keys", "err (model)",
+                                                        "err (GPU, fi 0.6.12)"]
+    un = tables.BackendRow("live", "c_fa3_bug", "fa3", "fa3", -1, ["leak"], [3], True, None, "unavailable: no sm90")
+    assert "wrong rows (live)" in table([un]) and "unavailable: no sm90" in table([un])
+    assert "recorded status" not in table([un])  # live mode: no recordings column at all
 
 
 def test_verdict_model_without_recordings():
     v = story.verdict(MODEL, story.seed_case(), [])
-    assert v["bug_present_without_window"] and v["fixed_with_window"]
-    assert v["without_window"]["status"] == ["leak"] * 3 and v["with_window"]["status"] == ["exact"] * 3
-    assert v["without_window"]["recordings_agree"] is None
-    assert "rests on the kernel model alone" in v["sentence"] and v["sentence"].startswith("Bug PRESENT")
+    assert v.bug_present_without_window and v.fixed_with_window
+    assert v.without_window.status == ["leak"] * 3 and v.with_window.status == ["exact"] * 3
+    assert v.without_window.recordings_agree is None
+    assert "rests on the kernel model alone" in v.sentence and v.sentence.startswith("Bug PRESENT")
 
 
 def test_forward_vs_run_and_row_errors_model():
     bug = story.seed_case()
-    fwd, run = story.forward_vs_run(bug, "model")
-    assert fwd["outcome"] == "returned" and run["outcome"].startswith("AssertionError")
-    assert all(story.forward_vs_run(story.seed_case(True), "model")[k]["outcome"] == "returned" for k in (0, 1))
-    rows = story.row_error_table(bug, "model")
+    fwd, run = tables.forward_vs_run(bug, "model")
+    assert fwd.returned and run.asserted and "outcome" in table([run]) and "AssertionError" in table([run])
+    assert all(r.returned for r in tables.forward_vs_run(story.seed_case(True), "model"))
+    rows = tables.row_error_table(bug, "model")
     assert len(rows) == sum(bug.extend_lens)
-    wrong = [(r["req"], r["row"]) for r in rows if not r["err (model)"] <= story.TOL]
-    extra = [(r["req"], r["row"]) for r in rows if r["extra keys"] > 0]
+    wrong = [(r.req, r.row) for r in rows if not r.err <= TOL]
+    extra = [(r.req, r.row) for r in rows if r.extra_keys > 0]
     assert wrong == extra and len(wrong) == 11  # rows 5.. of each request see key p-5
-    assert all(r["err (model)"] <= story.TOL for r in story.row_error_table(story.seed_case(True), "model"))
+    assert all(r.err <= TOL for r in tables.row_error_table(story.seed_case(True), "model"))
 
 
 def test_module_plan_and_backend_tables():
     bug = story.seed_case()
-    mods = story.module_table([bug, story.with_fix(bug, True)], "model")
-    assert [m["use_sliding_window"] for m in mods] == [False, True]
-    assert "use_swa_False" in mods[0]["module"] and "use_swa_True" in mods[1]["module"]
+    mods = tables.module_table([bug, story.with_fix(bug, True)], "model")
+    assert [m.effective_use_sliding_window for m in mods] == [False, True]
+    assert "use_swa_False" in mods[0].effective_module and "use_swa_True" in mods[1].effective_module
+    assert "module (live)" not in table(mods)  # model mode: the live columns are left out
     split = Case((4000,), (64,), window_left=128, name="split_long_bug")
-    (p_bug, p_fix) = story.plan_table([split, story.with_fix(split, True)])
-    assert p_bug["split_kv"] and p_bug["chunks planned"] != p_bug["chunks written"] and p_bug["status"] == ["undefined"]
-    assert p_fix["chunks planned"] == p_fix["chunks written"] and p_fix["status"] == ["exact"]
+    (p_bug, p_fix) = tables.plan_table([split, story.with_fix(split, True)])
+    assert p_bug.split_kv and p_bug.chunks_planned != p_bug.chunks_written and p_bug.status == ["undefined"]
+    assert p_fix.chunks_planned == p_fix.chunks_written and p_fix.status == ["exact"]
     tiles = Case((64, 0), (100, 20), window_left=8, num_qo_heads=8, num_kv_heads=2, name="tiles_bug")
-    bt = {r["case"]: r for r in story.backend_table(tiles, "model", backends=("fa2", "fa3"))}
-    assert bt["tiles_fa3_bug"]["plain causal (model)"] and not bt["tiles_fa2_bug"]["plain causal (model)"]
-    assert sum(bt["tiles_fa2_fix"]["wrong rows (model)"]) == 0 and sum(bt["tiles_fa2_bug"]["wrong rows (model)"]) > 0
+    bt = {r.case: r for r in tables.backend_table(tiles, "model", backends=("fa2", "fa3"))}
+    assert bt["tiles_fa3_bug"].plain_causal and not bt["tiles_fa2_bug"].plain_causal
+    assert sum(bt["tiles_fa2_fix"].wrong_rows) == 0 and sum(bt["tiles_fa2_bug"].wrong_rows) > 0
+    assert bt["tiles_fa2_bug"].recorded == {} and "no recording" in table([bt["tiles_fa2_bug"]])
 
 
 def test_compare_and_verdict_with_recordings(tmp_path):
@@ -102,10 +125,10 @@ def test_compare_and_verdict_with_recordings(tmp_path):
     recs = write_and_load(tmp_path, [probe_with_masks(bug, model_masks(bug)), probe_with_masks(fix, model_masks(fix))])
     assert [r.case.name for r in recs] == ["seed_bug", "seed_fix"]
     rows = story.compare_model_to_recording(recs[0])
-    assert [r["agree"] for r in rows] == [True] * 3 and rows[0]["evidence"] == "intervals equal"
+    assert [r.agree for r in rows] == [True] * 3 and rows[0].evidence == "intervals equal"
     v = story.verdict(MODEL, bug, recs)
-    assert v["without_window"]["recordings_agree"] and v["with_window"]["recordings_agree"]
-    assert "agree with the model" in v["sentence"] and len(v["evidence"]) == 2
+    assert v.without_window.recordings_agree and v.with_window.recordings_agree
+    assert "agree with the model" in v.sentence and len(v.evidence) == 2
     assert story.matching_recordings(bug.with_(flashinfer_version="0.6.12"), recs) == [recs[0]]
     fig = plots.plot_case(bug, simulate(bug, tiles=True), recs[0])
     assert "recording" in fig.axes[2].get_title() and "difference: recording" in fig.axes[3].get_title()
@@ -116,10 +139,10 @@ def test_compare_detects_a_wrong_model(tmp_path):
     bug = story.seed_case()
     (rec,) = write_and_load(tmp_path, [probe_with_masks(bug, intended_masks(bug))])
     rows = story.compare_model_to_recording(rec)
-    assert [r["agree"] for r in rows] == [False] * 3
-    assert rows[2]["rows_differing"] == 7
+    assert [r.agree for r in rows] == [False] * 3
+    assert rows[2].rows_differing == 7
     v = story.verdict(MODEL, bug, [rec])
-    assert v["without_window"]["recordings_agree"] is False and "DISAGREE" in v["sentence"]
+    assert v.without_window.recordings_agree is False and "DISAGREE" in v.sentence
 
 
 @pytest.mark.parametrize("corrupt, agree", [(False, False), (True, True)])
@@ -139,8 +162,8 @@ def test_undefined_needs_evidence_in_the_recording(tmp_path, corrupt, agree):
 
     (rec,) = write_and_load(tmp_path, [probe_with_masks(case, model_masks(case), nan_rows if corrupt else None)])
     (row,) = story.compare_model_to_recording(rec)
-    assert row["model"] == "undefined" and row["agree"] is agree
-    assert ("NaN" in row["evidence"]) is corrupt
+    assert row.model == "undefined" and row.agree is agree
+    assert ("NaN" in row.evidence) is corrupt
 
 
 def test_live_branches_with_a_stand_in_kernel(monkeypatch):
@@ -149,22 +172,23 @@ def test_live_branches_with_a_stand_in_kernel(monkeypatch):
     from swa_repro.kernel import live
 
     def fake_run_live(case, seed=0, api="forward"):
-        r = story.model_call(case, api, seed)
+        r = calls.model_call(case, api, seed)
         p = simulate(case).plan
         return live.LiveResult(case, api, "stand-in", {"uri": f"stand-in use_swa_{case.plan_window_left >= 0}",
                                                        "use_sliding_window": case.plan_window_left >= 0},
-                               {"cta_tile_q": p.cta_tile_q, "split_kv": p.split_kv}, r["error"],
-                               r["err_vs_reference"], r["err_vs_reference"], [])
+                               {"cta_tile_q": p.cta_tile_q, "split_kv": p.split_kv}, r.error,
+                               r.err_vs_reference, r.err_vs_reference, [])
 
     monkeypatch.setattr(live, "run_live", fake_run_live)
     v = story.verdict(ModeInfo("live", "stand-in"), story.seed_case())
-    assert v["bug_present_without_window"] and v["fixed_with_window"]
-    assert v["without_window"]["wrong_rows"] == [1, 3, 7] and v["with_window"]["wrong_rows"] == [0, 0, 0]
-    assert "real kernel planned without window_left gets 11 rows wrong" in v["sentence"]
-    fwd, run = story.forward_vs_run(story.seed_case(), "live")
-    assert fwd["outcome"] == "returned" and run["outcome"].startswith("AssertionError")
-    (row,) = story.module_table([story.seed_case(True)], "live")
-    assert row["use_sliding_window (live)"] is True and row["cta_tile_q (live)"] == row["cta_tile_q"] == 16
+    assert v.bug_present_without_window and v.fixed_with_window
+    assert v.without_window.wrong_rows == [1, 3, 7] and v.with_window.wrong_rows == [0, 0, 0]
+    assert "real kernel planned without window_left gets 11 rows wrong" in v.sentence
+    fwd, run = tables.forward_vs_run(story.seed_case(), "live")
+    assert fwd.returned and run.asserted
+    (row,) = tables.module_table([story.seed_case(True)], "live")
+    assert row.live_use_sliding_window is True and row.live_cta_tile_q == row.cta_tile_q == 16
+    assert "module (live)" in table([row]) and "module " not in table([row]).splitlines()[0].replace("module (live)", "")
 
 
 @pytest.mark.slow

@@ -13,6 +13,10 @@ import torch
 
 from swa_repro.core.case import Case
 
+# Page order (``build_paged_batch(seed=...)``) of every batch a kernel run is compared on: the
+# probe's zero batch, its random-data batch and ``live.run_live``'s share one layout.
+LAYOUT_SEED = 0
+
 
 @dataclass
 class PagedBatch:

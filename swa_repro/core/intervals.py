@@ -1,14 +1,18 @@
 """Per-request visible-key intervals and the one status rule (exact / leak / undefined).
 
 Every source of a mask speaks this type: the kernel model (``kernel.model.RequestModel``), the probe
-of the real kernel (``kernel.probe.ProbeRequest``) and a committed recording
-(``evidence.recordings.RecordedRequest``) each expose ``.intervals`` and ``.status``, so counting
+of the real kernel (``kernel.probe.ProbeRequest``) and a committed recording (its requests are
+``ProbeRequest`` read back) each expose ``.intervals``, ``.status`` and ``.reason``, so counting
 extra and missing keys, and deciding the status, happen here and nowhere else.
 
 Row ``q`` of a request with prefix ``P`` sits at absolute position ``P + q``; ``lo[q, h]`` and
 ``hi[q, h]`` are its first and last visible key for head column ``h`` (inclusive), ``-1`` when it
 sees none. Columns are either query heads ``Hq`` or heads-in-group ``g`` (the kernel model's
 GQA-packed rows repeat for every KV head); :func:`qo_head_columns` maps one to the other.
+
+The window rule itself is :func:`swa_repro.core.reference.visible` (element form);
+:func:`intended_bounds` is its interval form, the only one (``tests/test_reference.py`` holds the two
+equal).
 """
 
 from __future__ import annotations
@@ -17,18 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-STATUSES = ("exact", "leak", "undefined")
-
 
 def ceil_div(a, b):
     """``ceil(a / b)`` for ints and int arrays (the kernels' ``ceil_div``, math.cuh)."""
     return -(-a // b)
 
 
-def nan_max(x, empty=None):
-    """Largest value of ``x`` with NaN counted as the largest (a NaN output is the worst error);
-    ``empty`` when ``x`` has no elements."""
+def nan_max(x, empty=None, *, skip_nan: bool = False):
+    """Largest value of ``x``, NaN-aware. By default a NaN counts as the largest (a NaN output is
+    the worst error); ``skip_nan=True`` ignores NaN (summaries that count NaN rows separately).
+    ``empty`` when nothing is left to take the max of."""
     x = np.asarray(x, np.float64)
+    if skip_nan:
+        x = x[~np.isnan(x)]
     if x.size == 0:
         return empty
     return float("nan") if np.isnan(x).any() else float(x.max())
@@ -55,13 +60,21 @@ def bounds_to_mask(lo: np.ndarray, hi: np.ndarray, kv_len: int) -> np.ndarray:
     return (k >= lo[:, None]) & (k <= hi[:, None]) & (lo[:, None] >= 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Intervals:
-    """Visible keys of one request: ``lo, hi`` ``(qo, heads)`` inclusive, ``-1`` = none."""
+    """Visible keys of one request: ``lo, hi`` ``(qo, heads)`` inclusive, ``-1`` = none.
+    Compare with :meth:`equals` (``==`` is identity: the fields are arrays)."""
     prefix_len: int
     extend_len: int
     lo: np.ndarray
     hi: np.ndarray
+
+    def __post_init__(self):
+        lo, hi = np.asarray(self.lo), np.asarray(self.hi)
+        if lo.ndim != 2 or lo.shape != hi.shape or lo.shape[0] != self.extend_len:
+            raise ValueError(f"lo/hi must both be (extend_len={self.extend_len}, heads); got {lo.shape}, {hi.shape}")
+        object.__setattr__(self, "lo", lo)
+        object.__setattr__(self, "hi", hi)
 
     @property
     def kv_len(self) -> int:
@@ -69,7 +82,7 @@ class Intervals:
 
     @property
     def heads(self) -> int:
-        return int(np.shape(self.lo)[1])
+        return int(self.lo.shape[1])
 
     def mask(self, head: int | None = None) -> np.ndarray:
         """Bool ``(qo, kv)`` of head column ``head``; ``None``: the union over all columns."""
@@ -84,7 +97,7 @@ class Intervals:
         """``(extra, missing)`` ``(qo, heads)``: keys attended that the window excludes, and
         in-window keys not attended. Exact interval arithmetic, empty rows included."""
         ilo, ihi = (b[:, None] for b in intended_bounds(self.prefix_len, self.extend_len, window_left))
-        lo, hi = np.asarray(self.lo, np.int64), np.asarray(self.hi, np.int64)
+        lo, hi = self.lo.astype(np.int64), self.hi.astype(np.int64)
         seen = np.where((lo >= 0) & (hi >= lo), hi - lo + 1, 0)
         both = np.where(seen > 0, np.maximum(np.minimum(hi, ihi) - np.maximum(lo, ilo) + 1, 0), 0)
         return seen - both, (ihi - ilo + 1) - both
@@ -104,6 +117,7 @@ class Intervals:
 
     @classmethod
     def intended(cls, prefix_len: int, extend_len: int, window_left: int, heads: int = 1) -> "Intervals":
+        """Every column sees exactly its window (``window_left=-1``: plain causal)."""
         lo, hi = intended_bounds(prefix_len, extend_len, window_left)
         return cls(prefix_len, extend_len, np.repeat(lo[:, None], heads, 1), np.repeat(hi[:, None], heads, 1))
 

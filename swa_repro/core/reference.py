@@ -1,6 +1,7 @@
 """Exact float64 causal sliding-window attention: the yardstick every kernel is held to.
 
-The visibility rule lives in :func:`visible` and nowhere else (see ``config`` for the words).
+Which keys a query may see is said once: element-wise in :func:`visible`, and in interval form in
+:func:`swa_repro.core.intervals.intended_bounds` (``tests/test_reference.py`` holds the two equal).
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from swa_repro.core.intervals import bounds_to_mask, intended_bounds
 
 
 def visible(q_pos, k_pos, window_left: int):
@@ -26,16 +29,13 @@ def intended_mask(prefix_len: int, extend_len: int, window_left: int) -> np.ndar
 
 
 def intended_interval(prefix_len: int, extend_len: int, window_left: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row ``[lo, hi]`` (inclusive) of :func:`intended_mask`."""
-    hi = np.arange(prefix_len, prefix_len + extend_len)
-    lo = np.zeros_like(hi) if window_left < 0 else np.maximum(hi - window_left, 0)
-    return lo, hi
+    """Per row ``[lo, hi]`` of :func:`intended_mask`: :func:`~swa_repro.core.intervals.intended_bounds`."""
+    return intended_bounds(prefix_len, extend_len, window_left)
 
 
 def interval_to_mask(lo: np.ndarray, hi: np.ndarray, kv_len: int) -> np.ndarray:
-    """Rows of ``[lo, hi]`` intervals -> bool ``(rows, kv_len)``; ``lo > hi`` is an empty row."""
-    k = np.arange(kv_len)[None, :]
-    return (k >= np.asarray(lo)[:, None]) & (k <= np.asarray(hi)[:, None])
+    """Rows of ``[lo, hi]`` -> bool ``(rows, kv_len)``: :func:`~swa_repro.core.intervals.bounds_to_mask`."""
+    return bounds_to_mask(lo, hi, kv_len)
 
 
 def masked_attention(q, k, v, mask, sm_scale: float | None = None):
@@ -68,3 +68,41 @@ def reference_attention(prefix_lens, extend_lens, window_left, qs, ks, vs, sm_sc
         masked_attention(q, k, v, intended_mask(p, e, window_left), sm_scale)
         for p, e, q, k, v in zip(prefix_lens, extend_lens, qs, ks, vs)
     ]
+
+
+def interval_attention(q, k, v, lo, hi, sm_scale=None, max_elems: int = 1 << 26):
+    """float64 attention on ``q``'s device, key ``j`` visible to (row, head) iff ``lo <= j <= hi``.
+
+    q ``(qo, Hq, D)``, k/v ``(kv, Hk, D)``, lo/hi ``(qo, Hq)`` (an ``Intervals``' arrays); row
+    chunks keep the logits under ``max_elems``. Equals :func:`masked_attention` with the interval
+    mask, without building it: a 32k-key request fits.
+    """
+    import torch
+
+    qo, hq, d = q.shape
+    kv, hk = k.shape[:2]
+    g = hq // hk
+    dev = q.device
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    k64, v64 = k.to(dev, torch.float64), v.to(dev, torch.float64)
+    lo = torch.as_tensor(np.asarray(lo), device=dev).long().view(qo, hk, g)
+    hi = torch.as_tensor(np.asarray(hi), device=dev).long().view(qo, hk, g)
+    keys = torch.arange(kv, device=dev)
+    out = torch.zeros(qo, hq, d, dtype=torch.float64, device=dev)
+    step = max(1, max_elems // max(1, hq * kv))
+    for s in range(0, qo, step):
+        qs = q[s:s + step].to(torch.float64).view(-1, hk, g, d)  # (n, Hk, g, D)
+        logits = torch.einsum("nhgd,khd->hgnk", qs, k64) * scale  # (Hk, g, n, kv)
+        l_ = lo[s:s + step].permute(1, 2, 0)[..., None]
+        h_ = hi[s:s + step].permute(1, 2, 0)[..., None]
+        logits.masked_fill_(~((keys >= l_) & (keys <= h_)), float("-inf"))
+        p = torch.nan_to_num(torch.softmax(logits, -1), nan=0.0)  # empty rows -> 0
+        out[s:s + step] = torch.einsum("hgnk,khd->nhgd", p, v64).reshape(-1, hq, d)
+    return out
+
+
+def row_max_abs(o, ref) -> np.ndarray:
+    """Per row max |o - ref| over heads and dims, float32 ``(qo,)``; NaN in ``o`` stays NaN."""
+    import torch
+
+    return (o.to(ref.device, torch.float64) - ref).abs().amax(dim=(1, 2)).float().cpu().numpy()

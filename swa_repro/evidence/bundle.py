@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import out_dir
 
 LIMIT_BYTES = 64 * 2**20
 # Measured: on a python that has only torch 2.11 + its own requirements (jinja2, filelock,
@@ -266,6 +267,9 @@ def register(sub) -> None:
 def main(a) -> int:
     if a.notebooks == bool(a.flashinfer):
         raise UsageError("give either --flashinfer VERSION or --notebooks (one bundle per folder)")
+    out_dir(a.out, "--out")  # before any download: a path that cannot be a folder fails now
+    if a.wheel_dir and not Path(a.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {a.wheel_dir}: no such folder (give the folder holding the flashinfer wheel)")
     if a.notebooks:
         m = build_notebook_bundle(Path(a.out), python_version=a.python)
         print(f"{len(m['files']) - 2} wheels, {m['total_bytes'] / 2**20:.2f} MiB; on the GPU machine: "

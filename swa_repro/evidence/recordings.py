@@ -4,6 +4,8 @@ Layout: ``recordings/<flashinfer-version>/<case>.json`` (case, provenance, statu
 module, timings, the model's prediction at record time) + ``<case>.npz`` (per request int32
 ``lo/hi/count`` and bool flags; only KV-head 0's query-head group when every group agrees,
 which the JSON records as ``heads_stored``/``groups_agree``). Written only by this command.
+Read back, a recording's requests are :class:`~swa_repro.kernel.probe.ProbeRequest` with the
+status and reason as recorded.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from swa_repro.core.errors import UsageError
 from swa_repro.core.case import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.intervals import Intervals
+from swa_repro.core import outputs
 
 FORMAT = "swa-repro-recording/1"
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "recordings"
@@ -60,7 +64,7 @@ def to_record(result, provenance: dict, extra: dict | None = None) -> tuple[dict
     model = simulate(case)
     doc = {
         "format": FORMAT, "name": case.name, "case": case.to_dict(),
-        "statuses": result.statuses(), "reasons": result.reasons(),
+        "statuses": result.statuses, "reasons": result.reasons,
         "groups_agree": agree, "heads_stored": "group0" if agree else "all",
         "plan_info": result.plan_info, "timings": result.timings,
         "repeats": result.repeats, "launches": result.launches, "source": result.source,
@@ -135,51 +139,13 @@ def provenance(argv=None) -> dict:
 
 # ----------------------------------------------------------------------------- reading
 @dataclass
-class RecordedRequest:
-    prefix_len: int
-    extend_len: int
-    status: str
-    reason: str
-    arrays: dict  # lo/hi/count (qo, cols) int32, flags (qo, cols) bool, rows (qo,)
-    num_qo_heads: int
-    group_size: int
-
-    def __getattr__(self, name):
-        arrays = self.__dict__.get("arrays", {})
-        if name in arrays:
-            return arrays[name]
-        raise AttributeError(name)
-
-    def by_qo_head(self, field: str) -> np.ndarray:
-        """``(qo, Hq)`` view of a stored (qo, group) or (qo, Hq) field."""
-        a = self.arrays[field]
-        if a.shape[1] == self.num_qo_heads:
-            return a
-        return a[:, np.arange(self.num_qo_heads) % self.group_size]
-
-    def by_head_in_group(self, field: str) -> np.ndarray:
-        """``(qo, group)`` like the kernel model's ``RequestModel.lo/hi`` (group 0's columns)."""
-        return self.arrays[field][:, : self.group_size]
-
-    def union_mask(self) -> np.ndarray:
-        from swa_repro.core.reference import interval_to_mask
-
-        lo, hi = self.by_qo_head("lo"), self.by_qo_head("hi")
-        kv = self.prefix_len + self.extend_len
-        m = np.zeros((self.extend_len, kv), bool)
-        for h in range(lo.shape[1]):
-            m |= interval_to_mask(lo[:, h], hi[:, h], kv)
-        return m
-
-
-@dataclass
 class Recording:
     path: Path
     case: Case
     provenance: dict
     statuses: list
     doc: dict
-    requests: list
+    requests: list  # ProbeRequest per request: intervals/flags as stored, status/reason as recorded
 
     @property
     def name(self) -> str:
@@ -198,11 +164,17 @@ def load_recording(path) -> Recording:
     case = Case.from_dict({**doc["case"], "name": doc["name"]})
     with np.load(path.with_name(doc["arrays"])) as z:
         arrays = {k: z[k] for k in z.files}
-    reqs = []
-    for i, (p, e) in enumerate(zip(case.prefix_lens, case.extend_lens)):
-        a = {k[len(f"r{i}_"):]: v for k, v in arrays.items() if k.startswith(f"r{i}_")}
-        reqs.append(RecordedRequest(p, e, doc["statuses"][i], doc["reasons"][i], a, case.num_qo_heads, case.group_size))
+    reqs = [_request(case, i, arrays, doc["statuses"][i], doc["reasons"][i]) for i in range(case.batch_size)]
     return Recording(path, case, doc["provenance"], doc["statuses"], doc, reqs)
+
+
+def _request(case: Case, i: int, arrays: dict, status: str, reason: str):
+    """Request ``i``'s stored arrays as the ProbeRequest they were written from."""
+    from swa_repro.kernel.probe import ProbeRequest
+
+    a = {k[len(f"r{i}_"):]: v for k, v in arrays.items() if k.startswith(f"r{i}_")}
+    iv = Intervals(case.prefix_lens[i], case.extend_lens[i], a.pop("lo"), a.pop("hi"))
+    return ProbeRequest(iv, case.window_left, status=status, reason=reason, **a)
 
 
 def load_recordings(root=None) -> list[Recording]:
@@ -232,6 +204,7 @@ def main(a) -> int:
         return 0
     if a.repeats < 1 or a.random_runs < 0:
         raise UsageError("--repeats must be >= 1 and --random-runs >= 0")
+    outputs.out_dir(a.out, "--out")  # before the GPU work: a path that cannot be written fails now
     from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 
     require_cuda()
@@ -262,7 +235,7 @@ def main(a) -> int:
             print(f"FAILED {c.name}: {type(e).__name__}: {e}", flush=True)
             traceback.print_exc()
             continue
-        print(f"{c.name:24s} {','.join(res.statuses()):28s} model {','.join(res_model(c)):28s} "
+        print(f"{c.name:24s} {','.join(res.statuses):28s} model {','.join(res_model(c)):28s} "
               f"{res.plan_info.get('module')} cta_q={res.plan_info.get('cta_tile_q')} split={res.plan_info.get('split_kv')} "
               f"{time.perf_counter() - t:.1f}s -> {path}", flush=True)
     if failed:

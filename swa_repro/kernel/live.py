@@ -8,6 +8,8 @@ backend="fa2")``, plans *without* ``window_left`` and later calls the deprecated
 jit/attention/modules.py:373 / :407); ``forward()`` overwrites ``self._window_left``
 (prefill.py:2136 / :3969) so ``run()``'s ``assert window_left == self._window_left``
 (prefill.py:2317 / :4313) passes; ``run(window_left=W)`` after such a plan raises AssertionError.
+
+Imports only ``core`` and the kernel model; ``probe`` builds on :class:`KernelRunner` (one way).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from swa_repro.core.errors import UsageError
-from swa_repro.core.batch import build_paged_batch, random_inputs
+from swa_repro.core.batch import LAYOUT_SEED, build_paged_batch, random_inputs
 from swa_repro.core.case import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.intervals import Intervals, nan_max
+from swa_repro.core.reference import interval_attention, row_max_abs
+from swa_repro.kernel.model import model_intervals
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # sglang's and flashinfer's recommended float workspace
 APIS = ("forward", "run")
@@ -219,7 +223,7 @@ class LiveResult:
     timings: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
-        mx = lambda a: None if a.size == 0 or np.isnan(a).all() else float(np.nanmax(a))  # noqa: E731
+        mx = lambda a: nan_max(a, skip_nan=True)  # noqa: E731
         return {"api": self.api, "flashinfer": self.flashinfer_version, "module": self.module.get("uri"),
                 "use_sliding_window": self.module.get("use_sliding_window"),
                 "cta_tile_q": self.plan_info.get("cta_tile_q"), "split_kv": self.plan_info.get("split_kv"),
@@ -237,8 +241,6 @@ def _describe_exception(e: BaseException) -> str:
 def run_live(case: Case, *, seed: int = 0, api: str = "forward", dtype=torch.bfloat16) -> LiveResult:
     """Plan with ``case.plan_window_left``, then ``forward(..., window_left=W)`` (sglang's way)
     or ``run(..., window_left=W)``; errors per row vs the float64 reference and vs the model."""
-    from swa_repro.kernel.probe import LAYOUT_SEED, interval_attention, intended_intervals, model_intervals, row_max_abs
-
     if api not in APIS:
         raise UsageError(f"--api must be one of {', '.join(APIS)}; got {api!r}")
     require_cuda()
@@ -256,10 +258,11 @@ def run_live(case: Case, *, seed: int = 0, api: str = "forward", dtype=torch.bfl
         res.error = _describe_exception(e)
         return res
     qi = batch.qo_indptr.tolist()
-    for i, (ref_iv, mod_iv) in enumerate(zip(intended_intervals(case), model_intervals(case))):
+    for i, mod_iv in enumerate(model_intervals(case)):
+        ref_iv = Intervals.intended(mod_iv.prefix_len, mod_iv.extend_len, case.window_left, case.num_qo_heads)
         oi = o[qi[i]:qi[i + 1]]
         q, k, v = qs[i].cuda(), ks[i].cuda(), vs[i].cuda()
-        res.err_vs_reference.append(row_max_abs(oi, interval_attention(q, k, v, *ref_iv)))
-        res.err_vs_model.append(row_max_abs(oi, interval_attention(q, k, v, *mod_iv)))
+        res.err_vs_reference.append(row_max_abs(oi, interval_attention(q, k, v, ref_iv.lo, ref_iv.hi)))
+        res.err_vs_model.append(row_max_abs(oi, interval_attention(q, k, v, mod_iv.lo, mod_iv.hi)))
         res.nan_rows.append(torch.isnan(oi).any(-1).any(-1).cpu().numpy())
     return res

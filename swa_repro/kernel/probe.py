@@ -17,76 +17,26 @@ differences instead of silently reusing the previous launch's values.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from swa_repro.core.batch import PagedBatch, build_paged_batch, random_inputs
+from swa_repro.core.batch import LAYOUT_SEED, PagedBatch, build_paged_batch, random_inputs
 from swa_repro.core.case import Case
-from swa_repro.core.reference import intended_interval, interval_to_mask, masked_attention
+from swa_repro.core.intervals import Intervals, ceil_div, nan_max, status_of
+from swa_repro.core.reference import interval_attention, masked_attention, row_max_abs
+from swa_repro.kernel.live import KernelRunner
+from swa_repro.kernel.model import model_intervals
 
-LAYOUT_SEED = 0  # page order of the probe's batch; the random-data batch uses the same
 RTOL = 2.0 ** -5  # |o - 1/count| <= RTOL/count: bf16 rounding of 1/n plus the split-KV merge
 RANDOM_ATOL = 3e-2  # bf16 output of random data vs float64 attention with the same mask
 _P = 2147483647  # digest modulus (2**31 - 1)
 _M = 1000003
 
 
-# ----------------------------------------------------------------------------- masks / math
-def model_intervals(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per request ``(lo, hi)`` ``(qo, Hq)`` of the kernel model; qo head ``h`` is head-in-group
-    ``h % group`` (FlashInfer packs GQA rows as ``q * group + h % group``)."""
-    from swa_repro.kernel.model import simulate
-
-    g, hq = case.group_size, case.num_qo_heads
-    cols = np.arange(hq) % g
-    return [(r.lo[:, cols].astype(np.int64), r.hi[:, cols].astype(np.int64)) for r in simulate(case).requests]
-
-
-def intended_intervals(case: Case) -> list[tuple[np.ndarray, np.ndarray]]:
-    out = []
-    for p, e in zip(case.prefix_lens, case.extend_lens):
-        lo, hi = intended_interval(p, e, case.window_left)
-        out.append((np.repeat(lo[:, None], case.num_qo_heads, 1), np.repeat(hi[:, None], case.num_qo_heads, 1)))
-    return out
-
-
-def interval_attention(q, k, v, lo, hi, sm_scale=None, max_elems: int = 1 << 26) -> torch.Tensor:
-    """float64 attention on ``q``'s device, key ``j`` visible to (row, head) iff ``lo <= j <= hi``.
-
-    q ``(qo, Hq, D)``, k/v ``(kv, Hk, D)``, lo/hi ``(qo, Hq)``; row chunks keep the logits under
-    ``max_elems``. Equals :func:`swa_repro.core.reference.masked_attention` with the interval mask.
-    """
-    qo, hq, d = q.shape
-    kv, hk = k.shape[:2]
-    g = hq // hk
-    dev = q.device
-    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    k64, v64 = k.to(dev, torch.float64), v.to(dev, torch.float64)
-    lo = torch.as_tensor(np.asarray(lo), device=dev).long().view(qo, hk, g)
-    hi = torch.as_tensor(np.asarray(hi), device=dev).long().view(qo, hk, g)
-    keys = torch.arange(kv, device=dev)
-    out = torch.zeros(qo, hq, d, dtype=torch.float64, device=dev)
-    step = max(1, max_elems // max(1, hq * kv))
-    for s in range(0, qo, step):
-        qs = q[s:s + step].to(torch.float64).view(-1, hk, g, d)  # (n, Hk, g, D)
-        logits = torch.einsum("nhgd,khd->hgnk", qs, k64) * scale  # (Hk, g, n, kv)
-        l_ = lo[s:s + step].permute(1, 2, 0)[..., None]
-        h_ = hi[s:s + step].permute(1, 2, 0)[..., None]
-        logits.masked_fill_(~((keys >= l_) & (keys <= h_)), float("-inf"))
-        p = torch.nan_to_num(torch.softmax(logits, -1), nan=0.0)  # empty rows -> 0
-        out[s:s + step] = torch.einsum("hgnk,khd->nhgd", p, v64).reshape(-1, hq, d)
-    return out
-
-
-def row_max_abs(o: torch.Tensor, ref: torch.Tensor) -> np.ndarray:
-    """Per row max |o - ref| over heads and dims, float32 ``(qo,)``; NaN in ``o`` stays NaN."""
-    return (o.to(ref.device, torch.float64) - ref).abs().amax(dim=(1, 2)).float().cpu().numpy()
-
-
+# ----------------------------------------------------------------------------- CPU stand-in kernels
 def mask_attention_fn(case: Case, masks, dtype=torch.bfloat16):
     """CPU stand-in kernel: ``attn_fn(batch, repeat)`` computing float64 attention with given
     per-request masks (bool ``(Hq, qo, kv)`` or ``(qo, kv)``), rounded to ``dtype`` like a kernel."""
@@ -102,19 +52,18 @@ def mask_attention_fn(case: Case, masks, dtype=torch.bfloat16):
 
 def model_masks(case: Case) -> list[np.ndarray]:
     """Per request bool ``(Hq, qo, kv)`` masks of the kernel model."""
-    return [np.stack([interval_to_mask(lo[:, h], hi[:, h], kv) for h in range(case.num_qo_heads)])
-            for (lo, hi), kv in zip(model_intervals(case), case.kv_lens)]
+    return [np.stack([iv.mask(h) for h in range(iv.heads)]) for iv in model_intervals(case)]
 
 
 # ----------------------------------------------------------------------------- result
 @dataclass
 class ProbeRequest:
-    """One request. ``(qo, Hq)`` arrays unless said; ``lo/hi`` are -1 where a row sees no key."""
-    prefix_len: int
-    extend_len: int
+    """One request read off a kernel: ``(qo, heads)`` arrays unless said. ``heads`` are query heads
+    for a fresh probe; a recording that stored only KV head 0's group has heads-in-group (the
+    ``intervals`` columns say which, :meth:`Intervals.per_qo_head` maps them). ``status`` and
+    ``reason``: from :func:`status_of` and the flags, unless given (a recording's, as recorded)."""
+    intervals: Intervals  # first/last visible key, -1 where a row sees no key
     window_left: int
-    lo: np.ndarray
-    hi: np.ndarray
     count: np.ndarray
     contiguous: np.ndarray  # count == hi - lo + 1
     consistent: np.ndarray  # every nonzero probe output ~= 1/count
@@ -124,46 +73,51 @@ class ProbeRequest:
     err_vs_model: np.ndarray  # (qo,) vs the kernel model's masks
     err_vs_probed: np.ndarray  # (qo,) vs attention with the probed intervals
     random_equal: np.ndarray  # (qo,) repeated random-data runs bitwise equal
+    status: str = ""
+    reason: str = ""
+
+    def __post_init__(self):
+        if not self.status:
+            self.status, self.reason = status_of(self.intervals, self.window_left, self.broken())
+
+    @property
+    def prefix_len(self) -> int:
+        return self.intervals.prefix_len
+
+    @property
+    def extend_len(self) -> int:
+        return self.intervals.extend_len
 
     @property
     def kv_len(self) -> int:
-        return self.prefix_len + self.extend_len
+        return self.intervals.kv_len
 
-    def head_mask(self, head: int) -> np.ndarray:
-        return interval_to_mask(self.lo[:, head], self.hi[:, head], self.kv_len)
+    @property
+    def lo(self) -> np.ndarray:
+        return self.intervals.lo
 
-    def union_mask(self) -> np.ndarray:
-        """Bool ``(qo, kv)``: union over query heads of the probed intervals."""
-        m = np.zeros((self.extend_len, self.kv_len), bool)
-        for h in range(self.lo.shape[1]):
-            m |= self.head_mask(h)
-        return m
+    @property
+    def hi(self) -> np.ndarray:
+        return self.intervals.hi
 
-    def status(self) -> tuple[str, str]:
-        """``exact`` (equals the intended mask), ``leak`` (defined but different) or ``undefined``."""
-        why = []
-        if self.nan.any():
-            why.append(f"NaN in {int(self.nan.any(1).sum())} rows")
-        if not self.consistent.all():
-            why.append(f"{int((~self.consistent).any(1).sum())} rows whose outputs are not 1/count (inconsistent)")
-        if not self.contiguous.all():
-            why.append(f"{int((~self.contiguous).any(1).sum())} rows with non-contiguous visible keys")
-        if not self.repeat_equal.all():
-            why.append(f"{int((~self.repeat_equal).any(1).sum())} rows differ between probe repeats")
-        if not self.random_equal.all():
-            why.append(f"{int((~self.random_equal).sum())} rows differ between random-data runs")
-        bad = ~(self.err_vs_probed <= RANDOM_ATOL)
-        if bad.any():
-            why.append(f"{int(bad.sum())} rows of random data do not match attention with the probed mask "
-                       f"(max err {np.nanmax(np.where(np.isnan(self.err_vs_probed), np.inf, self.err_vs_probed)):.3g})")
-        if why:
-            return "undefined", "; ".join(why)
-        ilo, ihi = intended_interval(self.prefix_len, self.extend_len, self.window_left)
-        if np.all(self.lo == ilo[:, None]) and np.all(self.hi == ihi[:, None]):
-            return "exact", "probed mask equals the intended window"
-        extra = int(np.maximum(ilo[:, None] - self.lo, 0).sum() + np.maximum(self.hi - ihi[:, None], 0).sum())
-        missing = int(np.maximum(self.lo - ilo[:, None], 0).sum() + np.maximum(ihi[:, None] - self.hi, 0).sum())
-        return "leak", f"{extra} (row, head) x key pairs outside the window attended, {missing} in-window pairs dropped"
+    def mask(self, head: int | None = None) -> np.ndarray:
+        """Probed mask ``(qo, kv)`` of head column ``head``; ``None``: union over heads."""
+        return self.intervals.mask(head)
+
+    def broken(self) -> str | None:
+        """Why the output is not one softmax over one key set per row, or None."""
+        rows = lambda flags: int(np.asarray(flags).reshape(self.extend_len, -1).any(1).sum())  # noqa: E731
+        checks = (
+            (rows(self.nan), "NaN in {} rows"),
+            (rows(~self.consistent), "{} rows whose outputs are not 1/count (inconsistent)"),
+            (rows(~self.contiguous), "{} rows with non-contiguous visible keys"),
+            (rows(~self.repeat_equal), "{} rows differ between probe repeats"),
+            (rows(~self.random_equal), "{} rows differ between random-data runs"),
+            (rows(~(self.err_vs_probed <= RANDOM_ATOL)),
+             "{} rows of random data do not match attention with the probed mask (max err {:.3g})"),
+        )
+        why = [text.format(n, nan_max(self.err_vs_probed, float("nan"))) for n, text in checks if n]
+        return "; ".join(why) or None
 
 
 @dataclass
@@ -176,26 +130,26 @@ class ProbeResult:
     timings: dict = field(default_factory=dict)  # seconds: jit_build, plan, probe, random
     source: str = "kernel"
 
-    def union_masks(self) -> list[np.ndarray]:
-        return [r.union_mask() for r in self.requests]
-
+    @property
     def statuses(self) -> list[str]:
-        return [r.status()[0] for r in self.requests]
+        return [r.status for r in self.requests]
 
+    @property
     def reasons(self) -> list[str]:
-        return [r.status()[1] for r in self.requests]
+        return [r.reason for r in self.requests]
+
+    def union_masks(self) -> list[np.ndarray]:
+        return [r.mask() for r in self.requests]
 
     def summary(self) -> dict:
-        def f(x):
-            x = np.asarray(x, np.float64)
-            return None if x.size == 0 or np.isnan(x).all() else float(np.nanmax(x))
+        mx = lambda x: nan_max(x, skip_nan=True)  # noqa: E731
         return {
             "source": self.source, "repeats": self.repeats, "launches": self.launches,
             "plan_info": self.plan_info, "timings": self.timings,
-            "status": self.statuses(), "reason": self.reasons(),
+            "status": self.statuses, "reason": self.reasons,
             "nan_rows": [int(r.nan.any(1).sum()) for r in self.requests],
-            "max_err_vs_reference": [f(r.err_vs_reference) for r in self.requests],
-            "max_err_vs_model": [f(r.err_vs_model) for r in self.requests],
+            "max_err_vs_reference": [mx(r.err_vs_reference) for r in self.requests],
+            "max_err_vs_model": [mx(r.err_vs_model) for r in self.requests],
         }
 
 
@@ -284,7 +238,7 @@ def probe_from_attention_fn(case: Case, attn_fn, repeats: int = 2, *, random_run
         raise ValueError("repeats must be >= 1 and random_runs >= 0")
     batch = probe_layout(case, dtype, device)
     slot_pos = slot_positions(batch, case.kv_lens)
-    n_blocks = -(-max(case.kv_lens) // case.head_dim)
+    n_blocks = ceil_div(max(case.kv_lens), case.head_dim)
     t0 = time.perf_counter()
     runs = [_probe_once(batch, slot_pos, attn_fn, r, n_blocks) for r in range(repeats)]
     _sync(device)
@@ -313,10 +267,9 @@ def probe_from_attention_fn(case: Case, attn_fn, repeats: int = 2, *, random_run
     reqs = []
     for i, (p, e) in enumerate(zip(case.prefix_lens, case.extend_lens)):
         sl = slice(qi[i], qi[i + 1])
+        iv = Intervals(p, e, host["lo"][sl].astype(np.int32), host["hi"][sl].astype(np.int32))
         reqs.append(ProbeRequest(
-            p, e, case.window_left,
-            lo=host["lo"][sl].astype(np.int32), hi=host["hi"][sl].astype(np.int32),
-            count=host["count"][sl].astype(np.int32), contiguous=host["contiguous"][sl],
+            iv, case.window_left, count=host["count"][sl].astype(np.int32), contiguous=host["contiguous"][sl],
             consistent=host["consistent"][sl], nan=host["nan"][sl], repeat_equal=host["same"][sl],
             **{k: v[i] for k, v in rnd.items()}))
     return ProbeResult(case, reqs, repeats=repeats, launches=n_blocks * repeats + random_runs,
@@ -345,15 +298,16 @@ def _random_checks(case, attn_fn, runs, seed, dtype, device, layout: PagedBatch,
     eq = eq.cpu().numpy()
     qi = batch.qo_indptr.tolist()
     model = model_intervals(case)
-    intended = intended_intervals(case)
     res = {k: [] for k in out}
     for i in range(n):
         sl = slice(qi[i], qi[i + 1])
         q, o = qs[i].to(device), o0[sl]
         k, v = ks[i].to(device), vs[i].to(device)
-        plo, phi = host["lo"][sl], host["hi"][sl]
-        for key, (lo, hi) in (("err_vs_reference", intended[i]), ("err_vs_model", model[i]), ("err_vs_probed", (plo, phi))):
-            res[key].append(row_max_abs(o, interval_attention(q, k, v, lo, hi)))
+        p, e = case.prefix_lens[i], case.extend_lens[i]
+        intended = Intervals.intended(p, e, case.window_left, case.num_qo_heads)
+        probed = Intervals(p, e, host["lo"][sl], host["hi"][sl])
+        for key, iv in (("err_vs_reference", intended), ("err_vs_model", model[i]), ("err_vs_probed", probed)):
+            res[key].append(row_max_abs(o, interval_attention(q, k, v, iv.lo, iv.hi)))
         res["random_equal"].append(eq[sl])
     return res
 
@@ -367,8 +321,6 @@ def probe_case(case: Case, repeats: int = 2, *, random_runs: int = 2, seed: int 
                runner=None) -> ProbeResult:
     """Probe the real FlashInfer kernel on CUDA: plan once with ``case.plan_window_left``, then
     ``forward(window_left=case.window_left)`` per block (sglang <= 0.5.15.post1's calls)."""
-    from swa_repro.kernel.live import KernelRunner
-
     runner = runner or KernelRunner(case, probe_layout(case, device="cuda"))
     res = probe_from_attention_fn(case, runner.attn_fn(api), repeats, random_runs=random_runs, seed=seed,
                                   device=runner.device, source=f"flashinfer {runner.flashinfer_version} {api}()")

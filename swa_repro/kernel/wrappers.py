@@ -3,7 +3,8 @@
 ``ModelPagedPrefillWrapper`` is the one under test: it keeps the exact call contract of
 ``flashinfer.BatchPrefillWithPagedKVCacheWrapper`` (flashinfer 0.6.12 ``prefill.py``) and
 computes its output through the kernel model (``kernel_model.simulate``), so a caller that
-plans without ``window_left`` gets what the real kernel gives it:
+plans without ``window_left`` gets what the real kernel gives it. The contract (signatures and
+state rules) is ``kernel.signatures``'; this module adds the outputs:
 
 * constructor args as ``prefill.py:1515``; ``plan()`` as ``prefill.py:1711`` with
   ``begin_forward = plan`` (``prefill.py:2115``);
@@ -31,9 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from swa_repro.core.case import Case
-from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.core.case import FLASHINFER_VERSIONS, Case
 from swa_repro.core.reference import intended_mask, masked_attention
+from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 
 _DTYPES = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
            "float32": torch.float32, "float": torch.float32, "float8_e4m3fn": torch.float8_e4m3fn}
@@ -59,11 +61,9 @@ class GpuSpec:
     @classmethod
     def detect(cls) -> "GpuSpec":
         """The CUDA device 0 and the installed flashinfer (for modelling a live run's trace)."""
-        from swa_repro.core.case import FLASHINFER_VERSIONS
-
         p = torch.cuda.get_device_properties(0)
         try:
-            import flashinfer
+            import flashinfer  # lazy: CUDA-only, and slow to import
 
             v = flashinfer.__version__ if flashinfer.__version__ in FLASHINFER_VERSIONS else cls.flashinfer_version
         except Exception:
@@ -90,159 +90,102 @@ def _gather(cache: torch.Tensor, pages: torch.Tensor, kv_len: int) -> torch.Tens
     return cache[pages.long()].reshape(-1, *cache.shape[2:])[:kv_len]
 
 
-class _WrapperBase:
-    """What every flashinfer wrapper stand-in shares: the constructor contract."""
+class _ModelWrapper:
+    """What the model stand-ins add to the flashinfer signature: the GPU the kernel model predicts
+    for (a keyword flashinfer does not have: ``trace.record_class`` passes it unrecorded) and NHD only."""
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 *, backend: str = "auto", gpu: GpuSpec | None = None, **buffers):
-        if kv_layout != "NHD":
-            raise NotImplementedError(f"kv_layout={kv_layout!r}: only NHD is modelled (sglang uses NHD)")
-        self._float_workspace_buffer = float_workspace_buffer
-        self._kv_layout = kv_layout
-        self._use_cuda_graph = bool(use_cuda_graph)
-        self._backend = backend
-        self._buffers = buffers
-        self.device = float_workspace_buffer.device
+    def __init__(self, *args, gpu: GpuSpec | None = None, **kwargs):
         self.gpu = gpu or GpuSpec()
-        self._planned = False
+        super().__init__(*args, **kwargs)
 
-    @property
-    def is_cuda_graph_enabled(self) -> bool:
-        return self._use_cuda_graph
-
-    def end_forward(self) -> None:
-        """Deprecated no-op, as in flashinfer."""
+    def _check_init(self, a) -> None:
+        if a.kv_layout != "NHD":
+            raise NotImplementedError(f"kv_layout={a.kv_layout!r}: only NHD is modelled (sglang uses NHD)")
 
 
-class ModelPagedPrefillWrapper(_WrapperBase):
+class ModelPagedPrefillWrapper(_ModelWrapper, PagedPrefillSignature):
     """``BatchPrefillWithPagedKVCacheWrapper`` whose kernel is ``kernel_model.simulate``."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None,
-                 *, gpu: GpuSpec | None = None):
-        if use_cuda_graph:
-            raise NotImplementedError("use_cuda_graph=True is not modelled: the model wrapper runs eagerly")
-        if jit_args is not None:
-            raise NotImplementedError("jit_args (custom attention variants) are not modelled")
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, gpu=gpu)
-        self._plan_info = None
-        self.last_model: ModelResult | None = None  # the kernel model of the latest run()
+    _plan_info = None
+    last_model: ModelResult | None = None  # the kernel model of the latest run()
 
-    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads: int,
-             num_kv_heads: int, head_dim_qk: int, page_size: int, head_dim_vo=None, custom_mask=None,
-             packed_custom_mask=None, causal: bool = False, pos_encoding_mode: str = "NONE",
-             use_fp16_qk_reduction: bool = False, sm_scale=None, window_left: int = -1, logits_soft_cap=None,
-             rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None, o_data_type=None,
-             non_blocking: bool = True, prefix_len_ptr=None, token_pos_in_items_ptr=None,
-             token_pos_in_items_len: int = 0, max_item_len_ptr=None, seq_lens=None, seq_lens_q=None,
-             block_tables=None, max_token_per_sequence=None, max_sequence_kv=None, fixed_split_size=None,
-             disable_split_kv: bool = False) -> None:
+    def _check_init(self, a) -> None:
+        if a.use_cuda_graph:
+            raise NotImplementedError("use_cuda_graph=True is not modelled: the model wrapper runs eagerly")
+        if a.jit_args is not None:
+            raise NotImplementedError("jit_args (custom attention variants) are not modelled")
+        super()._check_init(a)
+
+    def _plan(self, a) -> None:
         """prefill.py:1711. Stores what the real plan() stores; the "module" is fixed here."""
-        if custom_mask is not None or packed_custom_mask is not None:
+        if a.custom_mask is not None or a.packed_custom_mask is not None:
             raise NotImplementedError("custom masks are not modelled (sglang passes one only on the ragged "
                                       "SWA path and for spec-verify, not on the paged-only path)")
-        if prefix_len_ptr is not None:
+        if a.prefix_len_ptr is not None:
             raise NotImplementedError("multi-item scoring (prefix_len_ptr) is not modelled")
-        if pos_encoding_mode != "NONE":
-            raise NotImplementedError(f"pos_encoding_mode={pos_encoding_mode!r} is not modelled")
-        if head_dim_vo not in (None, head_dim_qk):
+        if a.pos_encoding_mode != "NONE":
+            raise NotImplementedError(f"pos_encoding_mode={a.pos_encoding_mode!r} is not modelled")
+        if a.head_dim_vo not in (None, a.head_dim_qk):
             raise NotImplementedError("head_dim_vo != head_dim_qk is not modelled")
-        self._qo_indptr = qo_indptr.detach().to("cpu", torch.int64).clone()
-        self._kv_indptr = paged_kv_indptr.detach().to("cpu", torch.int64).clone()
-        self._kv_indices = paged_kv_indices.detach().to("cpu", torch.int64).clone()
-        self._last_page_len = paged_kv_last_page_len.detach().to("cpu", torch.int64).clone()
-        bs = len(self._qo_indptr) - 1
+        self._qo_indptr = a.qo_indptr.detach().to("cpu", torch.int64).clone()
+        self._kv_indptr = a.paged_kv_indptr.detach().to("cpu", torch.int64).clone()
+        self._kv_indices = a.paged_kv_indices.detach().to("cpu", torch.int64).clone()
+        self._last_page_len = a.paged_kv_last_page_len.detach().to("cpu", torch.int64).clone()
+        page_size = int(a.page_size)
         qo = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
         pages = (self._kv_indptr[1:] - self._kv_indptr[:-1]).tolist()
         # get_seq_lens (flashinfer/page.py): (pages - 1) * page_size + last_page_len
         kv = [(n - 1) * page_size + int(self._last_page_len[i]) if n > 0 else 0 for i, n in enumerate(pages)]
         self._qo_lens, self._kv_lens = qo, kv
-        self._batch_size, self._page_size = bs, int(page_size)
-        self._num_qo_heads, self._num_kv_heads, self._head_dim = int(num_qo_heads), int(num_kv_heads), int(head_dim_qk)
+        self._batch_size, self._page_size = len(qo), page_size
+        self._num_qo_heads, self._num_kv_heads = int(a.num_qo_heads), int(a.num_kv_heads)
+        self._head_dim = int(a.head_dim_qk)
         self._qo_indptr_last = int(self._qo_indptr[-1])
-        self._cached_q_data_type = canonical_dtype(q_data_type)
-        self._cached_kv_data_type = canonical_dtype(kv_data_type) if kv_data_type is not None else self._cached_q_data_type
-        self._cached_o_data_type = canonical_dtype(o_data_type) if o_data_type is not None else self._cached_q_data_type
-        self._plan_window_left = int(window_left)
-        self._fixed_split_size = -1 if fixed_split_size is None else int(fixed_split_size)
-        self._disable_split_kv = bool(disable_split_kv)
+        self._cached_q_data_type = canonical_dtype(a.q_data_type)
+        self._cached_kv_data_type = (canonical_dtype(a.kv_data_type) if a.kv_data_type is not None
+                                     else self._cached_q_data_type)
+        self._cached_o_data_type = (canonical_dtype(a.o_data_type) if a.o_data_type is not None
+                                    else self._cached_q_data_type)
+        self._plan_window_left = int(a.window_left)
+        self._fixed_split_size = -1 if a.fixed_split_size is None else int(a.fixed_split_size)
+        self._disable_split_kv = bool(a.disable_split_kv)
         # the module is picked here and only here (prefill.py:2035): window_left >= 0 compiles the window mask
         self._module = {"backend": self._backend, "use_sliding_window": self._plan_window_left >= 0,
-                        "use_logits_soft_cap": (logits_soft_cap or 0.0) > 0}
+                        "use_logits_soft_cap": (a.logits_soft_cap or 0.0) > 0}
         self._plan_info = dict(self._module, qo_lens=qo, kv_lens=kv)
         if any(n > 0 for n in qo):
             self.case(max(self._plan_window_left, -1))  # refuse what the model cannot describe, at plan
-        # prefill.py:2104-2113
-        self._causal = causal
-        self._pos_encoding_mode = pos_encoding_mode
-        self._use_fp16_qk_reduction = use_fp16_qk_reduction
-        self._window_left = int(window_left)
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale, self._rope_theta = rope_scale, rope_theta
-        self._planned = True
 
-    begin_forward = plan
-
-    def forward(self, q, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
-                use_fp16_qk_reduction: bool = False, k_scale=None, v_scale=None, window_left: int = -1,
-                logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
-        """Deprecated: overwrites the planned attributes, window included (prefill.py:2133-2141)."""
-        self._set_run_attrs(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                            sm_scale, rope_scale, rope_theta)
-        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
-
-    def forward_return_lse(self, q, paged_kv_cache, causal: bool = False, pos_encoding_mode: str = "NONE",
-                           use_fp16_qk_reduction: bool = False, k_scale=None, v_scale=None, window_left: int = -1,
-                           logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
-        """prefill.py:2507-2531."""
-        self._set_run_attrs(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                            sm_scale, rope_scale, rope_theta)
-        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
-
-    def _set_run_attrs(self, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left, logits_soft_cap,
-                       sm_scale, rope_scale, rope_theta):
-        self._causal = causal
-        self._pos_encoding_mode = pos_encoding_mode
-        self._use_fp16_qk_reduction = use_fp16_qk_reduction
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale, self._rope_theta = rope_scale, rope_theta
-
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-            return_lse: bool = False, enable_pdl=None, window_left=None, sinks=None, kv_cache_sf=None,
-            skip_softmax_threshold_scale_factor=None):
+    def _run(self, a):
         """prefill.py:2184: checks as the real run(), then the kernel model instead of the kernel."""
-        assert self._planned, "plan info is not initialized"
+        q = a.q
         if q.size(0) != self._qo_indptr_last:
             raise ValueError(f"q.shape[0] ({q.size(0)}) does not match qo_indptr[-1] ({self._qo_indptr_last}).")
-        window_left = self._window_left if window_left is None else window_left
-        assert window_left == self._window_left  # prefill.py:2317: the window is fixed at plan
-        if return_lse or lse is not None:
+        window_left = self._run_window(a.window_left)  # prefill.py:2317: the window is fixed at plan
+        if a.return_lse or a.lse is not None:
             raise NotImplementedError("return_lse is not modelled (only the ragged+paged merge path uses it, "
                                       "not the paged-only path)")
-        if sinks is not None or kv_cache_sf is not None or skip_softmax_threshold_scale_factor is not None:
+        if a.sinks is not None or a.kv_cache_sf is not None or a.skip_softmax_threshold_scale_factor is not None:
             raise NotImplementedError("sinks / NVFP4 KV / skip-softmax are not modelled")
         if not self._causal:
             raise NotImplementedError("only MaskMode.CAUSAL is modelled (prefill.py:2379); sglang passes "
                                       "causal=True for decoder self-attention")
         if (self._logits_soft_cap or 0.0) > 0:
             raise NotImplementedError("logits soft-cap is not modelled")
-        k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        k_cache, v_cache = unpack_paged_kv_cache(a.paged_kv_cache, self._kv_layout)
         if k_cache.shape[1] != self._page_size:
             raise ValueError(f"paged KV has page_size {k_cache.shape[1]} but plan() got {self._page_size}")
         sm_scale = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(q.size(-1))
-        for s in (q_scale, k_scale):  # prefill.py:2330-2334
+        for s in (a.q_scale, a.k_scale):  # prefill.py:2330-2334
             if s is not None:
                 sm_scale *= float(s)
         o = self.compute(q, k_cache, v_cache, int(window_left), sm_scale)
+        v_scale = a.v_scale
         if v_scale is not None and not (isinstance(v_scale, float) and v_scale == 1.0):  # prefill.py:2495-2501
             o = (o.float() * float(v_scale)).to(o.dtype)
-        if out is not None:
-            out.copy_(o)
-            return out
+        if a.out is not None:
+            a.out.copy_(o)
+            return a.out
         return o
 
     def case(self, window_left: int) -> Case:
@@ -286,101 +229,70 @@ class ModelPagedPrefillWrapper(_WrapperBase):
         return out
 
 
-class RaggedModelWrapper(_WrapperBase):
+class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
     """``BatchPrefillWithRaggedKVCacheWrapper`` stand-in (prefill.py:2644, plan 2801, forward 3188).
 
     Not under test: exact windowed causal attention from the reference, honouring the plan/run
     window contract (run asserts nothing here since it takes no window: prefill.py:3324).
     """
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, *args, backend="auto",
-                 gpu: GpuSpec | None = None, **kw):
-        if use_cuda_graph:
+    def _check_init(self, a) -> None:
+        if a.use_cuda_graph:
             raise NotImplementedError("use_cuda_graph=True is not supported by the stand-in")
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, gpu=gpu)
+        super()._check_init(a)
 
-    def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
-             custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",
-             use_fp16_qk_reduction=False, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None,
-             rope_theta=None, q_data_type="float16", kv_data_type=None, o_data_type=None, **_ignored):
-        if custom_mask is not None or packed_custom_mask is not None:
+    def _plan(self, a) -> None:
+        if a.custom_mask is not None or a.packed_custom_mask is not None:
             raise NotImplementedError("custom masks are not supported by the ragged stand-in")
-        self._qo_indptr = qo_indptr.detach().to("cpu", torch.int64).clone()
-        self._kv_indptr = kv_indptr.detach().to("cpu", torch.int64).clone()
-        self._causal, self._window_left, self._sm_scale = causal, int(window_left), sm_scale
-        self._logits_soft_cap = logits_soft_cap
-        self._o_dtype = canonical_dtype(o_data_type or q_data_type)
-        self._planned = True
+        self._qo_indptr = a.qo_indptr.detach().to("cpu", torch.int64).clone()
+        self._kv_indptr = a.kv_indptr.detach().to("cpu", torch.int64).clone()
+        self._o_dtype = canonical_dtype(a.o_data_type or a.q_data_type)
 
-    begin_forward = plan
-
-    def forward(self, q, k, v, causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False,
-                window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
-        self._causal, self._window_left, self._sm_scale = causal, int(window_left), sm_scale
-        self._logits_soft_cap = logits_soft_cap
-        return self.run(q, k, v)
-
-    def run(self, q, k, v, *args, return_lse=False, out=None, **_ignored):
-        assert self._planned, "plan info is not initialized"
-        if return_lse:
+    def _run(self, a):
+        q, k, v = a.q, a.k, a.v
+        if a.return_lse:
             raise NotImplementedError("return_lse is not supported by the ragged stand-in")
         if not self._causal or (self._logits_soft_cap or 0.0) > 0:
             raise NotImplementedError("the ragged stand-in computes causal attention without soft-cap only")
         sm = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(q.size(-1))
         o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=self._o_dtype, device=q.device)
         for i in range(len(self._qo_indptr) - 1):
-            a, b = int(self._qo_indptr[i]), int(self._qo_indptr[i + 1])
-            c, d = int(self._kv_indptr[i]), int(self._kv_indptr[i + 1])
-            if b > a:
-                m = intended_mask(d - c - (b - a), b - a, self._window_left)
-                o[a:b] = masked_attention(q[a:b], k[c:d], v[c:d], m, sm).to(o.dtype).to(o.device)
-        if out is not None:
-            out.copy_(o)
-            return out
+            qa, qb = int(self._qo_indptr[i]), int(self._qo_indptr[i + 1])
+            ka, kb = int(self._kv_indptr[i]), int(self._kv_indptr[i + 1])
+            if qb > qa:
+                m = intended_mask(kb - ka - (qb - qa), qb - qa, int(self._window_left))  # (qo, kv)
+                o[qa:qb] = masked_attention(q[qa:qb], k[ka:kb], v[ka:kb], m, sm).to(o.dtype).to(o.device)
+        if a.out is not None:
+            a.out.copy_(o)
+            return a.out
         return o
 
 
-class DecodeModelWrapper(_WrapperBase):
+class DecodeModelWrapper(_ModelWrapper, DecodeSignature):
     """``BatchDecodeWithPagedKVCacheWrapper`` stand-in (decode.py:675 ctor, plan 841, forward 1160,
     run's window assert 1368). Not under test: exact windowed attention of each request's last
     position over its paged KV."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
-                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
-                 backend="auto", jit_args=None, *, gpu: GpuSpec | None = None):
-        if use_cuda_graph:
+    def _check_init(self, a) -> None:
+        if a.use_cuda_graph:
             raise NotImplementedError("use_cuda_graph=True is not supported by the decode stand-in")
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, backend=backend, gpu=gpu)
-        self.use_tensor_cores = use_tensor_cores
+        super()._check_init(a)
 
-    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-             kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, **_ignored):
-        self._kv_indptr = indptr.detach().to("cpu", torch.int64).clone()
-        self._kv_indices = indices.detach().to("cpu", torch.int64).clone()
-        self._last_page_len = last_page_len.detach().to("cpu", torch.int64).clone()
-        self._page_size, self._window_left, self._sm_scale = int(page_size), int(window_left), sm_scale
-        self._logits_soft_cap = logits_soft_cap
-        self._o_dtype = canonical_dtype(o_data_type or q_data_type)
-        self._planned = True
+    def _plan(self, a) -> None:
+        self._kv_indptr = a.indptr.detach().to("cpu", torch.int64).clone()
+        self._kv_indices = a.indices.detach().to("cpu", torch.int64).clone()
+        self._last_page_len = a.last_page_len.detach().to("cpu", torch.int64).clone()
+        self._page_size = int(a.page_size)
+        self._o_dtype = canonical_dtype(a.o_data_type or a.q_data_type)
 
-    begin_forward = plan
-
-    def forward(self, q, paged_kv_cache, pos_encoding_mode="NONE", q_scale=None, k_scale=None, v_scale=None,
-                window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, rope_theta=None):
-        self._window_left, self._logits_soft_cap, self._sm_scale = window_left, logits_soft_cap, sm_scale
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
-
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, window_left=None,
-            return_lse=False, out=None, **_ignored):
-        assert self._planned, "plan info is not initialized"
-        window_left = self._window_left if window_left is None else window_left
-        assert window_left == self._window_left  # decode.py:1368
-        if return_lse or (self._logits_soft_cap or 0.0) > 0:
+    def _run(self, a):
+        q = a.q
+        window_left = self._run_window(a.window_left)  # decode.py:1368
+        if a.return_lse or (self._logits_soft_cap or 0.0) > 0:
             raise NotImplementedError("the decode stand-in has no LSE output and no soft-cap")
-        k_cache, v_cache = unpack_paged_kv_cache(paged_kv_cache, self._kv_layout)
+        k_cache, v_cache = unpack_paged_kv_cache(a.paged_kv_cache, self._kv_layout)
         sm = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(q.size(-1))
-        for s in (q_scale, k_scale):
+        for s in (a.q_scale, a.k_scale):
             if s is not None:
                 sm *= float(s)
         o = torch.zeros(q.shape[0], q.shape[1], v_cache.shape[-1], dtype=self._o_dtype, device=q.device)
@@ -388,9 +300,9 @@ class DecodeModelWrapper(_WrapperBase):
             pages = self._kv_indices[self._kv_indptr[i]: self._kv_indptr[i + 1]]
             n = (len(pages) - 1) * self._page_size + int(self._last_page_len[i]) if len(pages) else 0
             if n:
-                m = intended_mask(n - 1, 1, int(window_left))
+                m = intended_mask(n - 1, 1, int(window_left))  # (1, kv)
                 o[i: i + 1] = masked_attention(q[i: i + 1], _gather(k_cache, pages, n), _gather(v_cache, pages, n),
                                                m, sm).to(o.dtype).to(o.device)
-        if v_scale is not None:
-            o = (o.float() * float(v_scale)).to(o.dtype)
+        if a.v_scale is not None:
+            o = (o.float() * float(a.v_scale)).to(o.dtype)
         return o

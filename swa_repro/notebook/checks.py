@@ -8,19 +8,23 @@ run`` reads the JSON back into ``summary.json``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 
 
 def jsonable(x, max_items: int = 64):
-    """Details as JSON: numpy/torch scalars -> Python, small arrays -> lists, the rest -> repr."""
+    """Details as JSON: numpy/torch scalars -> Python, small arrays -> lists, dataclasses -> dicts,
+    the rest -> repr."""
     if x is None or isinstance(x, (bool, int, str)):
         return x
     if isinstance(x, float):
         return x if math.isfinite(x) else str(x)
     if isinstance(x, dict):
         return {str(k): jsonable(v, max_items) for k, v in x.items()}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # a typed row: its fields by name
+        return jsonable({f.name: getattr(x, f.name) for f in dataclasses.fields(x)}, max_items)
     if isinstance(x, (list, tuple)):
         return [jsonable(v, max_items) for v in x[:max_items]] + (["..."] if len(x) > max_items else [])
     if hasattr(x, "detach"):  # torch tensor

@@ -22,7 +22,7 @@ import torch
 
 from swa_repro.core.case import Case, CaseError
 from swa_repro.kernel.model import simulate
-from swa_repro.core.reference import intended_interval
+from swa_repro.core.intervals import intended_bounds
 
 PROMPTS = (1024, 8192, 32768)
 PREFIXES = (0, 4096)
@@ -39,6 +39,7 @@ class Cell:
     mean_leak: float
     err: float | None  # max |out - reference| over sampled rows, random data; None: not estimated
     note: str = ""
+    leak_frac: float | None = None  # fraction of queries attending some key outside the window; None: no window
 
     def to_dict(self):
         return asdict(self)
@@ -65,17 +66,18 @@ def output_error(req, group: int, head_dim: int, rows: int = 8, seed: int = 0) -
         return 0.0
     order = np.argsort(-extra, kind="stable")
     pick = np.unique(np.concatenate([order[: rows // 2], np.linspace(0, len(extra) - 1, rows // 2).astype(int)]))
-    ilo, ihi = intended_interval(req.prefix_len, req.extend_len, req.window_left)
+    ilo, ihi = intended_bounds(req.prefix_len, req.extend_len, req.window_left)
+    lo, hi = req.intervals.lo, req.intervals.hi  # (qo, group)
     g = torch.Generator().manual_seed(seed)
     worst = 0.0
     for r in pick:
-        a, b = int(min(req.lo[r].min(), ilo[r])), int(max(req.hi[r].max(), ihi[r]))
+        a, b = int(min(lo[r].min(), ilo[r])), int(max(hi[r].max(), ihi[r]))
         keys = torch.arange(a, b + 1)
         k = torch.randn(len(keys), head_dim, generator=g)
         v = torch.randn(len(keys), head_dim, generator=g)
         q = torch.randn(group, head_dim, generator=g)
         s = (q @ k.T) / math.sqrt(head_dim)  # (group, keys)
-        eff = (keys >= torch.as_tensor(req.lo[r])[:, None]) & (keys <= torch.as_tensor(req.hi[r])[:, None])
+        eff = (keys >= torch.as_tensor(lo[r])[:, None]) & (keys <= torch.as_tensor(hi[r])[:, None])
         ref = (keys >= int(ilo[r])) & (keys <= int(ihi[r]))
         o_eff = torch.softmax(s.masked_fill(~eff, -math.inf), -1) @ v
         o_ref = torch.softmax(s.masked_fill(~ref[None], -math.inf), -1) @ v
@@ -93,11 +95,13 @@ def model_cell(spec, prompt: int, prefix: int, *, estimate_error: bool = True) -
         return Cell(spec.name, spec.window_left, prompt, prefix, "not modelled", 0, 0.0, None, str(e))
     req = simulate(case).requests[0]
     extra = req.extra_keys()
+    frac = float((extra > 0).mean())
     if req.status == "undefined":
         return Cell(spec.name, spec.window_left, prompt, prefix, "undefined", int(extra.max()), float(extra.mean()),
-                    None, req.reason)
+                    None, req.reason, frac)
     err = output_error(req, case.group_size, case.head_dim) if estimate_error else None
-    return Cell(spec.name, spec.window_left, prompt, prefix, req.status, int(extra.max()), float(extra.mean()), err)
+    return Cell(spec.name, spec.window_left, prompt, prefix, req.status, int(extra.max()), float(extra.mean()), err,
+                leak_frac=frac)
 
 
 def model_matrix(specs=None, prompts=PROMPTS, prefixes=PREFIXES, *, estimate_error: bool = True) -> list[Cell]:

@@ -12,15 +12,21 @@ pyplot state, safe under Agg and headless papermill.
 from __future__ import annotations
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import PercentFormatter
 
 from swa_repro.kernel.model import ModelResult, RequestModel
-from swa_repro.core.reference import intended_interval
+from swa_repro.core.intervals import intended_bounds
 
 MAX_CELLS = 256  # per axis, after reduction
-PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at the default size, so none is lost
+PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at FIGURE_DPI, so none is lost
+# Saved figures (runner.save_figure): a 22-inch plot_case row is ~2200 px wide, 7-pt labels ~10 px.
+# plot_case's smallest heatmap axes is ~2.9 in, so 128 cells get >= 2.3 px each (tests/test_plots.py
+# measures it); below ~88 dpi a cell could fall between pixels.
+FIGURE_DPI = 100
 LABEL_EVERY_CELL = 32  # below this many cells per axis every cell gets a tick label
 
 MASK_STATES = ("not visible", "some keys in block visible", "visible")
@@ -60,7 +66,7 @@ def intervals_any(lo, hi, n_cols: int, block: tuple[int, int]) -> np.ndarray:
     """Reduced "any key" map of row intervals without a dense array.
 
     ``lo, hi`` are ``(rows,)`` or ``(rows, k)`` (k intervals per row, inclusive, empty when
-    ``lo > hi`` or ``hi < 0``). Returns bool ``(ceil(rows/br), ceil(n_cols/bc))``: a cell is True iff
+    ``lo < 0`` or ``lo > hi``: ``core.intervals.bounds_to_mask``'s rule). Returns bool ``(ceil(rows/br), ceil(n_cols/bc))``: a cell is True iff
     some interval of some row in its row block touches its column block. O(rows * k)."""
     lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
     lo, hi = (lo[:, None], hi[:, None]) if lo.ndim == 1 else (lo, hi)
@@ -69,7 +75,7 @@ def intervals_any(lo, hi, n_cols: int, block: tuple[int, int]) -> np.ndarray:
     nr, nc = -(-rows // br), -(-n_cols // bc)
     rb = np.broadcast_to((np.arange(rows) // br)[:, None], lo.shape)
     lo_c, hi_c = np.clip(lo, 0, n_cols - 1), np.clip(hi, 0, n_cols - 1)
-    ok = (lo <= hi) & (hi >= 0) & (lo < n_cols)
+    ok = (lo >= 0) & (lo <= hi) & (lo < n_cols)
     diff = np.zeros((nr, nc + 1), np.int64)  # difference array over column blocks
     np.add.at(diff, (rb[ok], lo_c[ok] // bc), 1)
     np.add.at(diff, (rb[ok], hi_c[ok] // bc + 1), -1)
@@ -86,7 +92,7 @@ def intervals_all(lo, hi, n_cols: int, block: tuple[int, int]) -> np.ndarray:
     hi_pad = np.where(hi >= n_cols - 1, nc * bc - 1, hi)  # reaching the last key covers the padding
     first = -(-np.maximum(lo, 0) // bc)  # first fully covered column block
     last = (hi_pad + 1) // bc - 1
-    ok = (lo <= hi) & (hi >= 0) & (first <= last)
+    ok = (lo >= 0) & (lo <= hi) & (first <= last)
     rb = np.arange(rows) // br
     diff = np.zeros((nr, nc + 1), np.int64)
     np.add.at(diff, (rb[ok], first[ok]), 1)
@@ -136,14 +142,17 @@ def reduce_difference(lo, hi, ilo, ihi, n_cols: int, block) -> np.ndarray:
 def request_difference(req: RequestModel, window_left: int, max_cells: int = MAX_CELLS):
     """``(reduced difference map, block)`` of one modelled request against its intended window."""
     block = (block_size(req.extend_len, max_cells), block_size(req.kv_len, max_cells))
-    ilo, ihi = intended_interval(req.prefix_len, req.extend_len, window_left)
-    return reduce_difference(req.lo, req.hi, ilo, ihi, req.kv_len, block), block
+    ilo, ihi = intended_bounds(req.prefix_len, req.extend_len, window_left)
+    return reduce_difference(req.intervals.lo, req.intervals.hi, ilo, ihi, req.kv_len, block), block
 
 
-def reduce_tiles(tiles: np.ndarray, max_cols: int = MAX_CELLS) -> tuple[np.ndarray, int]:
-    """Tile map ``(q_tiles, kv)`` reduced along keys by the most severe state (0 < 1 < 2)."""
+def reduce_tiles(tiles: np.ndarray, max_cols: int = MAX_CELLS, max_rows: int | None = None) -> tuple[np.ndarray, int]:
+    """Tile map ``(q_tiles, kv)`` reduced along keys (and along q tiles when ``max_rows`` is given)
+    by the most severe state (0 < 1 < 2). Returns ``(map, key block)``; the q-tile block is
+    ``block_size(q_tiles, max_rows)``."""
     bc = block_size(tiles.shape[1], max_cols)
-    return maxpool(tiles.astype(np.int8), (1, bc)), bc
+    br = 1 if max_rows is None else block_size(tiles.shape[0], max_rows)
+    return maxpool(tiles.astype(np.int8), (br, bc)), bc
 
 
 def row_kv_start(req: RequestModel, cta_tile_q: int, group: int, head: int = 0) -> np.ndarray:
@@ -154,26 +163,12 @@ def row_kv_start(req: RequestModel, cta_tile_q: int, group: int, head: int = 0) 
 
 
 # ----------------------------------------------------------------------------- evidence rows
-def probe_intervals(rec, i: int):
-    """``(lo, hi)`` of request ``i`` of a live ``ProbeResult`` ``(qo, Hq)`` or a ``Recording``
-    (``(qo, group)`` when every KV head's group agreed; the union over heads is the same)."""
-    src = rec.requests[i]
-    return np.asarray(src.lo), np.asarray(src.hi)
-
-
-def probe_flags(rec, i: int) -> list[str]:
-    """What the real kernel did that no mask explains: NaN, run-to-run differences, holes."""
-    src = rec.requests[i]
-    get = lambda name, default: np.asarray(getattr(src, name, default))  # noqa: E731
-    flags = (("NaN", get("nan", False).any()), ("differs run to run", not get("repeat_equal", True).all()),
-             ("not contiguous", not get("contiguous", True).all()))
+def probe_flags(req) -> list[str]:
+    """What the real kernel did that no mask explains (a ``ProbeRequest``, probed or recorded):
+    NaN, run-to-run differences, holes."""
+    flags = (("NaN", np.asarray(req.nan).any()), ("differs run to run", not np.asarray(req.repeat_equal).all()),
+             ("not contiguous", not np.asarray(req.contiguous).all()))
     return [w for w, f in flags if f]
-
-
-def evidence_statuses(rec) -> list[str]:
-    """``Recording.statuses`` is a list, ``ProbeResult.statuses()`` a method."""
-    st = getattr(rec, "statuses", None)
-    return list(st() if callable(st) else st or [])
 
 
 def evidence_label(rec) -> str:
@@ -240,12 +235,11 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
     plan = res.plan
     fig = Figure(figsize=(22, 4.6 * len(reqs) + 0.8), layout="constrained")
     axes = fig.subplots(len(reqs), 5, squeeze=False)
-    rec_status = evidence_statuses(recording) if recording is not None else []
     for row, i in zip(axes, reqs):
         r = res.requests[i]
         qo, kv, g = r.extend_len, r.kv_len, case.group_size
         block = (block_size(qo, max_cells), block_size(kv, max_cells))
-        ilo, ihi = intended_interval(r.prefix_len, r.extend_len, case.window_left)
+        ilo, ihi = intended_bounds(r.prefix_len, r.extend_len, case.window_left)
         head_tag = f" (union over {g} heads of a group)" if g > 1 else ""
         lbl = f"req {i}: prefix {r.prefix_len}, extend {qo}"
 
@@ -253,7 +247,7 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
         row[0].set_title(f"{lbl}\nintended (window_left={case.window_left})", fontsize=9)
         _legend(row[0], MASK_COLORS, MASK_STATES, [0, 2] if block == (1, 1) else None)
 
-        ulo, uhi = r.lo.min(1), r.hi.max(1)
+        ulo, uhi = r.intervals.lo.min(1), r.intervals.hi.max(1)  # union over heads-in-group
         _show(row[1], reduce_mask(ulo, uhi, kv, block), MASK_COLORS, qo, kv, block)
         row[1].set_title(f"effective, model{head_tag}\nstatus {r.status}", fontsize=9)
         if plan is not None and len(r.kv_start):
@@ -267,16 +261,16 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
             row[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, frameon=False)
 
         diff_src = "model"
-        dlo, dhi = r.lo, r.hi
+        dlo, dhi = r.intervals.lo, r.intervals.hi
         if recording is not None:
-            plo, phi = (np.asarray(x, np.int64) for x in probe_intervals(recording, i))  # probes store int32
+            rq = recording.requests[i]
+            plo, phi = rq.intervals.lo.astype(np.int64), rq.intervals.hi.astype(np.int64)  # probes store int32
             empty = (plo < 0) | (phi < plo)
             big = np.iinfo(np.int64).max // 4
             elo, ehi = np.where(empty, big, plo).min(1), np.where(empty, -1, phi).max(1)
             _show(row[2], reduce_mask(elo, ehi, kv, block), MASK_COLORS, qo, kv, block)
-            flags = probe_flags(recording, i)
-            st = rec_status[i] if i < len(rec_status) else "?"
-            row[2].set_title(f"effective, {evidence_label(recording)}\nstatus {st}"
+            flags = probe_flags(rq)
+            row[2].set_title(f"effective, {evidence_label(recording)}\nstatus {rq.status}"
                              + (f" ({', '.join(flags)})" if flags else ""), fontsize=9)
             dlo, dhi, diff_src = plo, phi, "recording" if getattr(recording, "provenance", None) else "probe"
         else:
@@ -294,8 +288,10 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
         _legend(row[3], DIFF_COLORS, DIFF_STATES, d)
 
         if r.tiles is not None:
-            t, bc = reduce_tiles(r.tiles, max_cells)
-            _show(row[4], t, TILE_COLORS, t.shape[0], kv, (1, bc), ylabel=f"q tile ({plan.cta_tile_q} packed rows)")
+            t, bc = reduce_tiles(r.tiles, max_cells, max_cells)  # a 32k request has 256+ q tiles
+            n_tiles = r.tiles.shape[0]
+            _show(row[4], t, TILE_COLORS, n_tiles, kv, (block_size(n_tiles, max_cells), bc),
+                  ylabel=f"q tile ({plan.cta_tile_q} packed rows)")
             row[4].set_title(f"CTA tile map ({'split-KV, ' if plan.split_kv else ''}KV loop per q tile)", fontsize=9)
             names = TILE_STATES if plan.use_sliding_window else \
                 (TILE_STATES[0], "computed, element mask (causal only: window compiled out)", TILE_STATES[2])
@@ -316,13 +312,11 @@ def case_title(case, res: ModelResult) -> str:
             f"run window_left={case.window_left}{extra}; status {', '.join(res.statuses)}")
 
 
-def publish(fig: Figure, name: str, output_dir) -> None:
-    """Save ``fig`` as ``output_dir/name.png`` through ``notebooks.save_figure`` and show that PNG
-    in the notebook (a bare ``Figure`` has no inline repr), so the reader sees exactly the saved
-    artifact. Returns None so a notebook cell ending in it prints nothing more."""
-    from swa_repro.notebook.runner import save_figure
-
-    path = save_figure(fig, name, output_dir)
+def publish(fig: Figure, name: str, save) -> None:
+    """Save ``fig`` through ``save(fig, name) -> path`` (the runner's ``figure_saver(output_dir)``)
+    and show that PNG in the notebook (a bare ``Figure`` has no inline repr), so the reader sees
+    exactly the saved artifact. Returns None so a notebook cell ending in it prints nothing more."""
+    path = save(fig, name)
     try:
         from IPython import get_ipython
         from IPython.display import Image, display
@@ -331,3 +325,52 @@ def publish(fig: Figure, name: str, output_dir) -> None:
             display(Image(filename=str(path)))
     except ImportError:  # plain python: the file is the output
         pass
+
+
+def harness_figure(result, title: str | None = None) -> Figure:
+    """:func:`plot_case` of the sliding-window wrapper's run in sglang's harness
+    (``sglang.harness.run_case``), on the KV sglang handed it (its trimmed window, page_size 1)."""
+    from swa_repro.kernel.model import simulate
+
+    m = result.model
+    case = m.case.with_(name=result.case.name)
+    return plot_case(case, simulate(case, tiles=True),
+                     title=title or f"{result.case.name}: sglang {'patched' if result.patched else 'unpatched'}, "
+                                    f"plan window_left={m.case.plan_window_left}, run window_left={m.case.window_left}")
+
+
+def _pct(v: float) -> str:
+    """A fraction as a readable cell label: exact 0 stays "0", small leaks keep a decimal."""
+    return "0" if v == 0 else (f"{100 * v:.1f}%" if v < 0.1 else f"{100 * v:.0f}%")
+
+
+def leak_heatmaps(cells, prompts, prefixes) -> Figure:
+    """One panel per cached prefix: the fraction of queries that attend keys outside their window
+    (model x prompt length), from ``matrix.model_matrix`` cells (``leak_frac``). Undefined cells
+    (split-KV planned without the window: the output is no masked softmax at all) are hatched."""
+    windowed = [c for c in cells if c.leak_frac is not None or c.status == "undefined"]
+    models = list(dict.fromkeys((c.model, c.window_left) for c in windowed))
+    at = {(c.model, c.prompt, c.prefix): c for c in windowed}
+    fig = Figure(figsize=(4.2 * len(prefixes) + 1.2, 0.45 * len(models) + 1.8), layout="constrained")
+    axes = fig.subplots(1, len(prefixes), squeeze=False, sharey=True)[0]
+    cmap = colormaps["Reds"]
+    for ax, prefix in zip(axes, prefixes):
+        grid = np.full((len(models), len(prompts)), np.nan)
+        for (i, (m, _)), (j, p) in ((a, b) for a in enumerate(models) for b in enumerate(prompts)):
+            c = at.get((m, p, prefix))
+            if c is not None and c.status != "undefined":
+                grid[i, j] = c.leak_frac
+            elif c is not None:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#d9d9d9", hatch="//", edgecolor="#969696", lw=0))
+        im = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+        for (i, j), v in np.ndenumerate(grid):
+            undefined = at.get((models[i][0], prompts[j], prefix)) is not None and np.isnan(v)
+            label = "undefined" if undefined else ("" if np.isnan(v) else _pct(v))
+            ax.text(j, i, label, ha="center", va="center", fontsize=9,
+                    color="white" if not np.isnan(v) and v > 0.55 else "black")
+        ax.set(xticks=range(len(prompts)), xticklabels=prompts, yticks=range(len(models)),
+               yticklabels=[f"{m} (W={w})" for m, w in models], xlabel="prompt length (new tokens)",
+               title=f"cached prefix {prefix}")
+    fig.colorbar(im, ax=axes.tolist(), label="fraction of queries attending\nkeys outside the window",
+                 format=PercentFormatter(1.0))
+    return fig

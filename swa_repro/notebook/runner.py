@@ -4,7 +4,8 @@ For each ``notebooks/NN_*.py`` (jupytext percent format): convert to ``.ipynb`` 
 it with papermill (parameters ``mode``, ``output_dir`` and any ``--parameters``) on this
 interpreter's own kernel, and write ``DIR/<name>.ipynb`` (also when it fails: papermill saves after
 every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their own figures
-(``save_figure``) and say their mode (``announce_mode``); the runner reads both back.
+(``plots.publish(fig, name, figure_saver(output_dir))``) and say their mode (``announce_mode``);
+the runner reads both back.
 
 Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
 imports ``announce_mode``/``save_figure`` from here and needs none of them.
@@ -12,6 +13,7 @@ imports ``announce_mode``/``save_figure`` from here and needs none of them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import out_dir
 from swa_repro.notebook.checks import read_checks
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
@@ -50,8 +53,15 @@ def save_figure(fig, name: str, output_dir) -> Path:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.png"
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    from swa_repro.notebook.plots import FIGURE_DPI  # the dpi plot_case's cells are sized for
+
+    fig.savefig(path, dpi=FIGURE_DPI, bbox_inches="tight")
     return path
+
+
+def figure_saver(output_dir):
+    """``save(fig, name) -> path`` into ``output_dir``: what ``plots.publish`` takes."""
+    return functools.partial(save_figure, output_dir=output_dir)
 
 
 # ---------------------------------------------------------------- runner side
@@ -150,6 +160,8 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
     import papermill as pm
     from nbconvert import HTMLExporter
 
+    from swa_repro.notebook.lean import link_notebook_images
+
     _nbconvert_data_path()
     name = path.stem
     _clear_outputs(out, name)
@@ -167,6 +179,10 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
         except Exception as e:  # PapermillExecutionError, kernel death, timeout: the notebook failed
             error = _error_text(e)
     if ipynb.exists():
+        try:  # each figure once, as the PNG beside the notebook, linked from the .ipynb and the .html
+            link_notebook_images(ipynb)
+        except Exception as e:
+            error = error or f"linking the figures failed: {_error_text(e)}"
         try:
             html.write_text(HTMLExporter().from_filename(str(ipynb))[0], encoding="utf-8")
         except Exception as e:
@@ -191,6 +207,47 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
     }
 
 
+def _progress(r: dict) -> str:
+    checks = ("no checks" if r["checks_passed"] is None
+              else f"checks {r['checks_passed']} ok {r['checks_failed']} failed")
+    line = f"{r['status']:<6} mode={r['mode'] or '?'}  {checks}  {r['seconds']:.1f}s"
+    return line + (f"\n      error: {r['error'].splitlines()[0][:300]}" if r["error"] else "")
+
+
+def default_jobs() -> int:
+    """Notebooks run at once: each kernel is one busy process, so at most the cores, and 2 at most
+    (more kernels on a small machine only fight over memory bandwidth and imports)."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_all(paths: list[Path], out: Path, mode: str, params: dict, kernel: str, cell_timeout, jobs: int) -> list[dict]:
+    """:func:`run_one` for each notebook, ``jobs`` at a time (each in its own kernel process; the
+    notebooks share nothing but ``out``, where each writes only ``<its name>*``). Results in the
+    order of ``paths`` whatever the finishing order; one progress line per notebook as it ends."""
+    n = len(paths)
+    if jobs <= 1:
+        results = []
+        for i, path in enumerate(paths, 1):
+            print(f"[{i}/{n}] {path.stem:<44}", end=" ", flush=True)
+            results.append(run_one(path, out, mode, params, kernel, cell_timeout))
+            print(_progress(results[-1]), flush=True)
+        return results
+    import concurrent.futures as cf
+
+    import jupytext  # noqa: F401  (imported once here, not raced by the worker threads)
+    import nbconvert  # noqa: F401
+    import papermill  # noqa: F401
+
+    _nbconvert_data_path()
+    with cf.ThreadPoolExecutor(jobs) as pool:  # threads: the work is in the kernels, papermill only waits
+        futs = {pool.submit(run_one, p, out, mode, params, kernel, cell_timeout): i for i, p in enumerate(paths)}
+        results: list = [None] * n
+        for done, fut in enumerate(cf.as_completed(futs), 1):
+            r = results[futs[fut]] = fut.result()
+            print(f"[{done}/{n}] {r['notebook']:<44} {_progress(r)}", flush=True)
+    return results
+
+
 def register(sub) -> None:
     p = sub.add_parser("run", help="run the notebooks headless (papermill) -> .ipynb, .html, PNGs, summary.json")
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
@@ -203,6 +260,8 @@ def register(sub) -> None:
     p.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR),
                    help="where the NN_*.py notebooks are (default: the repo's notebooks/)")
     p.add_argument("--cell-timeout", type=int, default=1800, help="seconds one cell may run (default 1800)")
+    p.add_argument("--jobs", "-j", type=int, default=default_jobs(),
+                   help=f"notebooks run at once, each in its own kernel (default {default_jobs()}: min(2, cores))")
     p.add_argument("--list", action="store_true", help="list the notebooks and exit")
     p.set_defaults(func=main)
 
@@ -215,23 +274,17 @@ def main(a) -> int:
         return 0
     params = parse_parameters(a.parameters)
     info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
-    out = Path(a.output).resolve()
-    if out.exists() and not out.is_dir():
-
-        raise UsageError(f"--output {a.output} is a file: give a directory (it is created if missing)")
+    out = out_dir(a.output, "--output").resolve()  # a file, or a path under one: one line, nothing run
+    if a.jobs < 1:
+        raise UsageError(f"--jobs must be >= 1; got {a.jobs}")
     out.mkdir(parents=True, exist_ok=True)
     kernel = ensure_kernel()
+    jobs = max(1, min(a.jobs, len(paths)))
     print(f"mode {a.mode} -> {info.mode}: {info.reason}")
-    print(f"running {len(paths)} notebook(s) from {nb_dir} -> {out}", flush=True)
-    t0, results = time.perf_counter(), []
-    for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.stem:<44}", end=" ", flush=True)
-        r = run_one(path, out, a.mode, params, kernel, a.cell_timeout)
-        results.append(r)
-        checks = ("no checks" if r["checks_passed"] is None
-                  else f"checks {r['checks_passed']} ok {r['checks_failed']} failed")
-        line = f"{r['status']:<6} mode={r['mode'] or '?'}  {checks}  {r['seconds']:.1f}s"
-        print(line + (f"\n      error: {r['error'].splitlines()[0][:300]}" if r["error"] else ""), flush=True)
+    print(f"running {len(paths)} notebook(s) from {nb_dir} -> {out}" + (f", {jobs} at a time" if jobs > 1 else ""),
+          flush=True)
+    t0 = time.perf_counter()
+    results = run_all(paths, out, a.mode, params, kernel, a.cell_timeout, jobs)
     failed = [r["notebook"] for r in results if r["status"] != "ok"]
     summary = {"mode_requested": a.mode, "mode": info.mode, "mode_reason": info.reason, "parameters": params,
                "output_dir": str(out), "python": sys.executable, "seconds": round(time.perf_counter() - t0, 2),

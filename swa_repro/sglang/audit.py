@@ -14,25 +14,28 @@ with the captured forward). A finding is such a recorded difference, or a layer 
 reached neither call ("dropped"); its effect is judged from the recorded tensors (is any visible
 key outside the window in *this* call?), and for a paged fa2 prefill quantified by the kernel
 model. Which public reports hold is then read off the findings, never the other way round.
+
+The audit reads the importable sglang as it is (``run_audit()``); ``what_if="patched"`` /
+``"unpatched"`` swap PR #31501's two methods in-process first. Another release is audited in its
+own subprocess (``audit_release``); finding classes and the release table are ``audit_table``'s,
+the command line ``audit_cli``'s.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
-
 import numpy as np
 import torch
 
-from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError, UsageError
+from swa_repro.kernel.model import simulate
 from swa_repro.sglang import audit_paths as ap
+from swa_repro.sglang.audit_env import DECODE, PAGED, RAGGED, STAND_INS
 from swa_repro.sglang.trace import PLAN_METHODS, decode
 
 FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
-PARAMS = ("window_left", "logits_soft_cap")
 
 
 @dataclass
@@ -67,13 +70,38 @@ def _jsonable(x):
 # ----------------------------------------------------------------------------- reading a trace
 def bind(cls_name: str, method: str, args, kwargs) -> dict:
     """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
-    cls = ap.STAND_INS[cls_name]
+    cls = STAND_INS[cls_name]
     fn = getattr(cls, "plan" if method in PLAN_METHODS else method)
     b = inspect.signature(fn).bind(None, *decode(args), **decode(kwargs))
     b.apply_defaults()
     out = dict(b.arguments)
     out.pop("self", None)
     return out
+
+
+def given(cls_name: str, method: str, args, kwargs) -> set:
+    """The parameter names a recorded call passed explicitly (the rest took their defaults)."""
+    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
+    return set(inspect.signature(fn).bind(None, *decode(args), **decode(kwargs)).arguments) - {"self"}
+
+
+def _param(bound: dict, passed: set, param: str) -> str:
+    return f"{param}={bound.get(param)!r}" if param in passed else f"{param} not passed"
+
+
+def call_text(method: str, bound: dict, passed: set, param: str) -> str:
+    """``begin_forward(window_left not passed)`` / ``forward(window_left=8)``: the evidence."""
+    return f"{method}({_param(bound, passed, param)})"
+
+
+def plan_texts(run: ap.PathRun) -> list[str]:
+    """What each plan call of a driven path carried (the evidence that a parameter reaches plan)."""
+    out = []
+    for c in run.trace.calls:
+        if c.method in PLAN_METHODS and not c.error:
+            b, g = bind(c.cls, c.method, c.args, c.kwargs), given(c.cls, c.method, c.args, c.kwargs)
+            out.append(f"{c.cls}.{c.method}({_param(b, g, 'window_left')}, {_param(b, g, 'logits_soft_cap')})")
+    return sorted(set(out))
 
 
 def _cap(x) -> float:
@@ -83,10 +111,10 @@ def _cap(x) -> float:
 def geometry(cls_name: str, plan: dict) -> tuple[list[int], list[int]]:
     """Per-request (qo_lens, kv_lens) of a planned call, from its recorded index tensors
     (kv length = (pages - 1) * page_size + last_page_len, flashinfer page.py get_seq_lens)."""
-    if cls_name == ap.RAGGED:
+    if cls_name == RAGGED:
         qo, kv = plan["qo_indptr"], plan["kv_indptr"]
         return (qo[1:] - qo[:-1]).tolist(), (kv[1:] - kv[:-1]).tolist()
-    if cls_name == ap.PAGED:
+    if cls_name == PAGED:
         qo, ind, last, ps = plan["qo_indptr"], plan["paged_kv_indptr"], plan["paged_kv_last_page_len"], plan["page_size"]
     else:
         ind, last, ps = plan["indptr"], plan["last_page_len"], plan["page_size"]
@@ -120,10 +148,7 @@ def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -
 def kernel_model_of(plan: dict, window: int, backend: str) -> dict | None:
     """Kernel-model status of a causal paged prefill planned without the window (page-size-1
     layout as recorded; fa2/fa3 as the wrapper was built; GPU: H200)."""
-    from swa_repro.core.case import Case, CaseError
-    from swa_repro.kernel.model import simulate
-
-    qo, kv = geometry(ap.PAGED, plan)
+    qo, kv = geometry(PAGED, plan)
     live = [i for i, n in enumerate(qo) if n > 0]
     try:
         case = Case(prefix_lens=tuple(kv[i] - qo[i] for i in live), extend_lens=tuple(qo[i] for i in live),
@@ -139,7 +164,7 @@ def kernel_model_of(plan: dict, window: int, backend: str) -> dict | None:
 
 def consequence(param: str, cls_name: str, backend: str, n_outside: int | None, kind: str = "mismatch") -> str:
     if param == "logits_soft_cap":
-        where = "decode.py:1055" if cls_name == ap.DECODE else "prefill.py:2036"
+        where = "decode.py:1055" if cls_name == DECODE else "prefill.py:2036"
         return f"soft cap compiled out (use_logits_soft_cap=False at plan, {where}; variants.cuh:47,72): logits uncapped"
     if n_outside == 0:
         return "window not compiled in, but no key visible in this call lies outside the window (KV trim / custom mask)"
@@ -157,42 +182,51 @@ def analyze(run: ap.PathRun) -> list[Finding]:
     """Findings of one driven path: per wrapper, each forward vs the plan before it."""
     calls = run.trace.calls
     ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
-    plans: dict[int, tuple[int, dict]] = {}
-    last_fwd: dict[int, tuple[int, dict]] = {}
+    plans: dict[int, tuple[int, dict, tuple]] = {}  # wrapper -> (index, bound, (method, passed names))
+    last_fwd: dict[int, tuple[int, dict, tuple]] = {}
     out = []
     for i, c in enumerate(calls):
         if c.method == "__init__" or c.error:
             continue
         cls, backend = ctor[c.wrapper]
         if c.method in PLAN_METHODS:
-            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs))
+            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs),
+                                (c.method, given(cls, c.method, c.args, c.kwargs)))
             if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
-                out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper][1], last_fwd[c.wrapper][1], "replay")
+                out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper], "replay")
         elif c.method in FORWARD_METHODS and c.wrapper in plans:
             fwd = bind(cls, c.method, c.args, c.kwargs)
             if c.method.startswith("run"):
                 fwd["window_left"] = plans[c.wrapper][1]["window_left"] if fwd.get("window_left") is None else fwd["window_left"]
                 fwd["logits_soft_cap"] = plans[c.wrapper][1]["logits_soft_cap"]
-            last_fwd[c.wrapper] = (i, fwd)
-            out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper][1], fwd,
+            last_fwd[c.wrapper] = (i, fwd, (c.method, given(cls, c.method, c.args, c.kwargs)))
+            out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
                             run.graph_stage.get(i, "eager"))
     return out
 
 
-def _compare(run, cls, backend, wid, plan, fwd, stage) -> list[Finding]:
+def _compare(run, cls, backend, wid, plan_rec, fwd_rec, stage) -> list[Finding]:
+    """``plan_rec`` / ``fwd_rec``: (index, bound arguments, (method, names passed))."""
     found = []
-    causal = bool(fwd.get("causal", True)) if cls != ap.DECODE else True
+    plan, fwd = plan_rec[1], fwd_rec[1]
+
+    def calls(param):  # the recorded calls that show it: plan then forward
+        return {"plan_call": call_text(plan_rec[2][0], plan, plan_rec[2][1], param),
+                "forward_call": call_text(fwd_rec[2][0], fwd, fwd_rec[2][1] | (
+                    {param} if fwd_rec[2][0].startswith("run") else set()), param)}  # run(): the planned value
+    causal = bool(fwd.get("causal", True)) if cls != DECODE else True
     wrapper = f"{cls}#{wid} ({backend})"
     pw, fw_ = int(plan["window_left"]), int(fwd["window_left"])
     lw = run.layer_window
     kind = "mismatch" if pw != fw_ else ("dropped" if lw >= 0 and pw < 0 else None)
     if kind:
         w = fw_ if kind == "mismatch" else lw
-        ev = {"plan_call_custom_mask": plan.get("custom_mask") is not None, "forward_causal": causal}
+        ev = {**calls("window_left"), "plan_call_custom_mask": plan.get("custom_mask") is not None,
+              "forward_causal": causal}
         n = pairs_outside_window(cls, plan, causal, w) if w >= 0 and pw < 0 else None
         ev["pairs_outside_window"] = n
         ev["qo_lens"], ev["kv_lens"] = geometry(cls, plan)
-        if cls == ap.PAGED and causal and plan.get("custom_mask") is None and w >= 0 and pw < 0:
+        if cls == PAGED and causal and plan.get("custom_mask") is None and w >= 0 and pw < 0:
             ev["kernel_model"] = kernel_model_of(plan, w, backend)
         effect = "wrong" if (n is None or n > 0) else "none"
         found.append(Finding(run.path, run.layer.name, "window_left", pw, fw_, lw, wrapper, kind, stage, effect,
@@ -202,36 +236,69 @@ def _compare(run, cls, backend, wid, plan, fwd, stage) -> list[Finding]:
     if kind:
         found.append(Finding(run.path, run.layer.name, "logits_soft_cap", plan["logits_soft_cap"],
                              fwd["logits_soft_cap"], lc, wrapper, kind, stage, "wrong" if max(fc, lc) > 0 and pc == 0 else "none",
-                             consequence("logits_soft_cap", cls, backend, None), {}))
+                             consequence("logits_soft_cap", cls, backend, None), calls("logits_soft_cap")))
     return found
 
 
 # ----------------------------------------------------------------------------- whole audit
+WHAT_IF_TEXT = {"patched": "PR #31501's fix applied in-process", "unpatched": "PR #31501's fix removed in-process"}
+
+
 @dataclass
 class AuditResult:
-    patched: bool
-    source: str
+    what_if: str | None  # None: the release as it is; "patched" / "unpatched": an in-process what-if
+    release: dict  # sglang version, backend file, its state (unfixed / fixed / unknown), where it came from
     findings: list[Finding]
-    driven: list[dict]  # path, layer, calls recorded
-    not_driven: list[dict]  # path, layer, why
+    driven: list[dict]  # path, layer, calls recorded, what each plan carried
+    not_driven: list[dict]  # path, layer, status (absent | sglang raised | harness), why
+
+    @property
+    def label(self) -> str:
+        return self.what_if or "as installed"
 
     def to_dict(self) -> dict:
-        return {"patched": self.patched, "source": self.source, "findings": [f.to_dict() for f in self.findings],
+        return {"what_if": self.what_if, "release": self.release, "findings": [f.to_dict() for f in self.findings],
                 "driven": self.driven, "not_driven": self.not_driven}
 
 
-def run_audit(patched: bool, *, source: Path | None = None, paths=None, layers=None) -> AuditResult:
+def release_info() -> dict:
+    """The importable sglang: version, its backend file (the source the audit reads) and that
+    file's state, classified from its structure (``patch.classify``)."""
+    import sglang  # lazy: optional and slow to import
+
+    from swa_repro.sglang import harness, patch
+
+    path = harness.backend_module().__file__
+    try:
+        state = patch.classify(open(path).read()).state
+    except Exception as e:  # a file the classifier cannot read is "unknown", said why
+        state = f"unknown ({type(e).__name__})"
+    return {"sglang": sglang.__version__, "backend_file": str(path), "state": state}
+
+
+def run_audit(what_if: str | None = None, *, paths=None, layers=None) -> AuditResult:
+    """Every path x layer configuration of the importable sglang, as it is (or a what-if)."""
+    if what_if not in ap.WHAT_IFS:
+        raise UsageError(f"what-if {what_if!r}: use patched or unpatched")
     findings, driven, not_driven = [], [], []
     for path in paths or ap.PATHS:
         for cfg in layers or ap.LAYER_CONFIGS:
-            run = ap.drive(path, cfg, patched=patched, source=source)
+            run = ap.drive(path, cfg, what_if=what_if)
             if run.error:
-                not_driven.append({"path": path, "layer": cfg.name, "why": run.error})
+                not_driven.append({"path": path, "layer": cfg.name, "status": run.status, "why": run.error})
                 continue
-            driven.append({"path": path, "layer": cfg.name,
+            driven.append({"path": path, "layer": cfg.name, "plans": plan_texts(run),
                            "calls": sum(c.method != "__init__" for c in run.trace.calls)})
             findings += analyze(run)
-    return AuditResult(patched, str(source or "installed"), findings, driven, not_driven)
+    return AuditResult(what_if, release_info(), findings, driven, not_driven)
+
+
+def header(release: dict, what_if: str | None, origin: str = "installed") -> str:
+    """The first line of every audit: which release, where its source is, what state it is in."""
+    state = release["state"]
+    note = {"unfixed": " (#31501 not applied)", "fixed": " (#31501 applied)"}.get(state, "")
+    line = f"sglang {release['sglang']} ({origin}, {release['backend_file']}): backend {state}{note}"
+    return f"WHAT-IF: {line}; audited with {WHAT_IF_TEXT[what_if]}, not as it ships" if what_if else line
 
 
 # The public reports, the path that can show each, and the finding that would; read off the
@@ -249,15 +316,15 @@ REPORTS = {
 
 
 def reports(results: list[AuditResult]) -> list[dict]:
-    """For each report and each audit run: holds / does not hold / not driven, with the findings
-    that show it."""
+    """For each report and each audit run (keyed by its label): holds / does not hold / not
+    driven, with the findings that show it."""
     rows = []
     for name, (path, pred) in REPORTS.items():
         row = {"report": name}
         for r in results:
             hits = [f for f in r.findings if (path is None or f.path == path) and pred(f)]
             driven = any(path is None or d["path"] == path for d in r.driven)
-            row["patched" if r.patched else "unpatched"] = {
+            row[r.label] = {
                 "holds": bool(hits) if driven else None,
                 "evidence": sorted({f"{f.path}/{f.layer}: {f.wrapper} plan={f.plan_value} "
                                     f"forward={f.forward_value} ({f.stage})" for f in hits})[:6]
@@ -271,70 +338,20 @@ def verdict(v: dict) -> str:
     return {True: "holds", False: "does not hold", None: "not driven"}[v["holds"]]
 
 
-def report_table(findings: list[Finding]) -> list[dict]:
-    """Findings grouped by (path, parameter, wrapper class, effect) for a notebook table."""
+def report_table(findings: list) -> list[dict]:
+    """Findings (objects or their dicts) grouped by (path, parameter, wrapper class, effect)."""
     groups: dict[tuple, dict] = {}
     for f in findings:
-        key = (f.path, f.parameter, f.wrapper.split("#")[0], f.kind, f.effect)
-        g = groups.setdefault(key, {"path": f.path, "parameter": f.parameter, "wrapper": f.wrapper.split("#")[0],
-                                    "kind": f.kind, "effect": f.effect, "plan": f.plan_value,
-                                    "forward": f.forward_value, "layers": [], "stages": set(),
-                                    "consequence": f.consequence})
-        g["layers"].append(f.layer)
-        g["stages"].add(f.stage)
+        f = f if isinstance(f, dict) else f.to_dict()
+        key = (f["path"], f["parameter"], f["wrapper"].split("#")[0], f["kind"], f["effect"])
+        g = groups.setdefault(key, {"path": f["path"], "parameter": f["parameter"],
+                                    "wrapper": f["wrapper"].split("#")[0], "kind": f["kind"],
+                                    "effect": f["effect"], "plan": f["plan_value"], "forward": f["forward_value"],
+                                    "layers": [], "stages": set(), "consequence": f["consequence"]})
+        g["layers"].append(f["layer"])
+        g["stages"].add(f["stage"])
     return [{**g, "layers": ",".join(sorted(set(g["layers"]))), "stages": ",".join(sorted(g["stages"]))}
             for g in groups.values()]
-
-
-# ----------------------------------------------------------------------------- CLI
-def register(sub) -> None:
-    p = sub.add_parser("audit", help="plan/forward contract audit of sglang's FlashInfer calls (CPU)",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("--sglang-source", type=Path, metavar="FILE",
-                   help="audit this flashinfer_backend.py (another release's) instead of the installed one")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--patched", dest="which", action="store_const", const="patched",
-                   help="with PR #31501's fix applied in-process")
-    g.add_argument("--unpatched", dest="which", action="store_const", const="unpatched",
-                   help="with the fix removed in-process (default)")
-    g.add_argument("--both", dest="which", action="store_const", const="both")
-    p.add_argument("--paths", help=f"comma-separated subset of {','.join(ap.PATHS)}")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    p.set_defaults(func=main, which="unpatched")
-
-
-def main(a) -> int:
-
-    paths = None
-    if a.paths:
-        paths = [x.strip() for x in a.paths.split(",") if x.strip()]
-        bad = [x for x in paths if x not in ap.PATHS]
-        if bad:
-            raise UsageError(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(ap.PATHS)}")
-    try:
-        import sglang
-    except ImportError:
-        raise UsageError("the audit drives sglang's backend: install it (`pip install sglang==0.5.15.post1`)") from None
-    which = {"patched": [True], "unpatched": [False], "both": [False, True]}[a.which]
-    results = [run_audit(p, source=a.sglang_source, paths=paths) for p in which]
-    doc = {"sglang": sglang.__version__, "source": str(a.sglang_source or "installed"),
-           "runs": [r.to_dict() for r in results], "reports": reports(results)}
-    if a.json:
-        print(json.dumps(doc, default=str))
-        return 0
-    for r in results:
-        print(f"== {'patched' if r.patched else 'unpatched'} ({r.source}): {len(r.findings)} findings, "
-              f"{len(r.driven)} runs driven, {len(r.not_driven)} not driven")
-        for row in report_table(r.findings):
-            print(f"  {row['path']:<24} {row['parameter']:<16} {row['wrapper']:<38} {row['kind']:<8} "
-                  f"plan={row['plan']} forward={row['forward']} [{row['effect']}] {row['consequence']}")
-        for nd in r.not_driven:
-            print(f"  not driven: {nd['path']}/{nd['layer']}: {nd['why']}")
-    for row in doc["reports"]:
-        print(f"{row['report']}: " + ", ".join(f"{k}: {verdict(v)}"
-                                              for k, v in row.items() if k != "report"))
-    sys.stdout.flush()
-    return 0
 
 
 # ----------------------------------------------------------------------------- advice per model

@@ -2,7 +2,7 @@
 and patched, each against the exact float64 reference.
 
 Expectation (exit 1 if it fails): unpatched fails exactly the cases that reach past the window
-(:func:`sglang_harness.reaches_past_window`, geometry only), patched passes all. Each row says
+(:func:`harness.reaches_past_window`, geometry only), patched passes all. Each row says
 why it failed: the kernel model rebuilt from the recorded plan/forward arguments (extra keys per
 row, first leaking row) and the first row whose measured error is above tolerance.
 
@@ -18,8 +18,18 @@ import sys
 import unittest
 from pathlib import Path
 
-from swa_repro.core.errors import UsageError
+import torch
+
 from swa_repro.core.case import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import out_dir
+from swa_repro.core.mode import resolve_mode
+from swa_repro.sglang import patch as sglang_patch
+from swa_repro.sglang.harness import reaches_past_window, run_case, sglang_env, sglang_info, swa_forward_index
+from swa_repro.sglang.trace import Trace
+
+# sglang's attention test kit is imported inside the functions that use it: sglang is optional and
+# slow to import (about a minute on 2 cores), and a bad --cases must fail before that.
 
 HEAD_DIM = 128
 MATRIX = (
@@ -37,15 +47,11 @@ ROUTED = tuple((c, "paged") for c in MATRIX) + ((MATRIX[2], "deterministic"),)
 
 
 def expected_pass(case: Case, patched: bool) -> bool:
-    from swa_repro.sglang.harness import reaches_past_window
-
     return patched or not reaches_past_window(case)
 
 
 def run_matrix(mode: str = "model", *, cases=None, trace_dir=None, keep=False):
     """``[(row dict, HarnessResult or None)]`` for every (case, route) x (unpatched, patched)."""
-    from swa_repro.sglang.harness import reaches_past_window, run_case
-
     out = []
     for case, route in ROUTED:
         if cases and case.name not in cases:
@@ -65,27 +71,12 @@ def run_matrix(mode: str = "model", *, cases=None, trace_dir=None, keep=False):
 
 def _swa_plan_window(r) -> int | None:
     """The window_left sglang gave the SWA wrapper's plan (None: not given, the bug)."""
-    from swa_repro.sglang.harness import _swa_forward_index
-
-    fwd = _swa_forward_index(r.trace)
+    fwd = swa_forward_index(r.trace)
     if fwd is None:
         return None
     w = r.trace.calls[fwd].wrapper
     kws = [k for k in r.plan_kwargs if k["wrapper"] == w]
     return kws[-1].get("window_left") if kws else None
-
-
-def leak_figure(result, title: str | None = None):
-    """Intended vs effective mask (+ difference, per-CTA kv_start, tile map) of the SWA wrapper's
-    run in the harness, on the KV sglang handed it (its trimmed window, page_size 1)."""
-    from swa_repro.kernel.model import simulate
-    from swa_repro.notebook.plots import plot_case
-
-    m = result.model
-    case = m.case.with_(name=result.case.name)
-    return plot_case(case, simulate(case, tiles=True),
-                     title=title or f"{result.case.name}: sglang {'patched' if result.patched else 'unpatched'}, "
-                                    f"plan window_left={m.case.plan_window_left}, run window_left={m.case.window_left}")
 
 
 # ----------------------------------------------------------------------------- the kit as peer suite
@@ -101,8 +92,6 @@ def kit_cases():
 
 def kit_expected_pass(kit_case, patched: bool) -> bool:
     """The same geometric expectation as the matrix, for a kit case (no window: always pass)."""
-    from swa_repro.sglang.harness import reaches_past_window
-
     if patched or kit_case.sliding_window_size is None:
         return True
     return not reaches_past_window(Case(kit_case.prefix_lens, kit_case.extend_lens,
@@ -114,12 +103,6 @@ def peer_suite(mode: str = "model", patched: bool = False, names=None) -> list[d
     same wrapper substitution as the harness, with head_dim 128 in both modes (the kernel model covers
     FlashInfer's compiled head dims 64/128/256; the kit's default is 16) and the kit's other defaults
     (fp16, hidden 64, shuffled pages). The kit compares with atol = rtol = 3e-2 after its o_proj."""
-    import torch
-
-    from swa_repro.sglang import patch as sglang_patch
-    from swa_repro.sglang.harness import sglang_env
-    from swa_repro.sglang.trace import Trace
-
     from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
     kw = dict(device="cpu" if mode == "model" else "cuda", head_dim=HEAD_DIM)
@@ -156,12 +139,12 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-    from swa_repro.core.mode import resolve_mode
-
     names = [n for n in a.cases.split(",") if n.strip()]
     unknown = sorted(set(names) - {c.name for c in MATRIX})
     if unknown:
         raise UsageError(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(c.name for c in MATRIX)}")
+    if a.trace_dir:
+        out_dir(a.trace_dir, "--trace-dir")  # created when missing (Trace.save); checked before any run
     info = resolve_mode(a.mode)
     rows = [r for r, _ in run_matrix(info.mode, cases=set(names), trace_dir=a.trace_dir)]
     peer = {s: peer_suite(info.mode, p) for s, p in (("unpatched", False), ("patched", True))} if a.peer else None
@@ -177,8 +160,6 @@ def main(a) -> int:
 
 def matrix_doc(info, rows: list[dict], peer: dict | None = None) -> dict:
     """The report: mode and why, where sglang is and its state, every row, the peer suite."""
-    from swa_repro.sglang.harness import sglang_info
-
     ok = all(r["as_expected"] for r in rows) and all(
         r["passed"] is None or r["passed"] == r["expected_pass"] for rs in (peer or {}).values() for r in rs)
     doc = {"mode": info.mode, "mode_reason": info.reason, **sglang_info(), "expectation_met": ok, "results": rows}

@@ -29,7 +29,10 @@ the full sequences, not on sglang's trimmed KV.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
 import importlib.metadata as md
+import inspect
 import math
 import types
 from dataclasses import dataclass, field
@@ -37,12 +40,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from swa_repro.core.errors import UsageError
-from swa_repro.kernel import wrappers as mw
+from swa_repro.core.batch import random_inputs
 from swa_repro.core.case import Case, CaseError
-from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.core.mode import resolve_mode
 from swa_repro.core.reference import reference_attention
+from swa_repro.kernel import wrappers as mw
+from swa_repro.kernel.model import ModelResult, simulate
+from swa_repro.sglang import patch as sglang_patch
 from swa_repro.sglang.trace import Trace, decode, record_class
+
+# sglang itself (and flashinfer, live mode only) is imported inside the functions that drive it:
+# both are optional and slow to import, and importing this module must not need them.
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 WRAPPER_NAMES = ("BatchPrefillWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper",
@@ -53,25 +61,35 @@ ATOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2, torch.float32: 1e-4}
 
 
 class TorchKvIndices:
-    """``create_flashinfer_kv_indices_triton[(bs,)](...)`` in torch (kv_indices.py:9-44): for
-    each request, copy ``req_to_token[req, start : start + len]`` to ``kv_indices[indptr[i]:]``."""
+    """``create_flashinfer_kv_indices_triton[grid](...)`` in torch, both signatures: the historical
+    one (srt/layers/attention/triton_ops/kv_indices.py:9-44: for each request, copy
+    ``req_to_token[req, start : start + len]`` to ``kv_indices[indptr[i]:]``) and 0.5.23's
+    (sglang/kernels/ops/attention/kv_indices.py:59-74: ``ENTRY_PAGE_SIZE`` entries per slot,
+    ``TOKEN_BLOCK_PARALLEL``, ``token_mapping``; a 2-D grid)."""
 
     def __getitem__(self, grid):
         bs = int(grid[0])
 
-        def launch(req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices, stride):
+        def launch(req_to_token, req_pool_indices, page_kernel_lens, kv_indptr, kv_start_idx, kv_indices, stride,
+                   ENTRY_PAGE_SIZE=1, TOKEN_BLOCK_PARALLEL=False, token_mapping=None):
             for pid in range(bs):
                 req, off = int(req_pool_indices[pid]), int(kv_indptr[pid])
                 start = int(kv_start_idx[pid]) if kv_start_idx is not None else 0  # `if kv_start_idx:` (:27)
                 n = int(page_kernel_lens[pid])
-                kv_indices[off: off + n] = req_to_token[req, start: start + n].to(kv_indices.dtype)
+                pos = torch.arange(start, start + n, device=req_to_token.device)
+                row = req_to_token.reshape(-1)[req * int(stride):]
+                if ENTRY_PAGE_SIZE == 1:
+                    ids = row[pos].long()
+                else:
+                    ids = row[pos // ENTRY_PAGE_SIZE].long() * ENTRY_PAGE_SIZE + pos % ENTRY_PAGE_SIZE
+                if token_mapping is not None:
+                    ids = torch.where(ids >= 0, token_mapping[ids.clamp(min=0)].long(), ids)
+                kv_indices[off: off + n] = ids.to(kv_indices.dtype)
 
         return launch
 
 
 def backend_module():
-    import importlib
-
     return importlib.import_module(MODULE)
 
 
@@ -150,13 +168,14 @@ def model_runner(case: Case, *, dtype, device, route: str, max_context_len: int)
         dtype=dtype, device=device, sliding_window_size=case.window_left)
 
 
-def _inputs(case: Case, runner, layer, *, dtype, device, seed: int, max_context_len: int):
+def _inputs(case: Case, runner, layer, *, dtype, device, seed: int, max_context_len: int, kit=None):
     """Seeded q/k/v (batch.random_inputs), the kit's shuffled-page token layout and ForwardBatch
-    (dense_attention.py make_loc_fn, _make_forward_batch), prefix K/V written into the pool."""
+    (dense_attention.py make_loc_fn, _make_forward_batch), prefix K/V written into the pool.
+    ``kit``: another module with those names (the audit's ``releases_kit.kit_module()``)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
-    from swa_repro.core.batch import random_inputs
+    if kit is None:
+        from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
 
     qs, ks, vs = random_inputs(case, seed=seed, dtype=dtype)
     kcase = kit.DenseAttentionCase(
@@ -209,13 +228,9 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
     ``paged`` (SGLANG_FLASHINFER_USE_PAGED=1) or ``deterministic`` (enable_deterministic_inference,
     which also plans with fixed_split_size=4096). Inputs are seeded bf16 randn; ``passed`` is
     ``max |output - reference| <= atol`` (2e-2 for bf16) with no NaN."""
-    from swa_repro.sglang import patch as sglang_patch
-
     case = case_spec if isinstance(case_spec, Case) else Case.from_dict(dict(case_spec))
     if case.window_left < 0:
         raise CaseError("the harness drives a sliding-window layer: give window_left >= 0")
-    from swa_repro.core.mode import resolve_mode
-
     mode = resolve_mode(mode).mode  # auto -> live | model; live without CUDA/flashinfer: UsageError
     device = "cuda" if mode == "live" else "cpu"
     trace = Trace(meta={"case": case.name, "case_dict": case.to_dict(), "patched": patched, "mode": mode,
@@ -244,7 +259,7 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
     if any(torch.isnan(a.float()).any() for a in outs):  # Python's max() would not propagate a NaN
         err = float("nan")
     atol = ATOL.get(dtype, 2e-2)
-    fwd = _swa_forward_index(trace)
+    fwd = swa_forward_index(trace)
     if fwd is not None:
         trace.meta["reference"] = {"call": fwd, "output": torch.cat(ref).float(),
                                    "qo_indptr": [0, *np.cumsum(case.extend_lens).tolist()]}
@@ -257,7 +272,7 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
     return res
 
 
-def _swa_forward_index(trace: Trace) -> int | None:
+def swa_forward_index(trace: Trace) -> int | None:
     """Index of the paged prefill forward whose output is the layer's (the only forward issued)."""
     idx = [i for i, c in enumerate(trace.calls) if c.cls == WRAPPER_NAMES[0] and c.method in ("forward", "run")]
     return idx[-1] if idx else None
@@ -265,9 +280,9 @@ def _swa_forward_index(trace: Trace) -> int | None:
 
 def model_of_trace(trace: Trace, gpu: mw.GpuSpec | None = None) -> ModelResult | None:
     """The kernel model of the recorded SWA prefill: replay the recorded plan + forward into a
-    :class:`model_wrapper.ModelPagedPrefillWrapper` and read the Case it builds (works for live
+    :class:`kernel.wrappers.ModelPagedPrefillWrapper` and read the Case it builds (works for live
     traces too: it needs only the recorded arguments)."""
-    fwd = _swa_forward_index(trace)
+    fwd = swa_forward_index(trace)
     if fwd is None:
         return None
     c = trace.calls[fwd]
@@ -314,8 +329,6 @@ def sglang_info() -> dict:
     """Where sglang is and what state its backend file is in (via swa_repro.sglang.patch)."""
     import sglang
 
-    from swa_repro.sglang import patch as sglang_patch
-
     path = sglang_patch.installed_path()
     try:
         fi = md.version("flashinfer-python")
@@ -329,10 +342,6 @@ def sglang_info() -> dict:
 def method_source(name: str, patched: bool | None = None) -> str:
     """``inspect.getsource`` of ``FlashInferIndicesUpdaterPrefill.<name>`` as loaded
     (``patched=None``), or inside ``sglang_patch.patched()`` / ``unpatched()``."""
-    import inspect
-
-    from swa_repro.sglang import patch as sglang_patch
-
     fb = backend_module()
     cls = fb.FlashInferIndicesUpdaterPrefill
     if patched is None:
@@ -343,8 +352,6 @@ def method_source(name: str, patched: bool | None = None) -> str:
 
 def patch_diff() -> str:
     """Unified diff of the installed backend file against its fixed form (empty when it is fixed)."""
-    from swa_repro.sglang import patch as sglang_patch
-
     path = sglang_patch.installed_path()
     text = path.read_text()
     if sglang_patch.classify(text).state == "fixed":
@@ -354,16 +361,12 @@ def patch_diff() -> str:
 
 def file_digest() -> str:
     """sha256 of the installed backend file: the in-memory patch must leave it unchanged."""
-    import hashlib
-
-    from swa_repro.sglang import patch as sglang_patch
-
     return hashlib.sha256(sglang_patch.installed_path().read_bytes()).hexdigest()
 
 
 def swa_plan_kwargs(result: HarnessResult) -> dict:
     """The plan kwargs sglang gave the wrapper the SWA layer's forward() ran on (scalars only)."""
-    fwd = _swa_forward_index(result.trace)
+    fwd = swa_forward_index(result.trace)
     w = result.trace.calls[fwd].wrapper
     kw = next(k for k in reversed(result.plan_kwargs) if k["wrapper"] == w)
     return {k: v for k, v in kw.items() if v is not None}
@@ -371,5 +374,5 @@ def swa_plan_kwargs(result: HarnessResult) -> dict:
 
 def swa_forward_kwargs(result: HarnessResult) -> dict:
     """The keyword arguments of the SWA layer's forward() call (scalars only)."""
-    c = result.trace.calls[_swa_forward_index(result.trace)]
+    c = result.trace.calls[swa_forward_index(result.trace)]
     return {k: v for k, v in decode(c.kwargs).items() if not torch.is_tensor(v)}

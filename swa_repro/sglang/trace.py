@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import out_file
+from swa_repro.evidence.recordings import provenance
 
 RECORDED_METHODS = ("plan", "begin_forward", "forward", "forward_return_lse", "run", "run_return_lse")
 OUTPUT_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
@@ -238,7 +240,7 @@ def replay(trace: Trace, backend: str = "flashinfer", atol: float = 2e-2, device
                          "(torch.cuda.is_available() is False): copy the trace to a GPU machine with torch and "
                          "flashinfer-python installed and run `swa-repro replay TRACE.pt` there")
     try:
-        import flashinfer
+        import flashinfer  # lazy: CUDA-only; replay is the one command here that needs it
     except Exception as e:
         raise UsageError(f"replay needs flashinfer but it does not import ({type(e).__name__}: {e}): "
                          "pip install flashinfer-python==0.6.12 (what sglang 0.5.15.post1 pins)") from None
@@ -281,7 +283,8 @@ def register(sub) -> None:
 
 
 def main(a) -> int:
-
+    if a.out:
+        out_file(a.out, "--out", (".json",))  # before loading traces or touching the GPU
     traces = []
     for t in a.traces:
         if not Path(t).is_file():
@@ -308,8 +311,6 @@ def main(a) -> int:
                       f"{'ok' if r.ok else 'BAD: ' + r.why}" + (f" raised {r.replay_error}" if r.replay_error else ""))
     sys.stdout.flush()
     if a.out:  # GPU evidence: the reports with where and how they were made
-        from swa_repro.evidence.recordings import provenance
-
         Path(a.out).write_text(json.dumps({"provenance": provenance(), "traces": docs}, indent=1) + "\n")
     return 1 if bad else 0
 

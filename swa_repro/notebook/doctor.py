@@ -1,0 +1,109 @@
+"""``swa-repro doctor``: what is installed, whether CUDA is usable, and which mode ``auto`` picks.
+
+It sits in the notebook layer (above ``sglang``) so that it can report what every layer below
+finds; the mode rule itself is ``swa_repro.core.mode``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+
+from swa_repro.core.mode import cuda_status, dist_version, flashinfer_status, resolve_mode
+
+# Distributions doctor reports (PyPI names).
+PACKAGES = ("torch", "flashinfer-python", "sglang", "numpy", "papermill", "jupytext", "nbconvert",
+            "ipykernel", "matplotlib", "pytest")
+
+
+def _gpu_info() -> dict | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        p = torch.cuda.get_device_properties(0)
+        info = {"name": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1),
+                "count": torch.cuda.device_count(), "driver": None}
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return info
+
+
+def doctor_report() -> dict:
+    cuda = cuda_status()
+    try:
+        auto = resolve_mode("auto").to_dict()
+    except Exception as e:  # never let the doctor itself crash
+        auto = {"mode": None, "reason": f"{type(e).__name__}: {e}", "details": {}}
+    return {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "packages": {name: dist_version(name) for name in PACKAGES},
+        "torch": cuda.get("torch"),  # torch.__version__, with its local tag (+cpu, +cu130)
+        "torch_cuda_build": cuda.get("torch_cuda_build"),
+        "cuda_usable": cuda["available"],
+        "gpu": _gpu_info(),
+        "flashinfer": flashinfer_status(),
+        "auto_mode": {"mode": auto["mode"], "reason": auto["reason"]},
+        "sglang_findings": _sglang_findings(),
+    }
+
+
+def _sglang_findings() -> dict:
+    """The installed backend's state (live, patch.classify) and its row of the release table."""
+    try:
+        from swa_repro.sglang.audit_table import installed_summary
+
+        return installed_summary()
+    except Exception as e:  # never let the doctor itself crash
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _print_report(r: dict) -> None:
+    pk = r["packages"]
+    print(f"python      {r['python']}  ({r['python_executable']})")
+    print(f"torch       {r['torch'] or 'not installed'}  (CUDA build: {r['torch_cuda_build'] or 'none, CPU-only'})")
+    fi = r["flashinfer"]
+    print(f"flashinfer  {pk['flashinfer-python'] or 'not installed'}  "
+          f"({'imports' if fi['imports'] else fi.get('why', 'does not import')})")
+    for name in ("sglang", "numpy", "papermill", "jupytext", "nbconvert", "ipykernel", "matplotlib", "pytest"):
+        print(f"{name:<11} {pk[name] or 'not installed'}")
+    print(f"CUDA usable {'yes' if r['cuda_usable'] else 'no'}")
+    g = r["gpu"]
+    if g:
+        print(f"GPU         {g.get('name')}  sm{g.get('capability', '?').replace('.', '')}  "
+              f"{g.get('memory_gib')} GiB  x{g.get('count')}  driver {g.get('driver') or 'unknown'}"
+              if "error" not in g else f"GPU         error: {g['error']}")
+    print(f"auto picks  {r['auto_mode']['mode']}: {r['auto_mode']['reason']}")
+    from swa_repro.sglang.audit_table import summary_lines
+
+    for line in summary_lines(r["sglang_findings"]):
+        print(line)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("doctor", help="what is installed, whether CUDA is usable, and which mode auto picks")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=doctor_main)
+
+
+def doctor_main(a) -> int:
+    r = doctor_report()
+    if a.json:
+        json.dump(r, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_report(r)
+    return 0

@@ -1,0 +1,67 @@
+"""The one place display labels are applied: typed rows in, a plain fixed-width text table out.
+
+Library functions return frozen dataclass rows (``Row`` subclasses) that code indexes by
+attribute; each field says how it is shown through :func:`col` (its column label, a formatter,
+whether an absent value drops the column). :func:`table` / :func:`show` also take plain dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+
+
+def col(label: str | None, default=None, *, fmt=None, optional: bool = False, expand: str | None = None,
+        **kw):
+    """A shown field. ``label`` may name other fields (``"err ({mode})"``); ``None`` hides the field;
+    ``optional``: no column when the value is None; ``expand``: a dict field shown as one column per
+    key, labelled ``expand.format(key=...)``; ``fmt``: value -> what is shown."""
+    meta = {"label": label, "fmt": fmt, "optional": optional, "expand": expand}
+    if "default_factory" in kw:
+        return field(default_factory=kw["default_factory"], metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Row:
+    """Base of every typed row: :meth:`cells` is its display form, used only by :func:`table`."""
+
+    def cells(self) -> dict:
+        names = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {}
+        for f in fields(self):
+            m, v = f.metadata, names[f.name]
+            if not m or m.get("label") is None or (m.get("optional") and v is None):
+                continue
+            if m.get("expand"):
+                out.update({m["expand"].format(key=k): x for k, x in (v or {}).items()})
+                continue
+            out[m["label"].format(**names)] = m["fmt"](v) if m.get("fmt") else v
+        return out
+
+
+def table(rows, cols: list[str] | None = None, max_width: int = 60) -> str:
+    """Plain fixed-width text table of typed rows or dicts; columns in order of first appearance."""
+    rows = [r.cells() if isinstance(r, Row) else r for r in rows]
+    if not rows:
+        return "(no rows)"
+    cols = cols or list(dict.fromkeys(k for r in rows for k in r))
+    cell = lambda v: fmt(v)[:max_width]  # noqa: E731
+    w = {c: max(len(c), *(len(cell(r.get(c, ""))) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(w[c]) for c in cols), "  ".join("-" * w[c] for c in cols)]
+    lines += ["  ".join(cell(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def show(rows, cols=None, max_width: int = 60) -> None:
+    print(table(rows, cols, max_width))
+
+
+def fmt(v) -> str:
+    """A cell as text: floats to 3 significant digits, sequences comma-joined, None empty."""
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.3g}"
+    if isinstance(v, (list, tuple)):
+        return ",".join(fmt(x) for x in v)
+    return "" if v is None else str(v)

@@ -1,0 +1,122 @@
+"""``swa-repro audit``: which plan/forward findings hold in an sglang release, from its recorded calls.
+
+* ``swa-repro audit``: the installed sglang as it is. The first line says which release, which
+  backend file it read and that file's state (unfixed / fixed / unknown, ``patch.classify``).
+* ``--sglang X``: release X's own code (``audit_release``: an overlay, a subprocess), any release
+  from 0.5.10 on.
+* ``--patched`` / ``--unpatched`` / ``--both``: explicit what-ifs (PR #31501's two methods swapped
+  in-process); their header starts ``WHAT-IF`` and their JSON carries ``"what_if"``.
+* ``--release-table``: every release in ``--releases``, one subprocess each ->
+  ``releases.md`` + ``releases.json`` (``audit_table``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import audit_paths as ap
+from swa_repro.sglang import audit_table as at
+
+REMOVED_SOURCE = ("--sglang-source was removed: it spliced another release's backend file into the installed "
+                  "package; use --sglang VERSION to audit that release's own code")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("audit", help="plan/forward contract audit of sglang's FlashInfer calls (CPU)",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--sglang", metavar="VERSION", help="audit this sglang release's own code (0.5.10 or later; "
+                   "installed as a cached overlay, run in a subprocess)")
+    p.add_argument("--sglang-source", help=argparse.SUPPRESS)  # removed: says so, exit 2
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--patched", dest="what_if", action="store_const", const=["patched"],
+                   help="WHAT-IF: with PR #31501's fix applied in-process")
+    g.add_argument("--unpatched", dest="what_if", action="store_const", const=["unpatched"],
+                   help="WHAT-IF: with PR #31501's fix removed in-process")
+    g.add_argument("--both", dest="what_if", action="store_const", const=["unpatched", "patched"],
+                   help="both what-ifs")
+    p.add_argument("--paths", help=f"comma-separated subset of {','.join(ap.PATHS)}")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--release-table", action="store_true", help="audit each of --releases -> --out/releases.md "
+                   "+ releases.json")
+    p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
+    p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
+    p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table")
+    p.set_defaults(func=main, what_if=None)
+
+
+def _paths(text):
+    if not text:
+        return None
+    paths = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in paths if x not in ap.PATHS]
+    if bad:
+        raise UsageError(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(ap.PATHS)}")
+    return paths
+
+
+def main(a) -> int:
+    if a.sglang_source is not None:
+        raise UsageError(REMOVED_SOURCE)
+    paths = _paths(a.paths)
+    if a.release_table:
+        return _table(a)
+    runs = [_one(a.sglang, w, paths) for w in (a.what_if or [None])]
+    doc = {"sglang": runs[0]["release"]["sglang"], "what_if": runs[0]["what_if"] if len(runs) == 1 else None,
+           "runs": runs, "classes": [at.cells(r) for r in runs]}
+    if a.json:
+        print(json.dumps(doc, default=str))
+    else:
+        for r, cl in zip(runs, doc["classes"]):
+            print_run(r, cl)
+    sys.stdout.flush()
+    return 0
+
+
+def _one(version, what_if, paths) -> dict:
+    """One audit run as a dict: of the installed sglang in this process, or of ``version`` in a child."""
+    if version:
+        from swa_repro.sglang.audit_release import audit_release
+
+        return audit_release(version, what_if=what_if, paths=paths, note=lambda s: print(s, file=sys.stderr))
+    try:
+        import sglang  # noqa: F401  (lazy: optional and slow to import; after the arguments are checked)
+    except ImportError:
+        raise UsageError("the audit drives sglang's backend: install it (`pip install sglang==0.5.15.post1`) "
+                         "or give --sglang VERSION") from None
+    from swa_repro.sglang import audit
+
+    d = audit.run_audit(what_if, paths=paths).to_dict()
+    d["release"]["origin"] = "installed"
+    return d
+
+
+def print_run(r: dict, classes: dict) -> None:
+    from swa_repro.sglang import audit
+
+    print(audit.header(r["release"], r["what_if"], r["release"].get("origin", "installed")))
+    print(f"  {len(r['findings'])} findings, {len(r['driven'])} path x layer runs driven, "
+          f"{len(r['not_driven'])} not driven")
+    for row in audit.report_table(r["findings"]):
+        print(f"  {row['path']:<24} {row['parameter']:<16} {row['wrapper']:<38} {row['kind']:<8} "
+              f"plan={row['plan']} forward={row['forward']} [{row['effect']}] {row['consequence']}")
+    for nd in r["not_driven"]:
+        print(f"  not driven ({nd['status']}): {nd['path']}/{nd['layer']}: {nd['why']}")
+    print("finding classes" + (" (what-if)" if r["what_if"] else "") + ":")
+    for k, c in classes.items():
+        print(f"  {at.CLASSES[k].title:<30} {c['state']:<10} {c['evidence'][0] if c['evidence'] else ''}")
+
+
+def _table(a) -> int:
+    versions = [v.strip() for v in a.releases.split(",") if v.strip()]
+    if a.what_if or a.sglang or a.paths:
+        raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
+                         "and the what-ifs")
+    cmd = "swa-repro audit --release-table --releases " + ",".join(versions)
+    table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
+    md, js = at.write_table(table, a.out)
+    print(f"wrote {md} and {js}")
+    return 0

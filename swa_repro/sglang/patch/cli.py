@@ -1,0 +1,78 @@
+"""``swa-repro patch status|diff|apply|revert``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import swa_repro.sglang.patch as patch_pkg
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang.patch.classify import classify
+from swa_repro.sglang.patch.edit import transform, unified_diff
+from swa_repro.sglang.patch.files import (apply_in_place, atomic_write, backup_paths, installed_path,
+                                          revert_in_place, sha256_hex)
+
+
+def register(sub):
+    p = sub.add_parser("patch", help="classify / diff / patch / revert sglang's FlashInfer "
+                       "backend for the sliding-window plan bug (PR #31501)",
+                       description=patch_pkg.__doc__.splitlines()[0])
+    p.add_argument("action", choices=("status", "diff", "apply", "revert"))
+    p.add_argument("--source", type=Path, help="flashinfer_backend.py to read (default: the "
+                   "installed sglang's)")
+    p.add_argument("--out", type=Path, help="apply: write the patched file here")
+    p.add_argument("--in-place", action="store_true", help="apply: patch the file itself, "
+                   "with a backup (`revert` restores it)")
+    p.add_argument("--reverse", action="store_true", help="diff/apply: fixed -> unfixed, to "
+                   "show the bug on sglang >= 0.5.16")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    if args.out and args.in_place:
+        raise UsageError("choose one of --out FILE and --in-place")
+    if (args.out or args.in_place) and args.action != "apply":
+        raise UsageError("--out / --in-place go with `apply`")
+    if args.reverse and args.action not in ("diff", "apply"):
+        raise UsageError("--reverse goes with `diff` or `apply`")
+    path = args.source if args.source else installed_path()
+    if not path.is_file():
+        raise UsageError(f"--source {path}: no such file")
+    if args.action == "revert":
+        print(revert_in_place(path))
+        return 0
+    text = path.read_bytes().decode()
+    s = classify(text)
+    if args.action == "status":
+        if s.state == "unknown":
+            print(f"swa-repro patch: {path}: " + "; ".join(s.reasons), file=sys.stderr)
+        meta = backup_paths(path)[1]
+        if meta.exists() and json.loads(meta.read_text())["patched_sha256"] == sha256_hex(text.encode()):
+            print(f"swa-repro patch: {path} was patched in place by swa-repro "
+                  "(`swa-repro patch revert` restores it)", file=sys.stderr)
+        print(s.state)
+        return 0
+    target = "unfixed" if args.reverse else "fixed"
+    if args.in_place:
+        print(apply_in_place(path, target))
+        return 0
+    new = transform(text, target)  # refuses unknown
+    if new == text:
+        print(f"swa-repro patch: {path} is already {target}; nothing to do", file=sys.stderr)
+        return 0
+    diff = unified_diff(text, new, str(path).lstrip("/"))
+    if args.action == "diff":
+        sys.stdout.write(diff)
+        return 0
+    if args.out is None:
+        sys.stdout.write(diff)
+        raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
+                         "(patch the file, with a backup)")
+    if args.out.resolve() == path.resolve():
+        raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
+    if not args.out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: directory {args.out.parent} does not exist")
+    atomic_write(args.out, new.encode(), like=path)
+    print(f"wrote {args.out} ({s.state} -> {target}); {path} unchanged")
+    return 0

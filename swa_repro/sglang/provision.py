@@ -1,0 +1,111 @@
+"""An sglang release as an *overlay*: ``uv pip install --no-deps --target DIR sglang==X``, cached per
+release, put first on ``sys.path`` of this venv in a subprocess (``audit_release``).
+
+Why an overlay, not an environment per release (measured on a 2-core host, issue 9): the overlay
+takes 1-4 s per release (30-132 MB, hard-linked from the shared download cache) against 95-160 s and
+~10 GB per torch stack for a full environment, and the audit of 0.5.23 gave identical findings both
+ways: no release's backend branches on the torch or flashinfer version, and the audit replaces
+FlashInfer's wrappers with recording stand-ins, so flashinfer only has to import. Every loaded
+``sglang.*`` module must come from the overlay (checked by ``audit_release``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+
+MIN_RELEASE = (0, 5, 10)  # the oldest release the adapters in `releases` were written against
+MARKER = ".swa-repro-overlay.json"
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
+
+
+def parse(version: str) -> tuple:
+    """``0.5.15.post1`` -> (0, 5, 15, 1); refuses anything that is not a plain release number."""
+    if not _VERSION.match(version or ""):
+        raise UsageError(f"--sglang {version!r}: give a release number such as 0.5.23 "
+                         "(see `pip index versions sglang`)")
+    nums = [int(x) for x in re.findall(r"\d+", version)]
+    return tuple(nums + [0] * (4 - len(nums)))
+
+
+def cache_root() -> Path:
+    """``$SWA_REPRO_CACHE``, else ``<checkout>/.cache/swa-repro`` when running from a checkout
+    (git-ignored), else ``~/.cache/swa-repro``."""
+    if os.environ.get("SWA_REPRO_CACHE"):
+        return Path(os.environ["SWA_REPRO_CACHE"]).expanduser()
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / ".git").exists() and (repo / "pyproject.toml").is_file():
+        return repo / ".cache" / "swa-repro"
+    return Path.home() / ".cache" / "swa-repro"
+
+
+def overlay_dir(version: str) -> Path:
+    return cache_root() / "sglang" / version
+
+
+def installer(target: Path, version: str) -> list[str]:
+    """uv next to this interpreter or on PATH, else ``python -m pip``."""
+    uv = Path(sys.executable).with_name("uv")
+    uv = str(uv) if uv.is_file() else shutil.which("uv")
+    if uv:
+        return [uv, "pip", "install", "--python", sys.executable, "--no-deps", "--target", str(target),
+                f"sglang=={version}"]
+    return [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), f"sglang=={version}"]
+
+
+def _refusal(version: str, output: str) -> str:
+    """One line from the installer's output: no such release, no network, or its last line."""
+    low = output.lower()
+    if any(s in low for s in ("no solution found", "no matching distribution", "could not find a version",
+                              "no version of sglang")):
+        return f"sglang=={version} is not on the package index: see `pip index versions sglang`"
+    if any(s in low for s in ("failed to fetch", "dns error", "connection", "network", "timed out",
+                              "temporary failure", "offline")):
+        return f"cannot reach the package index to install sglang=={version} (no network?)"
+    last = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return f"installing sglang=={version} failed: {last[-1] if last else 'no output'}"
+
+
+def provision(version: str) -> tuple[Path, dict]:
+    """The overlay of ``version`` (installed now unless cached) and how it was made."""
+    if parse(version) < MIN_RELEASE:
+        raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
+    target = overlay_dir(version)
+    marker = target / MARKER
+    if marker.is_file():
+        return target, {**json.loads(marker.read_text()), "flashinfer_pin": flashinfer_pin(target), "cached": True}
+    partial = target.with_name(f".{version}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    cmd = installer(partial, version)
+    env = dict(os.environ)
+    env.setdefault("UV_CACHE_DIR", str(cache_root() / "uv"))  # the shared download cache
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0 or not (partial / "sglang" / "__init__.py").is_file():
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UsageError(_refusal(version, p.stdout + p.stderr))
+    tool = "uv pip" if Path(cmd[0]).name == "uv" else "pip"
+    info = {"sglang": version, "installer": f"{tool} install --no-deps --target <overlay> sglang=={version}",
+            "install_seconds": round(time.monotonic() - t0, 1), "flashinfer_pin": flashinfer_pin(partial)}
+    (partial / MARKER).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target, {**info, "cached": False}
+
+
+def flashinfer_pin(overlay: Path) -> str | None:
+    """The flashinfer-python version the release pins (its dist-info METADATA)."""
+    for meta in overlay.glob("sglang-*.dist-info/METADATA"):
+        m = re.search(r"^Requires-Dist: flashinfer[_-]python(?:\[[^\]]*\])?\s*\(?==\s*([^\s;,)]+)", meta.read_text(), re.M)
+        if m:
+            return m.group(1)
+    return None

@@ -1,0 +1,109 @@
+"""The package's layers point one way: core <- kernel <- evidence <- sglang <- notebook <- cli.
+
+Every module's imports (top-level and function-local, ``import x`` and ``from x import y``,
+relative ones resolved) are read with ``ast``; a module may import its own layer and the layers
+below it, never one above. Also: no module of ``swa_repro/`` is over 400 lines.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "swa_repro"
+# layer -> what it may import of the package (itself included)
+ALLOWED = {
+    "core": {"core"},
+    "kernel": {"core", "kernel"},
+    "evidence": {"core", "kernel", "evidence"},
+    "sglang": {"core", "kernel", "evidence", "sglang"},
+    "notebook": {"core", "kernel", "evidence", "sglang", "notebook"},
+    "cli": {"core", "kernel", "evidence", "sglang", "notebook", "cli"},
+}
+MAX_LINES = 400
+
+
+def module_name(path: Path) -> str:
+    """``swa_repro/kernel/model.py`` -> ``swa_repro.kernel.model`` (a package's ``__init__`` -> the package)."""
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str | None:
+    """``swa_repro.<layer>...`` -> layer; ``swa_repro.cli`` -> cli; the bare package -> None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "swa_repro" else None
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` of every import in ``source``, however deeply nested."""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                head = base[: len(base) - (node.level - 1)]
+                target = ".".join(head + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from swa_repro import kernel` imports the layer, not just the package
+            out += [(node.lineno, f"{target}.{a.name}" if target == "swa_repro" else target) for a in node.names]
+    return out
+
+
+def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """Imports of ``module`` that reach a layer above its own, as ``module:line imports target``."""
+    own = layer_of(module)
+    if own is None:
+        return []
+    bad = []
+    for line, target in imported_modules(source, module, is_package):
+        dep = layer_of(target)
+        if dep in ALLOWED and dep not in ALLOWED[own]:  # not a layer: e.g. swa_repro.__version__
+            bad.append(f"{module}:{line} imports {target} (layer {own} may import only {sorted(ALLOWED[own])})")
+    return bad
+
+
+def package_modules() -> list[Path]:
+    return sorted(PKG.rglob("*.py"))
+
+
+def test_every_module_is_in_a_known_layer():
+    unknown = [module_name(p) for p in package_modules()
+               if layer_of(module_name(p)) not in (None, *ALLOWED)]
+    assert not unknown, f"modules outside the layers {sorted(ALLOWED)}: {unknown}"
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = [v for p in package_modules()
+           for v in violations(p.read_text(), module_name(p), p.name == "__init__.py")]
+    assert not bad, "layer violations:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module, source, expect", [
+    ("swa_repro.core.case", "from swa_repro.kernel.model import simulate\n", "swa_repro.kernel.model"),
+    ("swa_repro.kernel.model", "def f():\n    import swa_repro.notebook.plots\n", "swa_repro.notebook.plots"),
+    ("swa_repro.evidence.cases", "def f():\n    from ..sglang import audit\n", "swa_repro.sglang"),
+    ("swa_repro.sglang.check", "from swa_repro import notebook\n", "swa_repro.notebook"),
+    ("swa_repro.notebook.story", "from swa_repro.cli import main\n", "swa_repro.cli"),
+])
+def test_checker_catches_a_synthetic_violation(module, source, expect):
+    """The checker is not vacuous: a planted upward import (top-level, function-local, relative,
+    ``from swa_repro import <layer>``) is reported with the module, line and import."""
+    (v,) = violations(source, module)
+    assert v.startswith(f"{module}:") and f"imports {expect}" in v
+
+
+def test_checker_allows_imports_downward_and_outside():
+    src = ("import numpy\nfrom swa_repro.core.case import Case\nfrom swa_repro.kernel import model\n"
+           "def f():\n    from swa_repro.evidence.recordings import load_recordings\n")
+    assert violations(src, "swa_repro.sglang.check") == []
+
+
+def test_no_module_over_400_lines():
+    long = {module_name(p): n for p in package_modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
