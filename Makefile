@@ -13,7 +13,9 @@ BIN     := $(VENV)/bin
 EXTRAS  ?= baseline,notebooks,dev
 OUTPUT  ?= artifacts
 MODE    ?= auto
-PYTEST_ARGS ?= -q
+# Two pytest-xdist workers, one test file each at a time (module fixtures stay once per file);
+# benchmarks/REPORT.md has the suite's time with and without.
+PYTEST_ARGS ?= -q -n 2 --dist loadfile
 PIP_ARGS    ?= --progress-bar off
 # uv installs the pinned stack ~7x faster than pip (benchmarks/REPORT.md); itself pinned, from PyPI.
 UV_VERSION  ?= 0.13.9

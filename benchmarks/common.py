@@ -23,6 +23,7 @@ from swa_repro.core.intervals import intended_bounds
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 GPU_RESULTS = RESULTS_DIR / "h200_swa_prefill.json"
 CPU_RESULTS = RESULTS_DIR / "cpu_model.json"
+WORKFLOW_RESULTS = RESULTS_DIR / "cpu_workflow.json"  # make repro / make test timings (cpu_workflow.py)
 
 FLASHINFER_VARIANTS = ("fixed", "buggy", "causal")
 TORCH_VARIANTS = ("flex", "sdpa")

@@ -54,6 +54,7 @@ gqa_window_left = None
 long_extend = None
 long_window_left = None
 plot_recordings = True  # one figure per recorded case not drawn above (newest flashinfer), model and GPU side by side
+fuzz_selftest_cases = 4  # 0: none; else a CPU self-test of the fuzz pipeline (labelled: not kernel evidence)
 
 # %%
 from swa_repro.notebook.runner import announce_mode, figure_saver
@@ -64,7 +65,7 @@ info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 import numpy as np
 
 from swa_repro.kernel.model import simulate
-from swa_repro.notebook import plots, story
+from swa_repro.notebook import fuzz_view, plots, story
 from swa_repro.notebook.checks import Checks
 from swa_repro.notebook.show import show
 
@@ -186,6 +187,22 @@ if not recordings:
 for row in comparison:
     checks.expect(row.agree, f"{row.case} req {row.req} (flashinfer {row.flashinfer}): model "
                   f"{row.model} vs recording {row.recording}", evidence=row.evidence)
+
+# %% [markdown]
+# ## Random batches: `swa-repro fuzz`
+#
+# `swa-repro fuzz --mode live` draws random cases (backend, head_dim, GQA group, page size,
+# window, split-KV, plan variant, batch) on a GPU, probes each key by key and holds the kernel
+# model to it per request and query head; the runs are committed under `recordings/fuzz/<version>/`
+# and replayed here through the model. Summary: cases, agreement, and the axes covered.
+
+# %%
+fuzz = fuzz_view.fuzz_view(selftest_cases=fuzz_selftest_cases)
+fuzz_view.print_view(fuzz)
+if fuzz.is_kernel_evidence:
+    checks.expect(fuzz.report["disagreement_count"] == 0 and fuzz.report["cases_failed"] == 0,
+                  "fuzz: the kernel model agrees with every committed real-kernel fuzz run",
+                  agree=fuzz.report["agreements"], comparisons=fuzz.report["comparisons"])
 
 # %%
 if plot_recordings:

@@ -20,7 +20,8 @@
 # geometry alone: unpatched fails exactly the cases where some query's KV (sglang hands each
 # request its last `W + extend_len` keys) holds a key outside its window; patched passes all.
 # Then the effective mask of a failing case, and sglang's own attention test kit as a peer suite.
-# Every run's wrapper calls are saved as traces, so `swa-repro replay` can re-issue them on a GPU.
+# With `save_traces = True` every run's wrapper calls are saved as traces (~120 MB), so
+# `swa-repro replay` can re-issue them on a GPU.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
@@ -28,6 +29,7 @@ output_dir = "artifacts"
 cases = []  # names from swa_repro.sglang.check.MATRIX; empty: all
 failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
+save_traces = False  # True: every wrapper call under <output_dir>/traces/ (~120 MB), for `swa-repro replay`
 
 # %%
 from swa_repro.notebook.runner import announce_mode, figure_saver
@@ -43,7 +45,7 @@ from swa_repro.notebook.checks import Checks
 
 checks = Checks("04_rerun_checks", output_dir)
 save = figure_saver(output_dir)
-trace_dir = Path(output_dir) / "traces"
+trace_dir = Path(output_dir) / "traces" if save_traces else None
 
 # %% [markdown]
 # ## The matrix
@@ -100,11 +102,13 @@ if peer_rows:
 # %% [markdown]
 # ## Replaying these traces on a GPU
 #
-# The traces under `traces/` hold every wrapper call sglang made (arguments by value). On any
+# With `save_traces = True` the traces under `traces/` hold every wrapper call sglang made
+# (arguments by value; `swa-repro sglang-check --trace-dir DIR` writes the same). On any
 # CUDA machine with `torch` and `flashinfer-python==0.6.12` (no sglang needed):
 # `swa-repro replay artifacts/traces/*.model.pt` re-issues them on the real kernels and compares
 # with the model's recorded outputs and with the exact reference.
 
 # %%
-print(f"{len(list(trace_dir.glob('*.pt')))} traces in {trace_dir}")
+print(f"{len(list(trace_dir.glob('*.pt')))} traces in {trace_dir}" if trace_dir else
+      "traces not saved: `swa-repro run 04 --parameters save_traces=True` saves them")
 checks.close()

@@ -63,7 +63,7 @@ pd.DataFrame(release_answer.table_frame_rows(table))
 as_installed = audit.run_audit()
 print(audit.header(as_installed.release, None))
 answer = release_answer.answer(as_installed.to_dict(), table)
-pd.DataFrame(answer)
+print(release_answer.render(answer))
 
 # %%
 row = audit_table.committed_row(as_installed.release["sglang"])
@@ -128,6 +128,8 @@ checks.expect(any(c.status in ("leak", "undefined") for c in windowed),
               "some real SWA model leaks or is undefined on the paged-only path without the fix")
 checks.expect(all(c.max_leak == 0 for c in windowed if c.prompt + min(c.prefix, c.window_left) <= c.window_left + 1),
               "no leak when every key is inside the window")
+checks.expect(all((c.leak_frac > 0) == (c.max_leak > 0) for c in windowed if c.leak_frac is not None),
+              "heatmap: a cell's fraction of leaking queries is > 0 iff some query leaks")
 
 # %% [markdown]
 # ## 3. The backend matrix (model), with the GPU recordings beside it where one exists

@@ -17,7 +17,7 @@ from swa_repro.core.errors import CaseError, UsageError
 COMMANDS = {
     "run": ("swa_repro.notebook.runner", "execute the notebooks headless with papermill -> artifacts/"),
     "doctor": ("swa_repro.notebook.doctor", "what is installed, whether CUDA is usable, which mode auto picks"),
-    "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe) -> .npz"),
+    "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe): intervals, or --dense masks"),
     "record": ("swa_repro.evidence.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
     "bundle": ("swa_repro.evidence.bundle", "offline bundles for an air-gapped GPU machine"),
     "patch": ("swa_repro.sglang.patch.cli", "status/diff/apply/revert the sglang backend fix"),

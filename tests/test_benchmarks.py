@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, gpu_timing, report  # noqa: E402
+from benchmarks import common, gpu_timing, report, workflow_report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
 from benchmarks.h200_plan import Job, Shape  # noqa: E402
 from swa_repro.core.case import Case  # noqa: E402
@@ -142,7 +142,8 @@ def test_report_renders_targets_tables_and_findings(tmp_path):
     gpu, cpu, out = tmp_path / "g.json", tmp_path / "c.json", tmp_path / "REPORT.md"
     gpu.write_text(json.dumps(synthetic_gpu()))
     cpu.write_text(json.dumps(synthetic_cpu(median_s=0.25, repro_s=200.0)))
-    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--out", str(out)]) == 0
+    none = str(tmp_path / "no-workflow.json")
+    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--workflow", none, "--out", str(out)]) == 0
     text = out.read_text()
     rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
     assert "PASS" in rows[report.TARGETS[0][1]] and "0.25 s" in rows[report.TARGETS[0][1]]
@@ -155,14 +156,15 @@ def test_report_renders_targets_tables_and_findings(tmp_path):
     assert "**3.00x** the time of fa3 fixed" in text
     assert "sdpa x1: skipped: budget" in text
     assert "fa3/hd128/swa | 100.0" in text
-    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--out", str(out), "--check"]) == 0
+    assert report.main(["--gpu", str(gpu), "--cpu", str(cpu), "--workflow", none, "--out", str(out), "--check"]) == 0
 
 
 def test_report_says_not_measured_when_files_are_missing(tmp_path):
     out = tmp_path / "REPORT.md"
-    report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"), "--out", str(out)])
+    report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"),
+                 "--workflow", str(tmp_path / "none3.json"), "--out", str(out)])
     text = out.read_text()
-    assert text.count("| not measured yet |") == 3
+    assert text.count("| not measured yet |") == 4
     assert "Not measured yet: `benchmarks/results/h200_swa_prefill.json` is missing" in text
     assert "PASS" not in text and "FAIL" not in text
 
@@ -176,12 +178,13 @@ def test_report_flags_a_malformed_results_file(tmp_path):
 
 def test_committed_results_are_well_formed_and_report_is_current():
     gpu, cpu = common.load_json(common.GPU_RESULTS), common.load_json(common.CPU_RESULTS)
+    workflow = common.load_json(common.WORKFLOW_RESULTS)
     if gpu is not None:
         assert common.validate_gpu_results(gpu) == []
     if cpu is not None:
         assert common.validate_cpu_results(cpu) == []
     if report.REPORT.exists():
-        assert report.REPORT.read_text() == report.render(gpu, cpu), "run python -m benchmarks.report"
+        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow), "run python -m benchmarks.report"
 
 
 # ----------------------------------------------------------------------------- the GPU study, CPU side
@@ -308,3 +311,49 @@ def test_study_cli_runs_as_module_and_as_file(argv):
                        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "measurements, modules" in r.stdout and "--budget-s" in r.stdout
+
+
+# ----------------------------------------------------------------------------- make repro / make test
+def synthetic_workflow(repro_s=80.0, failed=None, boot_s=90.0, suite_s=150.0) -> dict:
+    nbs = [{"notebook": "00_a", "status": "ok", "seconds": 30.0},
+           {"notebook": "01_b", "status": "failed" if failed else "ok", "seconds": 50.0}]
+    art = {"total_bytes": 9e6, "traces_bytes": 5e6, "png_bytes": 3e6, "pages_bytes": {}, "largest_page": ["01_b.html", 4e5]}
+    run = lambda w, **kw: {"wall_s": w, "loadavg_before": [1.0, 1, 1], "loadavg_after": [2.0, 1, 1], "returncode": 0,  # noqa: E731
+                           "date": "d", "cpu_count": 2, **kw}
+    return {"reported": [{"what": "pip install of the pinned stack", "wall_s": 420, "source": "issue 12"}],
+            "runs": {"bootstrap": run(boot_s, command="make venv", packages=262),
+                     "suite_make": run(suite_s, command="pytest -n 2", pytest_args="-q -n 2", counts={"passed": 9}),
+                     "repro_jobs2": run(repro_s, command="swa-repro run --mode model --output /x", jobs=2,
+                                        notebooks=nbs, artifacts=art)}}
+
+
+@pytest.mark.parametrize("repro_s, boot_s, verdicts", [(80.0, 90.0, ("PASS", "PASS")), (95.0, 200.0, ("FAIL", "FAIL"))],
+                         ids=["both-pass", "both-fail"])
+def test_workflow_targets_are_measured_verdicts(repro_s, boot_s, verdicts):
+    wf = synthetic_workflow(repro_s=repro_s, boot_s=boot_s)
+    lines = workflow_report.render_workflow(wf)
+    assert lines[2].startswith(f"- **{verdicts[0]}** `make repro MODE=model` <= 90 s: {repro_s:.0f} s,")
+    assert lines[3].startswith(f"- **{verdicts[1]}** `make test` from nothing <= 300 s: {boot_s + 150:.0f} s,")
+    text = "\n".join(lines)
+    assert "| pip install of the pinned stack | 420 | – | – | reported in issue 12, not re-measured |" in text
+    assert "| 01_b | 50 |" in text and "| repro_jobs2 | 9.0 | 5.0 | 3.0 | 01_b.html 0.40 |" in text
+    vals = report.target_values(None, None, wf)
+    assert vals["repro_model_mode"][0] == repro_s and vals["make_test_from_nothing"][0] == boot_s + 150
+
+
+def test_a_run_with_a_failed_notebook_is_not_a_measurement():
+    v, how = workflow_report.repro_run(synthetic_workflow(failed=True))
+    assert v is None and how.startswith("not measured: 01_b failed")
+    assert "**not measured** `make repro MODE=model`" in "\n".join(workflow_report.render_workflow(synthetic_workflow(failed=True)))
+
+
+def test_workflow_benchmark_reads_the_makefile_and_sizes_artifacts(tmp_path):
+    from benchmarks import cpu_workflow
+
+    assert cpu_workflow.makefile_pytest_args().startswith("-q")
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "t.pt").write_bytes(b"x" * 100)
+    (tmp_path / "a.html").write_bytes(b"x" * 30)
+    (tmp_path / "a_fig.png").write_bytes(b"x" * 7)
+    sizes = cpu_workflow.artifact_sizes(tmp_path)
+    assert (sizes["total_bytes"], sizes["traces_bytes"], sizes["png_bytes"], sizes["largest_page"]) == (137, 100, 7, ("a.html", 30))

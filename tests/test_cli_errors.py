@@ -123,6 +123,7 @@ TABLE: dict[str, list[tuple[list[str], str]]] = {
                      (["sglang-check", "--mode", "model", "--trace-dir", "{FILE}"], "is a file"),
                      (["sglang-check", "--mode", "bogus"], "invalid choice")],
     "replay": [(["replay", "{MISSING}.pt"], "does not exist"),
+               (["replay", "{FILE}"], "cannot read trace"),
                (["replay", "x.pt", "--out", "{MISSING}/r.json"], "does not exist"),
                (["replay", "x.pt", "--out", "r.txt"], ".json")],
     "audit": [(["audit", "--paths", "nope"], "--paths"),

@@ -210,14 +210,14 @@ def test_lab_serves_py_as_notebook_with_venv_kernel(make_lab_ready, tmp_path):
 def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
     root = _notebooks_copy(tmp_path)
     original = (root / NOTEBOOK).read_text(encoding="utf-8")
-    assert re.search(r"(?m)^window_left = 4$", original)
+    assert re.search(r"(?m)^window_left = None$", original)
     with make_lab(root, tmp_path) as lab:
         status, model = lab.request("GET", f"/api/contents/{NOTEBOOK}?type=notebook&content=1")
         assert status == 200, model
         nb = model["content"]
         # an edit in the parameters cell, and what the lab itself adds after a run
         params = next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))
-        params["source"] = re.sub(r"(?m)^window_left = 4$", "window_left = 5", params["source"])
+        params["source"] = re.sub(r"(?m)^window_left = None$", "window_left = 8", params["source"])
         nb["metadata"]["language_info"] = {"name": "python", "version": sys.version.split()[0]}
         for c in nb["cells"]:
             if c["cell_type"] == "code":
@@ -237,7 +237,7 @@ def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
     # jupytext's version stamp (format_version / jupytext_version), nothing else
     def body(t: str) -> list[str]:
         return [ln for ln in t.splitlines() if not ln.startswith(("#       format_version:", "#       jupytext_version:"))]
-    assert body(text) == body(re.sub(r"(?m)^window_left = 4$", "window_left = 5", original))
+    assert body(text) == body(re.sub(r"(?m)^window_left = None$", "window_left = 8", original))
     assert _has_parameters_cell(jupytext.reads(text, fmt="py:percent"))
 
 

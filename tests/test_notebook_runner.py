@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.notebook.runner import parse_parameters, select_notebooks
+from swa_repro.notebook.runner import longest_first, parse_parameters, select_notebooks
 
 HEADER = '''# %% [markdown]
 # Throwaway notebook for the runner's tests.
@@ -23,7 +24,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from swa_repro.notebook.checks import Checks
-from swa_repro.notebook.runner import announce_mode, save_figure
+from swa_repro.notebook import plots
+from swa_repro.notebook.runner import announce_mode, figure_saver, save_figure
 
 info = announce_mode(mode, output_dir, NAME)
 checks = Checks(NAME, output_dir)
@@ -33,7 +35,7 @@ PASSING = HEADER.replace("NAME", '"00_pass"') + '''
 # %%
 fig, ax = plt.subplots()
 ax.plot([0, 1], [1, 0])
-save_figure(fig, "00_pass_line", output_dir)
+plots.publish(fig, "00_pass_line", figure_saver(output_dir))
 checks.expect(1 + 1 == 2, "arithmetic")
 checks.expect(isinstance(threshold, int), "threshold is an int", threshold=threshold)
 checks.close()
@@ -93,6 +95,15 @@ def test_artifacts_written_even_for_the_failed_notebook(both_run):
         assert nb["metadata"]["papermill"]["parameters"]["mode"] == "model"
         assert (out / f"{name}.html").read_text().lstrip().lower().startswith("<!doctype html")
     assert (out / "00_pass_line.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_figure_is_one_png_linked_from_the_notebook_and_its_html(both_run):
+    """Lean artifacts: the figure is stored once, as the PNG; the .ipynb and the .html link it."""
+    _, out, _ = both_run
+    nb_text = (out / "00_pass.ipynb").read_text()
+    assert "image/png" not in nb_text and '<img src=\\"00_pass_line.png\\"' in nb_text
+    html = (out / "00_pass.html").read_text()
+    assert re.search(r'<img [^>]*src="00_pass_line.png"', html) and "data:image/png;base64,iVBOR" not in html.split("<body")[1]
     cells = json.loads((out / "01_fail.ipynb").read_text())["cells"]
     failing = next(c for c in cells if "threshold above 5" in "".join(c["source"]))
     text = json.dumps(failing["outputs"])
@@ -141,3 +152,16 @@ def test_bad_parameters(bad, msg, nb_dir, tmp_path, capsys):
     rc = main(["run", "--output", str(tmp_path), "--notebooks-dir", str(nb_dir), "--parameters", *bad])
     assert rc == 2
     assert msg in capsys.readouterr().err
+
+
+def test_jobs_must_be_positive(nb_dir, tmp_path, capsys):
+    assert main(["run", "--output", str(tmp_path), "--notebooks-dir", str(nb_dir), "--jobs", "0"]) == 2
+    assert "--jobs must be >= 1" in capsys.readouterr().err
+
+
+def test_longest_first_uses_the_last_run_and_keeps_unknown_ones_in_place(tmp_path):
+    paths = [tmp_path / f"{n}.py" for n in ("00_a", "01_b", "02_c", "03_d")]
+    assert longest_first(paths, tmp_path) == [0, 1, 2, 3]  # no earlier run: as given
+    runs = [{"notebook": "01_b", "seconds": 5.0}, {"notebook": "02_c", "seconds": 40.0}]
+    (tmp_path / "summary.json").write_text(json.dumps({"notebooks": runs}))
+    assert longest_first(paths, tmp_path) == [2, 1, 0, 3]

@@ -96,6 +96,8 @@ def test_reduce_tiles_keeps_most_severe_state():
     assert bc == 10 and red.shape == (2, 100)
     assert red[0, 12] == 2 and red[0, 1] == 1 and red[0, 0] == 0 and red[0, 49] == 1 and red[0, 50] == 0
     assert red[1, 99] == 1 and red[1, :99].max() == 0
+    rows, _ = plots.reduce_tiles(np.repeat(t, 150, axis=0), 100, max_rows=128)  # 300 q tiles -> blocks of 3
+    assert rows.shape == (100, 100) and rows[16, 12] == 2 and rows[50, 12] == 0 and rows[50, 99] == 1
 
 
 def test_row_kv_start_maps_rows_to_their_cta():
@@ -168,13 +170,53 @@ def test_harness_figure_for_a_failing_case():
     assert "unpatched" in fig._suptitle.get_text() and len(fig.axes) >= 3 * 5
 
 
-def test_leak_heatmaps_one_panel_per_prefix():
-    grid = np.array([[0.0, 3.0], [np.nan, 7.0]])
-    fig = plots.leak_heatmaps([64, 128], [1024, 8192], {0: grid, 4096: grid})
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["cached prefix 0", "cached prefix 4096"]
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert texts == ["0", "3", "undef.", "7"]
+def heat_cell(model, w, prompt, prefix, status, frac):
+    from swa_repro.notebook.matrix import Cell
+
+    return Cell(model, w, prompt, prefix, status, 3 if frac else 0, 0.0, None, leak_frac=frac)
+
+
+def test_leak_heatmaps_show_the_fraction_of_leaking_queries_per_model_and_prompt():
+    cells = [heat_cell("m1", 127, 1024, 0, "exact", 0.0), heat_cell("m1", 127, 8192, 0, "leak", 0.0625),
+             heat_cell("m2", 511, 1024, 0, "leak", 0.484375), heat_cell("m2", 511, 8192, 0, "undefined", 0.9),
+             heat_cell("m3", -1, 1024, 0, "no window", None)]  # no window: no row
+    cells += [heat_cell(c.model, c.window_left, c.prompt, 4096, c.status, c.leak_frac) for c in cells]
+    fig = plots.leak_heatmaps(cells, [1024, 8192], [0, 4096])
+    heat = [ax for ax in fig.axes if ax.images and ax.get_title()]
+    assert [ax.get_title() for ax in heat] == ["cached prefix 0", "cached prefix 4096"]
+    assert [t.get_text() for t in heat[0].texts] == ["0", "6.2%", "48%", "undefined"]
+    assert [t.get_text() for t in heat[0].get_yticklabels()] == ["m1 (W=127)", "m2 (W=511)"]
+    assert heat[0].images[0].get_clim() == (0, 1)
+
+
+def _px_per_cell(ax) -> tuple[float, float]:
+    """Screen pixels per image cell of the heatmap in ``ax`` (its data extent over its cells)."""
+    im = ax.images[0]
+    rows, cols = im.get_array().shape
+    x0, x1, y0, y1 = im.get_extent()
+    box = ax.get_window_extent()
+    (a, b), (c, d) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+    return box.width * abs(x1 - x0) / cols / (b - a), box.height * abs(y1 - y0) / rows / (d - c)
+
+
+@pytest.mark.parametrize("tokens", [12, 32768])
+def test_saved_figures_give_every_cell_two_pixels(tokens):
+    """Honesty of the saved PNG: after max-pooling to <= PLOT_CELLS cells an axis, every heatmap
+    cell of plot_case gets >= 2 px at FIGURE_DPI (runner.save_figure's dpi), so none falls between
+    pixels, at 12 tokens and at 32k (whose tile map has 256+ q tiles before pooling)."""
+    from swa_repro.notebook import story
+
+    case = story.seed_case(False) if tokens == 12 else story.long_case(False)
+    assert max(case.extend_lens) == tokens
+    fig = plots.plot_case(case, simulate(case, tiles=True))
+    fig.set_dpi(plots.FIGURE_DPI)
+    fig.canvas.draw()  # constrained layout places the axes
+    maps = [ax for ax in fig.axes if ax.images]
+    assert len(maps) >= 4 * case.batch_size
+    for ax in maps:
+        assert max(ax.images[0].get_array().shape) <= plots.PLOT_CELLS
+        px = _px_per_cell(ax)
+        assert min(px) >= 2, (ax.get_title(), px)
 
 
 def test_publish_saves_through_the_given_function(tmp_path):

@@ -55,11 +55,11 @@ def test_peer_suite_kit_swa_cases():
 @pytest.mark.slow
 @pytest.mark.parametrize("name,params", [
     ("03_apply_backend_patch", {}),
-    ("04_rerun_checks", {"cases": ["upstream_no_prefix_3_4_5", "upstream_no_prefix_6_8_12"]}),
+    ("04_rerun_checks", {"cases": ["upstream_no_prefix_3_4_5", "upstream_no_prefix_6_8_12"], "save_traces": True}),
 ])
 def test_notebook_runs_in_model_mode(tmp_path, name, params):
     """Under papermill (the project's runner), headless, model mode: says its mode, every check
-    passes; 04 also saves its mask figures and one trace per run."""
+    passes; 04 also saves its mask figures and, asked to, one trace per run."""
     from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", params, ensure_kernel(), 900)

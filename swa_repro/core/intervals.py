@@ -122,6 +122,36 @@ class Intervals:
         return cls(prefix_len, extend_len, np.repeat(lo[:, None], heads, 1), np.repeat(hi[:, None], heads, 1))
 
 
+class IntervalsView:
+    """Read-only views onto ``self.intervals``, shared by every per-request result (the kernel
+    model's, the probe's, a recording's) so each exposes the same names."""
+    intervals: Intervals
+
+    @property
+    def prefix_len(self) -> int:
+        return self.intervals.prefix_len
+
+    @property
+    def extend_len(self) -> int:
+        return self.intervals.extend_len
+
+    @property
+    def kv_len(self) -> int:
+        return self.intervals.kv_len
+
+    @property
+    def lo(self) -> np.ndarray:  # (qo, heads) first visible key, -1 = none
+        return self.intervals.lo
+
+    @property
+    def hi(self) -> np.ndarray:  # (qo, heads) last visible key, -1 = none
+        return self.intervals.hi
+
+    def mask(self, head: int | None = None) -> np.ndarray:
+        """Effective mask ``(qo, kv)`` of head column ``head``; ``None``: union over heads."""
+        return self.intervals.mask(head)
+
+
 def status_of(iv: Intervals, window_left: int, broken: str | None = None) -> tuple[str, str]:
     """The one status rule: ``undefined`` when ``broken`` says why the output is not a softmax
     over one key set (split-KV race, NaN, run-to-run differences); else ``exact`` when every row

@@ -256,17 +256,27 @@ def _sha256(p: Path) -> str:
 def register(sub) -> None:
     p = sub.add_parser("bundle", help="offline flashinfer bundle (+ install.sh) for an air-gapped GPU machine")
     p.add_argument("--flashinfer", default=None, help="flashinfer-python version, e.g. 0.6.12 or 0.7.2.post1")
+    p.add_argument("--sglang", nargs="?", const="0.5.15.post1", default=None, metavar="VERSION",
+                   help="instead: sglang (default 0.5.15.post1) and what its attention path imports, beside the "
+                        "flashinfer bundle (swa_repro/evidence/sglang_bundle.py)")
     p.add_argument("--notebooks", action="store_true",
                    help="instead: the papermill/jupytext/nbconvert/ipykernel wheels to run the notebooks there")
     p.add_argument("--out", required=True, help="new or empty folder, e.g. .bundle/0.6.12")
     p.add_argument("--python", default="3.12", help="target CPython for binary wheels (default 3.12)")
-    p.add_argument("--wheel-dir", default=None, help="use a flashinfer wheel from here instead of downloading it")
+    p.add_argument("--wheel-dir", default=None, help="use a flashinfer wheel from here instead of downloading it "
+                                                    "(--sglang: any of its wheels found here)")
     p.set_defaults(func=main)
 
 
 def main(a) -> int:
+    if getattr(a, "sglang", None) is not None:
+        if a.flashinfer or a.notebooks:
+            raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")
+        from swa_repro.evidence.sglang_bundle import main as sglang_main
+
+        return sglang_main(a)
     if a.notebooks == bool(a.flashinfer):
-        raise UsageError("give either --flashinfer VERSION or --notebooks (one bundle per folder)")
+        raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")
     out_dir(a.out, "--out")  # before any download: a path that cannot be a folder fails now
     if a.wheel_dir and not Path(a.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {a.wheel_dir}: no such folder (give the folder holding the flashinfer wheel)")

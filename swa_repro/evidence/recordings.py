@@ -27,9 +27,10 @@ from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError
 from swa_repro.core.intervals import Intervals
 from swa_repro.core import outputs
+from swa_repro.core.versions import RECORDINGS_ROOT
 
 FORMAT = "swa-repro-recording/1"
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "recordings"
+DEFAULT_ROOT = RECORDINGS_ROOT
 INT_FIELDS = ("lo", "hi", "count")
 FLAG_FIELDS = ("contiguous", "consistent", "nan", "repeat_equal")  # (qo, heads)
 ROW_FIELDS = ("err_vs_reference", "err_vs_model", "err_vs_probed", "random_equal")  # (qo,)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from swa_repro.core.case import Case
-from swa_repro.core.intervals import Intervals, ceil_div, status_of
+from swa_repro.core.intervals import Intervals, IntervalsView, ceil_div, status_of
 from swa_repro.kernel import partials
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -253,7 +253,7 @@ def overflowed_into(case: Case, plan: Fa2Plan) -> dict[int, str]:
 
 # ----------------------------------------------------------------------------- per request
 @dataclass
-class RequestModel:
+class RequestModel(IntervalsView):
     """One request as the model predicts it. ``intervals`` columns are heads-in-group ``(qo, group)``
     (every KV head sees the same); ``status``/``reason`` by :func:`~swa_repro.core.intervals.status_of`."""
     intervals: Intervals
@@ -264,30 +264,6 @@ class RequestModel:
     tiles: np.ndarray | None = None  # (q_tiles, kv_len) int8: 0 skipped, 1 masked, 2 unmasked
     num_chunks_plan: int = 1
     num_chunks_run: int = 1
-
-    @property
-    def prefix_len(self) -> int:
-        return self.intervals.prefix_len
-
-    @property
-    def extend_len(self) -> int:
-        return self.intervals.extend_len
-
-    @property
-    def kv_len(self) -> int:
-        return self.intervals.kv_len
-
-    @property
-    def lo(self) -> np.ndarray:  # (qo, group) first visible key per query row and head-in-group
-        return self.intervals.lo
-
-    @property
-    def hi(self) -> np.ndarray:  # (qo, group) last visible key
-        return self.intervals.hi
-
-    def mask(self, head: int | None = None) -> np.ndarray:
-        """Effective mask ``(qo, kv)`` of head-in-group ``head``; ``None``: union over heads."""
-        return self.intervals.mask(head)
 
     def extra_keys(self) -> np.ndarray:
         """``(qo,)`` keys outside the window attended, the most any head-in-group of the row sees

@@ -25,7 +25,7 @@ import torch
 
 from swa_repro.core.batch import LAYOUT_SEED, PagedBatch, build_paged_batch, random_inputs
 from swa_repro.core.case import Case
-from swa_repro.core.intervals import Intervals, ceil_div, nan_max, status_of
+from swa_repro.core.intervals import Intervals, IntervalsView, ceil_div, nan_max, status_of
 from swa_repro.core.reference import interval_attention, masked_attention, row_max_abs
 from swa_repro.kernel.live import KernelRunner
 from swa_repro.kernel.model import model_intervals
@@ -57,7 +57,7 @@ def model_masks(case: Case) -> list[np.ndarray]:
 
 # ----------------------------------------------------------------------------- result
 @dataclass
-class ProbeRequest:
+class ProbeRequest(IntervalsView):
     """One request read off a kernel: ``(qo, heads)`` arrays unless said. ``heads`` are query heads
     for a fresh probe; a recording that stored only KV head 0's group has heads-in-group (the
     ``intervals`` columns say which, :meth:`Intervals.per_qo_head` maps them). ``status`` and
@@ -79,30 +79,6 @@ class ProbeRequest:
     def __post_init__(self):
         if not self.status:
             self.status, self.reason = status_of(self.intervals, self.window_left, self.broken())
-
-    @property
-    def prefix_len(self) -> int:
-        return self.intervals.prefix_len
-
-    @property
-    def extend_len(self) -> int:
-        return self.intervals.extend_len
-
-    @property
-    def kv_len(self) -> int:
-        return self.intervals.kv_len
-
-    @property
-    def lo(self) -> np.ndarray:
-        return self.intervals.lo
-
-    @property
-    def hi(self) -> np.ndarray:
-        return self.intervals.hi
-
-    def mask(self, head: int | None = None) -> np.ndarray:
-        """Probed mask ``(qo, kv)`` of head column ``head``; ``None``: union over heads."""
-        return self.intervals.mask(head)
 
     def broken(self) -> str | None:
         """Why the output is not one softmax over one key set per row, or None."""

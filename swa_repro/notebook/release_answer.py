@@ -66,3 +66,9 @@ def answer(run: dict, table: dict) -> list[dict]:
         rows.append({"finding": at.CLASSES[key].title, "evidence": cell["evidence"][0],
                      "effect on attention": effect(run, key), "what to do": f"{upgrade}; {WORKAROUND[key]}"})
     return rows
+
+
+def render(rows: list[dict]) -> str:
+    """The answer as sentences: finding, the recorded call that shows it, its effect, what to do."""
+    return "\n".join(f"{r['finding']} holds. Recorded: {r['evidence']}.\n  Effect: {r['effect on attention']}.\n"
+                     f"  What to do: {r['what to do']}." for r in rows) or "No finding holds on this release."

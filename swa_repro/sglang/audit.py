@@ -230,7 +230,7 @@ def _compare(run, cls, backend, wid, plan_rec, fwd_rec, stage) -> list[Finding]:
             ev["kernel_model"] = kernel_model_of(plan, w, backend)
         effect = "wrong" if (n is None or n > 0) else "none"
         found.append(Finding(run.path, run.layer.name, "window_left", pw, fw_, lw, wrapper, kind, stage, effect,
-                             consequence("window_left", cls, backend, n), ev))
+                             consequence("window_left", cls, backend, n, kind), ev))
     pc, fc, lc = _cap(plan["logits_soft_cap"]), _cap(fwd["logits_soft_cap"]), run.layer_cap
     kind = "mismatch" if pc != fc else ("dropped" if lc > 0 and pc == 0 else None)
     if kind:
@@ -363,8 +363,9 @@ def _has(result: AuditResult | None, path: str | None, param: str, window_layer:
 
 
 def advice(specs, unpatched: AuditResult, patched: AuditResult) -> list[dict]:
-    """What a user of each model should do, derived from the audit's findings (unpatched = the
-    release as shipped without PR #31501, patched = with it) and the model's sglang config."""
+    """What a user of each model should do, derived from the audit's findings (``unpatched``: a
+    release without PR #31501, e.g. an unfixed one as installed; ``patched``: with it) and the
+    model's sglang config."""
     rows = []
     for s in specs:
         todo = []

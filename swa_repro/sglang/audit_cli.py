@@ -20,6 +20,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import audit_paths as ap
 from swa_repro.sglang import audit_table as at
+from swa_repro.sglang import provision
 
 REMOVED_SOURCE = ("--sglang-source was removed: it spliced another release's backend file into the installed "
                   "package; use --sglang VERSION to audit that release's own code")
@@ -115,6 +116,12 @@ def _table(a) -> int:
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")
+    if a.out.exists() and not a.out.is_dir():
+        raise UsageError(f"--out {a.out} is a file: give a directory (default docs/audit)")
+    if a.jobs < 1:
+        raise UsageError(f"--jobs {a.jobs}: give 1 or more")
+    for v in versions:  # every release checked before any is installed
+        provision.parse(v)
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions)
     table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
     md, js = at.write_table(table, a.out)

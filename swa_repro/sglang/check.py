@@ -155,7 +155,19 @@ def main(a) -> int:
     else:
         print(format_table(doc))
     sys.stdout.flush()
+    if "stub_violation" in doc:
+        print(f"error: {doc['stub_violation']}", file=sys.stderr)
     return 0 if ok else 1
+
+
+def stub_provenance() -> dict | None:
+    """What the ``sgl_kernel`` transport stub (``swa-repro bundle --sglang``) saw in this process, if it
+    stands in for sglang-kernel: names looked up and names called (evidence/stubs/sgl_kernel). The marker
+    keeps out placeholders that answer every name, like releases.py's CPU ``sgl_kernel``."""
+    m = sys.modules.get("sgl_kernel")
+    if getattr(m, "__swa_repro_stub__", False) is not True or not callable(getattr(m, "provenance", None)):
+        return None
+    return m.provenance()
 
 
 def matrix_doc(info, rows: list[dict], peer: dict | None = None) -> dict:
@@ -165,6 +177,13 @@ def matrix_doc(info, rows: list[dict], peer: dict | None = None) -> dict:
     doc = {"mode": info.mode, "mode_reason": info.reason, **sglang_info(), "expectation_met": ok, "results": rows}
     if peer is not None:
         doc["peer_suite"] = peer
+    stub = stub_provenance()
+    if stub is not None:
+        doc["stubs"] = [stub]
+        if stub["called"]:  # the run went through a stub, not sglang-kernel: it proves nothing
+            doc["expectation_met"] = False
+            doc["stub_violation"] = (f"the run called {', '.join(stub['called'])} of the {stub['stubbed']} stub "
+                                     f"(standing in for {stub['replaces']}): this path needs the real wheel")
     return doc
 
 
@@ -183,6 +202,9 @@ def format_table(doc: dict) -> str:
     for state, rows in doc.get("peer_suite", {}).items():
         res = ", ".join(f"{r['case']}={'PASS' if r['passed'] else 'skip' if r['passed'] is None else 'FAIL'}" for r in rows)
         lines.append(f"peer suite (sglang's dense_attention kit), {state}: {res}")
+    for stub in doc.get("stubs", []):
+        lines.append(f"stub {stub['stubbed']} for {stub['replaces']}: {len(stub['looked_up'])} names looked up, "
+                     f"called: {', '.join(stub['called']) or 'none'}")
     lines.append("expectation met: unpatched fails exactly the cases past the window, patched passes all"
-                 if doc["expectation_met"] else "EXPECTATION FAILED: see the 'expected' column")
+                 if doc["expectation_met"] else "EXPECTATION FAILED: " + doc.get("stub_violation", "see the 'expected' column"))
     return "\n".join(lines)

@@ -292,7 +292,9 @@ def main(a) -> int:
         try:
             traces.append((t, Trace.load(t)))
         except Exception as e:
-            raise UsageError(f"cannot read trace {t!r}: {e}") from None
+            why = (str(e).strip().splitlines() or [""])[0][:200]  # torch's unpickling errors span lines
+            raise UsageError(f"cannot read trace {t!r} ({type(e).__name__}: {why}): give a .pt written by "
+                             "`swa-repro sglang-check --trace-dir DIR`") from None
     bad, docs = 0, []
     for path, tr in traces:
         reps = replay(tr, atol=a.atol)

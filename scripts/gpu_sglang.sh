@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# One command on an air-gapped GPU machine (torch 2.11, nvcc, ninja; no network, no sglang):
+#   bash scripts/gpu_sglang.sh [STEPS]      STEPS: all (default) = install,check,notebooks; or a subset
+# Bundles carried in .bundle/ (made here, with network):
+#   swa-repro bundle --flashinfer 0.6.12 --out .bundle/fi-0.6.12
+#   swa-repro bundle --sglang 0.5.15.post1 --out .bundle/sglang-0.5.15.post1
+#   swa-repro bundle --notebooks --out .bundle/notebooks          (for the notebooks step)
+# install: a fresh $SITE (/tmp/site): the flashinfer bundle, the notebooks bundle, then the sglang
+#   bundle LAST (it removes every other copy of what it brings: the flashinfer bundle's apache-tvm-ffi
+#   gives way to the ==0.1.11 sglang pins). Then checks that flashinfer, sglang and the sgl_kernel stub
+#   come from $SITE.
+# check: swa-repro sglang-check --mode live --peer --json (the matrix unpatched and patched, and
+#   sglang's own attention kit) -> sglang-check.json, wrapper traces -> traces/. The JSON records the
+#   sgl_kernel stub's provenance; the command exits 1 if the stub was called.
+# notebooks: swa-repro run --mode live --output $NB_OUT 03 04 05.
+# Everything ends within BUDGET_S (default 560 s; check gets at most CHECK_BUDGET_S, default 330 s,
+# when the notebooks follow). If $OUT is set (the device runner's return folder), at most 6 files
+# land there. Env: FI_VERSION (0.6.12), SGLANG_VERSION (0.5.15.post1), PYTHON (python3),
+# BUNDLE_DIR (.bundle), SITE, ART (artifacts/gpu_sglang), NB_OUT (artifacts/live),
+# DRY_RUN=1: print each command instead of running it.
+set -uo pipefail
+STEPS="${1:-all}"
+[ "$STEPS" = all ] && STEPS=install,check,notebooks
+FI_VERSION="${FI_VERSION:-0.6.12}"
+SGLANG_VERSION="${SGLANG_VERSION:-0.5.15.post1}"
+BUDGET_S="${BUDGET_S:-560}"
+CHECK_BUDGET_S="${CHECK_BUDGET_S:-330}"
+START=$(date +%s)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
+FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
+NB_BUNDLE="$BUNDLE_DIR/notebooks"
+SITE="${SITE:-/tmp/site}"
+ART="${ART:-artifacts/gpu_sglang}"
+NB_OUT="${NB_OUT:-artifacts/live}"
+mkdir -p "$ART"
+LOG="$ART/gpu_sglang-$(date -u +%Y%m%dT%H%M%SZ).log"
+
+has() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+run() { echo "+ $*" >&2; [ -n "${DRY_RUN:-}" ] || "$@"; }
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+install_bundles() {
+  if [ ! -f "$FI_BUNDLE/install.sh" ]; then
+    echo "error: $FI_BUNDLE/install.sh not found; make it here: swa-repro bundle --flashinfer $FI_VERSION --out .bundle/fi-$FI_VERSION"
+    return 2
+  fi
+  if [ ! -f "$SG_BUNDLE/install.sh" ]; then
+    echo "error: $SG_BUNDLE/install.sh not found; make it here: swa-repro bundle --sglang $SGLANG_VERSION --out .bundle/sglang-$SGLANG_VERSION"
+    return 2
+  fi
+  run rm -rf "$SITE" || return 2
+  run env PYTHON="$PY" bash "$FI_BUNDLE/install.sh" "$SITE" || { echo "error: the flashinfer bundle did not install"; return 2; }
+  if [ -f "$NB_BUNDLE/install.sh" ]; then
+    run env PYTHON="$PY" bash "$NB_BUNDLE/install.sh" "$SITE" || { echo "error: the notebooks bundle did not install"; return 2; }
+  else
+    echo "note: no $NB_BUNDLE: the notebooks step will fail (swa-repro bundle --notebooks --out .bundle/notebooks)"
+  fi
+  run env PYTHON="$PY" bash "$SG_BUNDLE/install.sh" "$SITE" || { echo "error: the sglang bundle did not install"; return 2; }
+}
+
+verify_site() {
+  # flashinfer, sglang and the sgl_kernel stub must all come from $SITE
+  FI_VERSION="$FI_VERSION" SGLANG_VERSION="$SGLANG_VERSION" SITE="$SITE" run "$PY" - <<'EOF'
+import os, sys, torch, flashinfer, sglang, sgl_kernel
+site = os.path.realpath(os.environ["SITE"]) + "/"
+print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| flashinfer", flashinfer.__version__, "| sglang", sglang.__version__, "|", sgl_kernel.provenance()["replaces"])
+print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NONE")
+for mod, want in ((flashinfer, os.environ["FI_VERSION"]), (sglang, os.environ["SGLANG_VERSION"])):
+    if not os.path.realpath(mod.__file__).startswith(site) or mod.__version__ != want:
+        sys.exit(f"error: {mod.__name__} {mod.__version__} from {mod.__file__}, not {want} from {site}")
+if not getattr(sgl_kernel, "__swa_repro_stub__", False):
+    sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
+EOF
+}
+
+{
+  echo "== gpu_sglang steps=$STEPS flashinfer=$FI_VERSION sglang=$SGLANG_VERSION site=$SITE (budget ${BUDGET_S}s)"
+  export PYTHONPATH="$ROOT:$SITE"
+  export FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit"  # JIT cache, kept between calls
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE"
+  if has install; then install_bundles || exit 2; fi
+  verify_site || exit 2
+  RC=0
+  if has check; then
+    T=$(left); has notebooks && [ "$T" -gt "$CHECK_BUDGET_S" ] && T=$CHECK_BUDGET_S
+    echo "== sglang-check --mode live --peer (timeout ${T}s)"
+    J="$ART/sglang-check.json"; [ -n "${DRY_RUN:-}" ] && J=/dev/null
+    run timeout --signal=INT --kill-after=15 "$T" "$PY" -m swa_repro.cli sglang-check --mode live --peer --json \
+      --trace-dir "$ART/traces" > "$J"
+    C=$?; echo "== sglang-check exit status $C after $(( $(date +%s) - START ))s"; [ "$C" -ne 0 ] && RC=$C
+  fi
+  if has notebooks; then
+    T=$(left)
+    echo "== run --mode live 03 04 05 (timeout ${T}s)"
+    run timeout --signal=INT --kill-after=15 "$T" "$PY" -m swa_repro.cli run --mode live --output "$NB_OUT" 03 04 05
+    N=$?; echo "== run exit status $N after $(( $(date +%s) - START ))s"; [ "$N" -ne 0 ] && RC=$N
+  fi
+  exit "$RC"
+} 2>&1 | tee "$LOG"
+RC=${PIPESTATUS[0]}
+if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
+  # the device returns at most 8 files (16 MiB each, 2 folders deep): these 6, flat
+  cp "$LOG" "$OUT/"
+  [ -f "$ART/sglang-check.json" ] && cp "$ART/sglang-check.json" "$OUT/"
+  [ -d "$ART/traces" ] && tar -czf "$OUT/sglang-traces.tar.gz" -C "$ART" traces
+  [ -d "$NB_OUT" ] && tar -czf "$OUT/notebooks-live.tar.gz" "$NB_OUT"
+  ls "$SITE" > "$OUT/site-listing.txt" 2>/dev/null
+  for f in "$OUT"/*.tar.gz; do  # over the per-file limit it would not come back: say so instead
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $((16 * 2**20)) ] && echo "$f over 16 MiB, dropped" >> "$OUT/dropped.txt" && rm "$f"
+  done
+fi
+exit "$RC"
