@@ -78,3 +78,17 @@ def test_live_matrix_and_peer_suite(capsys):
                "--peer", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0 and doc["expectation_met"] and doc["mode"] == "live", doc
+
+
+@pytest.mark.parametrize("installed", ["0.5.23", "0.5.10"])
+def test_another_installed_release_gets_one_line_pointing_at_the_audit(monkeypatch, installed):
+    """The harness is written against 0.5.15.post1's test kit; another installed release is told
+    what runs it (the audit) instead of failing inside the harness."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang import harness
+
+    monkeypatch.setattr(harness.md, "version", lambda name: installed)
+    with pytest.raises(UsageError, match=rf"sglang {installed} is installed: audit {installed} with .*--sglang {installed}"):
+        harness.require_harness_release()
+    monkeypatch.setattr(harness.md, "version", lambda name: "0.5.15.post1")
+    assert harness.require_harness_release() == "0.5.15.post1"

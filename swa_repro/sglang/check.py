@@ -25,7 +25,8 @@ from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import out_dir
 from swa_repro.core.mode import resolve_mode
 from swa_repro.sglang import patch as sglang_patch
-from swa_repro.sglang.harness import reaches_past_window, run_case, sglang_env, sglang_info, swa_forward_index
+from swa_repro.sglang.harness import (reaches_past_window, require_harness_release, run_case, sglang_env, sglang_info,
+                                      swa_forward_index)
 from swa_repro.sglang.trace import Trace
 
 # sglang's attention test kit is imported inside the functions that use it: sglang is optional and
@@ -145,6 +146,7 @@ def main(a) -> int:
         raise UsageError(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(c.name for c in MATRIX)}")
     if a.trace_dir:
         out_dir(a.trace_dir, "--trace-dir")  # created when missing (Trace.save); checked before any run
+    require_harness_release()
     info = resolve_mode(a.mode)
     rows = [r for r, _ in run_matrix(info.mode, cases=set(names), trace_dir=a.trace_dir)]
     peer = {s: peer_suite(info.mode, p) for s, p in (("unpatched", False), ("patched", True))} if a.peer else None

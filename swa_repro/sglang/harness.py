@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from swa_repro.core.batch import random_inputs
+from swa_repro.core.errors import UsageError
 from swa_repro.core.case import Case, CaseError
 from swa_repro.core.mode import resolve_mode
 from swa_repro.core.reference import reference_attention
@@ -323,6 +324,25 @@ def reaches_past_window(case: Case) -> bool:
     ``W + extend`` keys, :1698-1704) has a key outside its window. Row 0 of a request never does
     (the trim starts exactly at its window), row ``i >= 1`` does iff ``prefix + i > W``."""
     return any(e >= 2 and p + e - 1 > case.window_left for p, e in zip(case.prefix_lens, case.extend_lens))
+
+
+# The releases the harness is written against (its runner comes from the release's own
+# test kit, sglang/test/kits/attention_unittest/mock_server_args.py, which 0.5.16 dropped).
+HARNESS_RELEASES = ("0.5.15.post1",)
+
+
+def require_harness_release() -> str:
+    """The installed sglang's version, or a one-line UsageError saying what to run instead."""
+    try:
+        v = md.version("sglang")
+    except md.PackageNotFoundError:
+        raise UsageError("sglang is not installed: `make venv` installs the pinned baseline "
+                         f"(sglang {HARNESS_RELEASES[-1]})") from None
+    if v not in HARNESS_RELEASES:
+        raise UsageError(f"the sglang harness drives {', '.join(HARNESS_RELEASES)} and sglang {v} is installed: "
+                         f"audit {v} with `swa-repro audit` (as installed) or `swa-repro audit --sglang {v}`, "
+                         f"or run this in the project's venv (sglang {HARNESS_RELEASES[-1]}, `make venv`)")
+    return v
 
 
 def sglang_info() -> dict:
