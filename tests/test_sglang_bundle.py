@@ -37,6 +37,8 @@ def stub(tmp_path):
     shutil.copy2(SGL_KERNEL_DIR / "__init__.py", pkg / "__init__.py")
     (pkg / "_stub.json").write_text(json.dumps({"replaces": "sglang-kernel==0.4.4 (586.6 MiB)"}))
     saved_path, saved_mods = list(sys.meta_path), {k: v for k, v in sys.modules.items() if k.startswith("sgl_kernel")}
+    for k in saved_mods:  # an earlier test's sgl_kernel (or its submodules) would shadow the stub's
+        del sys.modules[k]
     spec = importlib.util.spec_from_file_location("sgl_kernel", pkg / "__init__.py", submodule_search_locations=[str(pkg)])
     mod = importlib.util.module_from_spec(spec)
     sys.modules["sgl_kernel"] = mod
