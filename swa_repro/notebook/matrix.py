@@ -22,7 +22,7 @@ import torch
 
 from swa_repro.core.case import Case, CaseError
 from swa_repro.kernel.model import simulate
-from swa_repro.core.intervals import intended_bounds
+from swa_repro.core.intervals import ceil_div, intended_bounds
 
 PROMPTS = (1024, 8192, 32768)
 PREFIXES = (0, 4096)
@@ -198,7 +198,7 @@ def probe_4972(qo_len=300, kv_len=4096, window_left=333, num_qo_heads=8, num_kv_
     except Exception as e:
         return Probe4972(False, None, f"not run: flashinfer does not import ({type(e).__name__}: {e})")
     g = torch.Generator(device="cuda").manual_seed(seed)
-    pages = -(-kv_len // page_size)
+    pages = ceil_div(kv_len, page_size)
     k = torch.randn(pages, page_size, num_kv_heads, head_dim, device="cuda", dtype=torch.float16, generator=g)
     v = torch.randn(pages, page_size, num_kv_heads, head_dim, device="cuda", dtype=torch.float16, generator=g)
     q = torch.randn(qo_len, num_qo_heads, head_dim, device="cuda", dtype=torch.float16, generator=g)

@@ -19,7 +19,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import PercentFormatter
 
 from swa_repro.kernel.model import ModelResult, RequestModel
-from swa_repro.core.intervals import intended_bounds
+from swa_repro.core.intervals import ceil_div, intended_bounds
 
 MAX_CELLS = 256  # per axis, after reduction
 PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at FIGURE_DPI, so none is lost
@@ -41,7 +41,7 @@ TILE_COLORS = ("#ffffff", "#a1d99b", "#fd8d3c")
 # ----------------------------------------------------------------------------- reductions
 def block_size(n: int, max_cells: int = MAX_CELLS) -> int:
     """Smallest block edge that fits ``n`` cells into ``max_cells``."""
-    return max(1, -(-n // max_cells))
+    return max(1, ceil_div(n, max_cells))
 
 
 def maxpool(a: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -49,7 +49,7 @@ def maxpool(a: np.ndarray, block: tuple[int, int]) -> np.ndarray:
     array's minimum so padding never adds anything."""
     br, bc = block
     r, c = a.shape
-    nr, nc = -(-r // br), -(-c // bc)
+    nr, nc = ceil_div(r, br), ceil_div(c, bc)
     fill = False if a.dtype == bool else a.min(initial=0)
     p = np.full((nr * br, nc * bc), fill, dtype=a.dtype)
     p[:r, :c] = a
@@ -72,7 +72,7 @@ def intervals_any(lo, hi, n_cols: int, block: tuple[int, int]) -> np.ndarray:
     lo, hi = (lo[:, None], hi[:, None]) if lo.ndim == 1 else (lo, hi)
     br, bc = block
     rows = lo.shape[0]
-    nr, nc = -(-rows // br), -(-n_cols // bc)
+    nr, nc = ceil_div(rows, br), ceil_div(n_cols, bc)
     rb = np.broadcast_to((np.arange(rows) // br)[:, None], lo.shape)
     lo_c, hi_c = np.clip(lo, 0, n_cols - 1), np.clip(hi, 0, n_cols - 1)
     ok = (lo >= 0) & (lo <= hi) & (lo < n_cols)
@@ -88,9 +88,9 @@ def intervals_all(lo, hi, n_cols: int, block: tuple[int, int]) -> np.ndarray:
     lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
     br, bc = block
     rows = lo.shape[0]
-    nr, nc = -(-rows // br), -(-n_cols // bc)
+    nr, nc = ceil_div(rows, br), ceil_div(n_cols, bc)
     hi_pad = np.where(hi >= n_cols - 1, nc * bc - 1, hi)  # reaching the last key covers the padding
-    first = -(-np.maximum(lo, 0) // bc)  # first fully covered column block
+    first = ceil_div(np.maximum(lo, 0), bc)  # first fully covered column block
     last = (hi_pad + 1) // bc - 1
     ok = (lo >= 0) & (lo <= hi) & (first <= last)
     rb = np.arange(rows) // br

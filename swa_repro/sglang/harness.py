@@ -42,6 +42,7 @@ import torch
 
 from swa_repro.core.batch import random_inputs
 from swa_repro.core.errors import UsageError
+from swa_repro.core.intervals import ceil_div
 from swa_repro.core.case import Case, CaseError
 from swa_repro.core.mode import resolve_mode
 from swa_repro.core.reference import reference_attention
@@ -236,7 +237,7 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
     device = "cuda" if mode == "live" else "cpu"
     trace = Trace(meta={"case": case.name, "case_dict": case.to_dict(), "patched": patched, "mode": mode,
                         "route": route, "seed": seed, "dtype": str(dtype).removeprefix("torch.")})
-    max_ctx = -(-max(case.kv_lens) // case.page_size) * case.page_size
+    max_ctx = ceil_div(max(case.kv_lens), case.page_size) * case.page_size
     with sglang_env(mode, trace, gpu, route) as fb, \
             (sglang_patch.patched(fb) if patched else sglang_patch.unpatched(fb)), torch.no_grad():
         from sglang.srt.layers.radix_attention import RadixAttention
