@@ -23,7 +23,7 @@ the command line ``audit_cli``'s.
 
 from __future__ import annotations
 
-import inspect
+import time
 from dataclasses import asdict, dataclass
 import numpy as np
 import torch
@@ -31,11 +31,11 @@ import torch
 from swa_repro.core.case import Case
 from swa_repro.core.errors import CaseError, UsageError
 from swa_repro.kernel.model import simulate
+from swa_repro.sglang import audit_keys as ak
 from swa_repro.sglang import audit_paths as ap
-from swa_repro.sglang.audit_env import DECODE, PAGED, RAGGED, STAND_INS
-from swa_repro.sglang.trace import PLAN_METHODS, decode
-
-FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
+from swa_repro.sglang.audit_env import DECODE, PAGED
+from swa_repro.sglang.audit_keys import bind, geometry, given
+from swa_repro.sglang.trace import PLAN_METHODS
 
 
 @dataclass
@@ -68,23 +68,6 @@ def _jsonable(x):
 
 
 # ----------------------------------------------------------------------------- reading a trace
-def bind(cls_name: str, method: str, args, kwargs) -> dict:
-    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
-    cls = STAND_INS[cls_name]
-    fn = getattr(cls, "plan" if method in PLAN_METHODS else method)
-    b = inspect.signature(fn).bind(None, *decode(args), **decode(kwargs))
-    b.apply_defaults()
-    out = dict(b.arguments)
-    out.pop("self", None)
-    return out
-
-
-def given(cls_name: str, method: str, args, kwargs) -> set:
-    """The parameter names a recorded call passed explicitly (the rest took their defaults)."""
-    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
-    return set(inspect.signature(fn).bind(None, *decode(args), **decode(kwargs)).arguments) - {"self"}
-
-
 def _param(bound: dict, passed: set, param: str) -> str:
     return f"{param}={bound.get(param)!r}" if param in passed else f"{param} not passed"
 
@@ -106,22 +89,6 @@ def plan_texts(run: ap.PathRun) -> list[str]:
 
 def _cap(x) -> float:
     return float(x or 0.0)
-
-
-def geometry(cls_name: str, plan: dict) -> tuple[list[int], list[int]]:
-    """Per-request (qo_lens, kv_lens) of a planned call, from its recorded index tensors
-    (kv length = (pages - 1) * page_size + last_page_len, flashinfer page.py get_seq_lens)."""
-    if cls_name == RAGGED:
-        qo, kv = plan["qo_indptr"], plan["kv_indptr"]
-        return (qo[1:] - qo[:-1]).tolist(), (kv[1:] - kv[:-1]).tolist()
-    if cls_name == PAGED:
-        qo, ind, last, ps = plan["qo_indptr"], plan["paged_kv_indptr"], plan["paged_kv_last_page_len"], plan["page_size"]
-    else:
-        ind, last, ps = plan["indptr"], plan["last_page_len"], plan["page_size"]
-        qo = torch.arange(len(ind))
-    pages = (ind[1:] - ind[:-1]).tolist()
-    kv = [(n - 1) * int(ps) + int(last[i]) if n else 0 for i, n in enumerate(pages)]
-    return (qo[1:] - qo[:-1]).tolist(), kv
 
 
 def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -> int:
@@ -179,30 +146,9 @@ def consequence(param: str, cls_name: str, backend: str, n_outside: int | None, 
 
 # ----------------------------------------------------------------------------- analysis
 def analyze(run: ap.PathRun) -> list[Finding]:
-    """Findings of one driven path: per wrapper, each forward vs the plan before it."""
-    calls = run.trace.calls
-    ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
-    plans: dict[int, tuple[int, dict, tuple]] = {}  # wrapper -> (index, bound, (method, passed names))
-    last_fwd: dict[int, tuple[int, dict, tuple]] = {}
-    out = []
-    for i, c in enumerate(calls):
-        if c.method == "__init__" or c.error:
-            continue
-        cls, backend = ctor[c.wrapper]
-        if c.method in PLAN_METHODS:
-            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs),
-                                (c.method, given(cls, c.method, c.args, c.kwargs)))
-            if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
-                out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper], "replay")
-        elif c.method in FORWARD_METHODS and c.wrapper in plans:
-            fwd = bind(cls, c.method, c.args, c.kwargs)
-            if c.method.startswith("run"):
-                fwd["window_left"] = plans[c.wrapper][1]["window_left"] if fwd.get("window_left") is None else fwd["window_left"]
-                fwd["logits_soft_cap"] = plans[c.wrapper][1]["logits_soft_cap"]
-            last_fwd[c.wrapper] = (i, fwd, (c.method, given(cls, c.method, c.args, c.kwargs)))
-            out += _compare(run, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
-                            run.graph_stage.get(i, "eager"))
-    return out
+    """Findings of one driven path: per wrapper, each forward vs the plan before it (a replay:
+    the replayed plan vs the captured forward)."""
+    return [f for p in ak.pairs(run) for f in _compare(run, p.cls, p.backend, p.wrapper, p.plan, p.fwd, p.stage)]
 
 
 def _compare(run, cls, backend, wid, plan_rec, fwd_rec, stage) -> list[Finding]:
@@ -249,16 +195,18 @@ class AuditResult:
     what_if: str | None  # None: the release as it is; "patched" / "unpatched": an in-process what-if
     release: dict  # sglang version, backend file, its state (unfixed / fixed / unknown), where it came from
     findings: list[Finding]
-    driven: list[dict]  # path, layer, calls recorded, what each plan carried
+    driven: list[dict]  # path, layer, calls recorded, what each plan carried, keys (and live) verdicts
     not_driven: list[dict]  # path, layer, status (absent | sglang raised | harness), why
+    mode: str = "model"  # live: every driven call also executed on real FlashInfer
+    device: str = "cpu"  # where sglang's tensors lived
 
     @property
     def label(self) -> str:
         return self.what_if or "as installed"
 
     def to_dict(self) -> dict:
-        return {"what_if": self.what_if, "release": self.release, "findings": [f.to_dict() for f in self.findings],
-                "driven": self.driven, "not_driven": self.not_driven}
+        return {"what_if": self.what_if, "release": self.release, "mode": self.mode, "device": self.device,
+                "findings": [f.to_dict() for f in self.findings], "driven": self.driven, "not_driven": self.not_driven}
 
 
 def release_info() -> dict:
@@ -276,21 +224,75 @@ def release_info() -> dict:
     return {"sglang": sglang.__version__, "backend_file": str(path), "state": state}
 
 
-def run_audit(what_if: str | None = None, *, paths=None, layers=None) -> AuditResult:
-    """Every path x layer configuration of the importable sglang, as it is (or a what-if)."""
+def run_audit(what_if: str | None = None, *, paths=None, layers=None, mode: str = "model",
+              live_budget_s: float | None = None, device: str | None = None, executor=None) -> AuditResult:
+    """Every path x layer configuration of the importable sglang, as it is (or a what-if). Each
+    driven run gets its key-level verdict (``audit_keys``: for the layer's window and for one key
+    less, HF's inclusive window when a model passes ``sliding_window`` unchanged); ``mode="live"``
+    also executes every call on real FlashInfer (``audit_live``) within ``live_budget_s`` (or on
+    ``executor``: ``audit_live.model_executor()`` runs the same pipeline on CPU)."""
     if what_if not in ap.WHAT_IFS:
         raise UsageError(f"what-if {what_if!r}: use patched or unpatched")
+    device = device or ap.audit_device()
+    runs = [ap.drive(path, cfg, what_if=what_if, device=device) for path in paths or ap.PATHS
+            for cfg in layers or ap.LAYER_CONFIGS]
+    live, warmed, deadline = None, None, None
+    if mode == "live":
+        from swa_repro.sglang import audit_live as live  # CUDA hosts only: imports flashinfer
+
+        executor = executor or live.flashinfer_executor(device)
+        deadline = None if live_budget_s is None else time.monotonic() + live_budget_s
+        warmed = live.warm([r for r in runs if not r.error], executor, deadline=deadline)
     findings, driven, not_driven = [], [], []
-    for path in paths or ap.PATHS:
-        for cfg in layers or ap.LAYER_CONFIGS:
-            run = ap.drive(path, cfg, what_if=what_if)
-            if run.error:
-                not_driven.append({"path": path, "layer": cfg.name, "status": run.status, "why": run.error})
-                continue
-            driven.append({"path": path, "layer": cfg.name, "plans": plan_texts(run),
-                           "calls": sum(c.method != "__init__" for c in run.trace.calls)})
-            findings += analyze(run)
-    return AuditResult(what_if, release_info(), findings, driven, not_driven)
+    for run in runs:
+        if run.error:
+            not_driven.append({"path": run.path, "layer": run.layer.name, "status": run.status, "why": run.error})
+            continue
+        keys = ak.keys_of_run(run)
+        d = {"path": run.path, "layer": run.layer.name, "plans": plan_texts(run),
+             "calls": sum(c.method != "__init__" for c in run.trace.calls), "keys": keys, "key_verdict": ak.verdict(keys)}
+        if run.layer_window > 0:  # the same calls judged against one key less (HF's inclusive window)
+            d["keys_window_minus_1"] = ak.keys_of_run(run, run.layer_window - 1)
+        if live is not None:
+            d["live"] = live.live_of_run(run, executor, deadline=deadline)
+        driven.append(d)
+        findings += analyze(run)
+    res = AuditResult(what_if, release_info(), findings, driven, not_driven, mode, device)
+    if warmed is not None:
+        res.release["live_warmup"] = warmed
+    return res
+
+
+def key_table(doc: dict) -> list[dict]:
+    """One row per driven path x layer: the key-level verdict and, in live mode, what the real
+    kernel's output measured (``None``: not measured). The CLI and notebook 05 print this."""
+    rows = []
+    for d in doc["driven"]:
+        ks, lv = d.get("keys", {}), d.get("live") or {}
+        ran = bool(lv.get("executed"))
+        rows.append({"path": d["path"], "layer": d["layer"], "verdict": d.get("key_verdict"),
+                     "queries": sum(s["queries"] for s in ks.values()),
+                     "queries_with_extra": sum(s["queries_with_extra"] for s in ks.values()),
+                     "max_extra_per_query": max((s["max_extra_per_query"] for s in ks.values()), default=0),
+                     "missing_keys": sum(s["missing_keys"] for s in ks.values()),
+                     "foreign_keys": sum(s["foreign_keys"] for s in ks.values()),
+                     "live_rows": lv.get("rows") if ran else None,
+                     "live_wrong_rows": lv.get("wrong_rows") if ran else None,
+                     "predicted_wrong_rows": lv.get("predicted_wrong_rows") if ran else None,
+                     "max_err": lv.get("max_err_intended") if ran else None,
+                     "max_err_uncapped": lv.get("max_err_uncapped") if ran else None,
+                     "model_agrees": lv.get("model_agrees") if ran else None,
+                     "live_errors": "; ".join(lv.get("errors", [])) or None})
+    return rows
+
+
+def incomplete(doc: dict) -> list[str]:
+    """The runs an audit did not drive although the release has the path (absent paths aside): an
+    audit with any is incomplete and must not read as "no finding"."""
+    out = [f"{d['path']}/{d['layer']}: {d['status']}: {d['why']}" for d in doc["not_driven"] if d["status"] != "absent"]
+    if not doc["driven"]:
+        out.append("no path x layer run was driven")
+    return out
 
 
 def header(release: dict, what_if: str | None, origin: str = "installed") -> str:

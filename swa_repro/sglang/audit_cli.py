@@ -39,6 +39,11 @@ def register(sub) -> None:
                    help="WHAT-IF: with PR #31501's fix removed in-process")
     g.add_argument("--both", dest="what_if", action="store_const", const=["unpatched", "patched"],
                    help="both what-ifs")
+    p.add_argument("--mode", choices=("auto", "model", "live"), default="auto",
+                   help="live: also execute every driven call on real FlashInfer (CUDA) and measure its effect "
+                   "against the float64 reference; auto (default): live where CUDA and flashinfer are usable")
+    p.add_argument("--live-budget", type=float, default=300.0, metavar="S",
+                   help="seconds for the live executions (JIT builds included; default 300, at most 3600)")
     p.add_argument("--paths", help=f"comma-separated subset of {','.join(ap.PATHS)}")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--release-table", action="store_true", help="audit each of --releases -> --out/releases.md "
@@ -63,21 +68,38 @@ def main(a) -> int:
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)
     paths = _paths(a.paths)
+    if not 0 < a.live_budget <= 3600:
+        raise UsageError(f"--live-budget {a.live_budget:g}: give seconds between 1 and 3600")
     if a.release_table:
         return _table(a)
-    runs = [_one(a.sglang, w, paths) for w in (a.what_if or [None])]
+    from swa_repro.core.mode import resolve_mode
+    from swa_repro.sglang import audit  # lazy: torch and the kernel model, after the arguments are checked
+
+    mode = resolve_mode("model" if a.sglang and a.mode == "auto" else a.mode)  # live without a GPU: one line
+    if a.sglang and mode.mode == "live":
+        raise UsageError("--sglang audits another release in a CPU subprocess: drop --mode live, or install that "
+                         "release and run `swa-repro audit --mode live` there")
+    runs = [_one(a.sglang, w, paths, mode.mode, a.live_budget) for w in (a.what_if or [None])]
     doc = {"sglang": runs[0]["release"]["sglang"], "what_if": runs[0]["what_if"] if len(runs) == 1 else None,
-           "runs": runs, "classes": [at.cells(r) for r in runs]}
+           "mode": mode.mode, "mode_why": mode.reason, "runs": runs, "classes": [at.cells(r) for r in runs],
+           "incomplete": [audit.incomplete(r) for r in runs]}
     if a.json:
         print(json.dumps(doc, default=str))
     else:
         for r, cl in zip(runs, doc["classes"]):
             print_run(r, cl)
     sys.stdout.flush()
+    bad = [x for inc in doc["incomplete"] for x in inc]
+    if bad:  # an audit that did not drive what the release has must not read as "no finding"
+        print(f"audit incomplete: {len(bad)} path x layer runs the release has were not driven; "
+              "no verdict is given for them:", file=sys.stderr)
+        for x in bad:
+            print(f"  {x}", file=sys.stderr)
+        return 1
     return 0
 
 
-def _one(version, what_if, paths) -> dict:
+def _one(version, what_if, paths, mode: str = "model", live_budget: float | None = None) -> dict:
     """One audit run as a dict: of the installed sglang in this process, or of ``version`` in a child."""
     if version:
         from swa_repro.sglang.audit_release import audit_release
@@ -90,7 +112,7 @@ def _one(version, what_if, paths) -> dict:
                          "or give --sglang VERSION") from None
     from swa_repro.sglang import audit
 
-    d = audit.run_audit(what_if, paths=paths).to_dict()
+    d = audit.run_audit(what_if, paths=paths, mode=mode, live_budget_s=live_budget).to_dict()
     d["release"]["origin"] = "installed"
     return d
 
@@ -106,9 +128,36 @@ def print_run(r: dict, classes: dict) -> None:
               f"plan={row['plan']} forward={row['forward']} [{row['effect']}] {row['consequence']}")
     for nd in r["not_driven"]:
         print(f"  not driven ({nd['status']}): {nd['path']}/{nd['layer']}: {nd['why']}")
+    print(f"keys each query attends ({r.get('mode', 'model')} mode, sglang's tensors on {r.get('device', 'cpu')}; "
+          "live columns: measured on real FlashInfer against the float64 reference):")
+    for row in key_rows(r):
+        print("  " + row)
     print("finding classes" + (" (what-if)" if r["what_if"] else "") + ":")
     for k, c in classes.items():
         print(f"  {at.CLASSES[k].title:<30} {c['state']:<10} {c['evidence'][0] if c['evidence'] else ''}")
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def key_rows(r: dict) -> list[str]:
+    """``audit.key_table`` as text: the same columns in both modes (``-``: not measured)."""
+    from swa_repro.sglang import audit
+
+    rows = [f"{'path':<24} {'layer':<11} {'keys':<9} {'queries+extra':>13} {'max extra':>9} {'missing':>7} "
+            f"{'foreign':>7} | {'live wrong rows':>15} {'err':>7} {'err uncapped':>12} {'model vs kernel':>15}"]
+    for t in audit.key_table(r):
+        wrong = "-" if t["live_rows"] is None else f"{t['live_wrong_rows']}/{t['live_rows']}"
+        if t["live_rows"] is None and t["live_errors"]:
+            wrong = "not run"
+        agree = {True: "agrees", False: "DIFFERS", None: "-"}[t["model_agrees"]]
+        rows.append(f"{t['path']:<24} {t['layer']:<11} {t['verdict'] or '-':<9} "
+                    f"{str(t['queries_with_extra']) + '/' + str(t['queries']):>13} {t['max_extra_per_query']:>9} "
+                    f"{t['missing_keys']:>7} {t['foreign_keys']:>7} | {wrong:>15} {_fmt(t['max_err']):>7} "
+                    f"{_fmt(t['max_err_uncapped']):>12} {agree:>15}"
+                    + (f"  ({t['live_errors'][:160]})" if t["live_errors"] else ""))
+    return rows
 
 
 def _table(a) -> int:

@@ -8,9 +8,10 @@
   ``_safe_merge_state``, :105), absent without flashinfer;
 * the Triton kv-indices kernel, in every sglang module that binds it (``releases.release_env``);
 * sglang's ``fast_prefill_plan`` (0.5.14+), like ``fast_decode_plan`` (``releases.fast_prefill_plan``);
-* ``torch`` *as the backend module sees it*: ``device="cuda"`` buffers (decode's kv indices,
-  :1500; ``init_cuda_graph_state``, :860) land on the CPU and ``torch.cuda.get_device_properties``
-  reports an H200's 132 SMs.
+* on a CPU host only (``device="cpu"``): ``torch`` *as the backend module sees it*:
+  ``device="cuda"`` buffers (decode's kv indices, :1500; ``init_cuda_graph_state``, :860) land on
+  the CPU and ``torch.cuda.get_device_properties`` reports an H200's 132 SMs; and the Triton
+  kv-indices kernel by its torch port. On a GPU host sglang's own torch and Triton kernel run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ PAGED, RAGGED, DECODE = harness.WRAPPER_NAMES
 def _zeros(q, head_dim, return_lse):
     """A zero output ``(tokens, heads, head_dim)`` in q's dtype (+ a zero LSE ``(tokens, heads)``)."""
     o = torch.zeros(q.shape[0], q.shape[1], head_dim, dtype=q.dtype, device=q.device)
-    return (o, torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32)) if return_lse else o
+    return (o, torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)) if return_lse else o
 
 
 class PagedStandIn(PagedPrefillSignature):
@@ -110,17 +111,19 @@ class _CpuTorch(types.ModuleType):
 
 
 @contextlib.contextmanager
-def audit_env(trace: Trace, fb, *, use_paged: bool):
+def audit_env(trace: Trace, fb, *, use_paged: bool, device: str = "cpu"):
     """The stand-ins in the backend module's namespace plus the release's switches
-    (``releases.release_env``), restored on exit."""
+    (``releases.release_env``), restored on exit; the CPU replacements only on ``device="cpu"``."""
     from swa_repro.sglang import releases  # releases imports harness; kept out of import time
 
     names = {n: record_class(cls, trace, n) for n, cls in STAND_INS.items()}
     # merge_state: 0.5.10 calls flashinfer.cascade.merge_state by name (:58, :862); later, _safe_merge_state
     names.update(fast_decode_plan=fast_decode_plan, _safe_merge_state=merge_state, merge_state=merge_state,
-                 torch=_CpuTorch(), create_flashinfer_kv_indices_triton=harness.TorchKvIndices(),
                  global_workspace_buffer=None)
+    on_cpu = device == "cpu"
+    if on_cpu:
+        names.update(torch=_CpuTorch(), create_flashinfer_kv_indices_triton=harness.TorchKvIndices())
     if hasattr(fb, "fast_prefill_plan"):
         names["fast_prefill_plan"] = releases.fast_prefill_plan
-    with harness._namespace(fb, names), releases.release_env(fb, use_paged=use_paged):
+    with harness._namespace(fb, names), releases.release_env(fb, use_paged=use_paged, kv_indices_port=on_cpu):
         yield

@@ -1,5 +1,6 @@
-"""Drive every path of sglang's FlashInfer backend that plans a prefill or decode wrapper, on CPU,
-with recording stand-ins for the three FlashInfer wrapper classes.
+"""Drive every path of sglang's FlashInfer backend that plans a prefill or decode wrapper, with
+recording stand-ins for the three FlashInfer wrapper classes, on the device sglang itself would use
+(:func:`audit_device`: CUDA where torch sees a GPU, so sglang takes its serving path there).
 
 What runs is the importable sglang's own code (``FlashInferAttnBackend``, its indices updaters,
 ``forward_extend`` / ``forward_decode``, the CUDA-graph metadata methods, EAGLE's and DFlash's
@@ -13,6 +14,7 @@ differs between sglang releases lives in ``releases``.
 from __future__ import annotations
 
 import contextlib
+import importlib
 from dataclasses import dataclass, field
 
 import torch
@@ -54,6 +56,46 @@ class PathRun:
     graph_stage: dict = field(default_factory=dict)  # call index -> "capture" | "replay"
     error: str | None = None  # a path not driven, with why
     status: str = "driven"  # driven | absent (no such path in this release) | sglang raised | harness
+    device: str = "cpu"  # where sglang's tensors lived
+    snapshot: dict = field(default_factory=dict)  # the pools' token map and the batch's positions (audit_keys)
+
+
+def audit_device() -> str:
+    """Where sglang's tensors go: where sglang itself puts them when serving. sglang picks its
+    kernels at import from the platform (memory_pool.py:93 ``_is_cuda = is_cuda()``), and on CUDA
+    its KV write calls the CUDA-only ``store_cache`` (memory_pool.py:146-147), which raises on CPU
+    tensors. So the audit follows the platform, not the other way round."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def dispatch_mismatch(device: str) -> str | None:
+    """Why sglang's import-time kernel choice does not fit tensors on ``device`` (None: it fits).
+    Checked before a path is driven, so a mismatch is named instead of every path raising."""
+    mp = importlib.import_module("sglang.srt.mem_cache.memory_pool")
+    gpu = [n for n in ("_is_cuda", "_is_hip") if getattr(mp, n, False)]
+    if gpu and device == "cpu":
+        return (f"sglang dispatches its KV-cache writes to GPU kernels (memory_pool.{gpu[0]}=True, "
+                "memory_pool.py:146) but the audit's tensors are on the CPU: run where torch sees that GPU")
+    if not gpu and device != "cpu":
+        return f"the audit's tensors are on {device} but sglang chose its CPU kernels at import (memory_pool)"
+    return None
+
+
+def snapshot(runner, batch) -> dict:
+    """What maps a wrapper's KV back to token positions (``audit_keys``): sglang's req-to-token
+    pool (slot of each position, per request row), the batch's request rows, query positions and
+    sequence lengths; CPU copies taken after the path ran."""
+    return {"req_to_token": runner.req_to_token_pool.req_to_token.detach().to("cpu", torch.int64).clone(),
+            "req_pool_indices": batch.req_pool_indices.detach().to("cpu", torch.int64).clone(),
+            "positions": batch.positions.detach().to("cpu", torch.int64).clone(),
+            "seq_lens": batch.seq_lens.detach().to("cpu", torch.int64).clone()}
+
+
+def q_scale(cfg: "LayerConfig") -> float:
+    """Queries are scaled by 16 on a soft-capped layer so that ``|q.k| * sm_scale`` (about 1 for
+    randn at scale ``head_dim**-0.5``) reaches past the cap of 50 (~16 sigma): otherwise a dropped
+    cap changes no output measurably and the live verdict could not tell capped from uncapped."""
+    return 16.0 if cfg.logit_cap else 1.0
 
 
 def _case(cfg: LayerConfig, prefix_lens, extend_lens) -> Case:
@@ -61,14 +103,19 @@ def _case(cfg: LayerConfig, prefix_lens, extend_lens) -> Case:
                 name=f"audit_{cfg.name}", **HEADS)
 
 
-def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, use_paged: bool = False):
+def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, device: str, use_paged: bool = False):
     """The release's runner (``releases_kit``), its backend and one RadixAttention layer. Without
     ``SGLANG_FLASHINFER_USE_PAGED`` (0.5.10) the paged-only prefill is reached by deterministic
-    inference (0.5.10 flashinfer_backend.py:488-490)."""
+    inference (0.5.10 flashinfer_backend.py:488-490). The KV pool is filled with seeded randn, so
+    that a replay of the recorded calls on real kernels (``audit_live``) reads keys that differ."""
     from sglang.srt.layers.radix_attention import RadixAttention
 
-    runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx,
+    runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
                                        deterministic=use_paged and not releases.has_paged_switch())
+    g = torch.Generator().manual_seed(1)
+    pool = runner.token_to_kv_pool
+    for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
     runner.sliding_window_size = cfg.window_left if cfg.window_left >= 0 else None
     releases.newer_release_attrs(runner)
     backend = fb.FlashInferAttnBackend(runner)
@@ -77,120 +124,138 @@ def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, use_paged: bool = Fal
     return runner, backend, layer
 
 
-def _run_layer(backend, layer, batch, n_tokens: int, case: Case):
-    q = torch.randn(n_tokens, case.num_qo_heads * case.head_dim, dtype=torch.bfloat16)
-    k = torch.randn(n_tokens, case.num_kv_heads * case.head_dim, dtype=torch.bfloat16)
+def _run_layer(backend, layer, batch, n_tokens: int, case: Case, cfg: LayerConfig, device: str):
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(n_tokens, case.num_qo_heads * case.head_dim, generator=g) * q_scale(cfg)
+    k = torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g)
+    v = torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g)
     with releases.attach(backend, batch):
-        layer(q, k, k.clone(), batch)
+        layer(*(x.to(device, torch.bfloat16) for x in (q, k, v)), batch)
 
 
-def _kit_batch(case: Case, runner, mode, max_ctx: int):
+def _kit_batch(case: Case, runner, mode, max_ctx: int, device: str):
     kit = releases_kit.kit_module()
     return kit._make_forward_batch(releases_kit.kit_case(kit, case, mode), runner, max_context_len=max_ctx,
-                                   device="cpu")
+                                   device=device)
 
 
 # ----------------------------------------------------------------------------- the paths
 PREFIX, EXTEND, DRAFT = (20, 3), (24, 12), 4  # lengths past the window of 8, one request short
 
 
-def _extend(fb, cfg, trace, prefix, use_paged: bool):
+def _extend(fb, cfg, run, prefix, use_paged: bool):
     case = _case(cfg, prefix, EXTEND)
     max_ctx = max(case.kv_lens)
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx, use_paged)
-    _, batch, (q, k, v) = harness._inputs(case, runner, layer, dtype=torch.bfloat16, device="cpu", seed=0,
+    runner, backend, layer = _setup(fb, case, cfg, max_ctx, run.device, use_paged)
+    _, batch, (q, k, v) = harness._inputs(case, runner, layer, dtype=torch.bfloat16, device=run.device, seed=0,
                                          max_context_len=max_ctx, kit=releases_kit.kit_module())
+    q = q * q_scale(cfg)
     with releases.attach(backend, batch):
         backend.init_forward_metadata(batch)
         layer(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), batch)
+    return runner, batch
 
 
-def _decode(fb, cfg, trace):
+def _decode(fb, cfg, run):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     case = _case(cfg, PREFIX, (1,) * len(PREFIX))
     max_ctx = max(case.kv_lens) + 1
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx)
-    batch = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx)
+    runner, backend, layer = _setup(fb, case, cfg, max_ctx, run.device)
+    batch = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx, run.device)
     backend.init_forward_metadata(batch)
-    _run_layer(backend, layer, batch, case.batch_size, case)
+    _run_layer(backend, layer, batch, case.batch_size, case, cfg, run.device)
+    return runner, batch
 
 
-def _verify_batch(fb, cfg, spec: str):
+def chain_mask(committed, draft: int) -> torch.Tensor:
+    """EAGLE's verify mask for a chain of ``draft`` tokens (topk 1), laid out as EAGLE builds it:
+    per request ``draft x (committed + draft)`` row-major, every committed key visible, draft ``d``
+    seeing drafts ``0..d`` (speculative/eagle_utils.py ``build_tree_kernel_efficient``)."""
+    parts = [torch.cat([torch.ones(draft, c, dtype=torch.bool), torch.ones(draft, draft, dtype=torch.bool).tril()], 1)
+             for c in committed]
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+def _verify_batch(fb, cfg, spec: str, device: str):
     """TARGET_VERIFY over committed ``PREFIX`` with ``DRAFT`` draft tokens per request: the kit
     lays out prefix + draft tokens, then ``seq_lens`` are the committed lengths, as in sglang."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     case = _case(cfg, PREFIX, (DRAFT,) * len(PREFIX))
     max_ctx = max(case.kv_lens)
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx)
-    batch = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx)
-    seq = torch.tensor(PREFIX, dtype=torch.int32)
+    runner, backend, layer = _setup(fb, case, cfg, max_ctx, device)
+    batch = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, device)
+    seq = torch.tensor(PREFIX, dtype=torch.int32, device=device)
     batch.forward_mode, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = \
-        ForwardMode.TARGET_VERIFY, seq, seq.clone(), int(seq.sum())
+        ForwardMode.TARGET_VERIFY, seq, seq.cpu(), int(seq.sum())
     n = DRAFT * len(PREFIX)
     if spec == "eagle":
         from sglang.srt.speculative.eagle_info import EagleVerifyInput
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
         batch.spec_info = releases.build(
-            EagleVerifyInput, draft_token=torch.zeros(n, dtype=torch.long), custom_mask=torch.ones(0, dtype=torch.bool),
+            EagleVerifyInput, draft_token=torch.zeros(n, dtype=torch.long, device=device),
+            custom_mask=chain_mask(PREFIX, DRAFT).to(device),
             positions=batch.positions, retrieve_index=None, retrieve_next_token=None,
             retrieve_next_sibling=None, retrieve_cum_len=None, topk=1, draft_token_num=DRAFT, spec_steps=DRAFT - 1,
-            capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.clone())
+            capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.cpu())
     else:
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-        batch.spec_info = DFlashVerifyInput(draft_token=torch.zeros(n, dtype=torch.long), positions=batch.positions,
-                                            draft_token_num=DRAFT)
+        batch.spec_info = DFlashVerifyInput(draft_token=torch.zeros(n, dtype=torch.long, device=device),
+                                            positions=batch.positions, draft_token_num=DRAFT)
     releases.spec_info_defaults(batch.spec_info, DRAFT)
-    return case, backend, layer, batch, n
+    return case, runner, backend, layer, batch, n
 
 
-def _verify(fb, cfg, trace, spec):
-    case, backend, layer, batch, n = _verify_batch(fb, cfg, spec)
+def _verify(fb, cfg, run, spec):
+    case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, spec, run.device)
     backend.init_forward_metadata(batch)
-    _run_layer(backend, layer, batch, n, case)
+    _run_layer(backend, layer, batch, n, case, cfg, run.device)
+    return runner, batch
 
 
-def _graph(fb, cfg, trace, mode: str, run: PathRun):
+def _graph(fb, cfg, run: PathRun, mode: str):
     """CUDA-graph capture then replay: ``init_cuda_graph_state`` (:860), then the capture's
     metadata call (``releases.graph_metadata``: ``init_forward_metadata_out_graph(in_capture=True)``,
     :646) and the captured forward, then the replay's metadata call on the same wrappers."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
+    dev = run.device
     if mode == "decode":
         case = _case(cfg, PREFIX, (1,) * len(PREFIX))
         max_ctx = max(case.kv_lens) + 1
-        runner, backend, layer = _setup(fb, case, cfg, max_ctx)
-        batch, n = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx), case.batch_size
+        runner, backend, layer = _setup(fb, case, cfg, max_ctx, dev)
+        batch, n = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx, dev), case.batch_size
     elif mode == "extend":  # full prefill CUDA graph: plain EXTEND on capture-stable wrappers (:1084)
         case = _case(cfg, PREFIX, EXTEND)
         max_ctx = max(case.kv_lens)
-        runner, backend, layer = _setup(fb, case, cfg, max_ctx)
-        batch, n = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx), sum(EXTEND)
+        runner, backend, layer = _setup(fb, case, cfg, max_ctx, dev)
+        batch, n = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, dev), sum(EXTEND)
     else:
-        case, backend, layer, batch, n = _verify_batch(fb, cfg, "eagle")
+        case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, "eagle", dev)
     backend.init_cuda_graph_state(max_bs=case.batch_size, max_num_tokens=max(n, case.batch_size) * 2)
     capture, replay = releases.graph_metadata(backend, batch, case.batch_size, n)
     capture()
-    _run_layer(backend, layer, batch, n, case)
-    mark = len(trace.calls)
+    _run_layer(backend, layer, batch, n, case, cfg, dev)
+    mark = len(run.trace.calls)
     replay()
     run.graph_stage.update({i: "capture" for i in range(mark)})  # capture plans and the captured forward
-    run.graph_stage.update({i: "replay" for i in range(mark, len(trace.calls))})
+    run.graph_stage.update({i: "replay" for i in range(mark, len(run.trace.calls))})
+    return runner, batch
 
 
-PATHS = {
-    "extend_paged": dict(use_paged=True, fn=lambda fb, c, t, r: _extend(fb, c, t, PREFIX, True)),
-    "extend_ragged_no_prefix": dict(use_paged=False, fn=lambda fb, c, t, r: _extend(fb, c, t, (0, 0), False)),
-    "extend_ragged_prefix": dict(use_paged=False, fn=lambda fb, c, t, r: _extend(fb, c, t, PREFIX, False)),
-    "decode": dict(use_paged=False, fn=lambda fb, c, t, r: _decode(fb, c, t)),
-    "target_verify_eagle": dict(use_paged=False, fn=lambda fb, c, t, r: _verify(fb, c, t, "eagle")),
-    "target_verify_dflash": dict(use_paged=False, fn=lambda fb, c, t, r: _verify(fb, c, t, "dflash")),
-    "cuda_graph_decode": dict(use_paged=False, fn=lambda fb, c, t, r: _graph(fb, c, t, "decode", r)),
-    "cuda_graph_extend": dict(use_paged=False, fn=lambda fb, c, t, r: _graph(fb, c, t, "extend", r)),
-    "cuda_graph_verify": dict(use_paged=False, fn=lambda fb, c, t, r: _graph(fb, c, t, "verify", r)),
+PATHS = {  # each driver takes (flashinfer_backend module, layer config, PathRun), returns (runner, batch)
+    "extend_paged": dict(use_paged=True, fn=lambda fb, c, r: _extend(fb, c, r, PREFIX, True)),
+    "extend_ragged_no_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, (0, 0), False)),
+    "extend_ragged_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, PREFIX, False)),
+    "decode": dict(use_paged=False, fn=lambda fb, c, r: _decode(fb, c, r)),
+    "target_verify_eagle": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, "eagle")),
+    "target_verify_dflash": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, "dflash")),
+    "cuda_graph_decode": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "decode")),
+    "cuda_graph_extend": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "extend")),
+    "cuda_graph_verify": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "verify")),
 }
 
 
@@ -198,23 +263,30 @@ WHAT_IFS = {None: lambda fb: contextlib.nullcontext(), "patched": sglang_patch.p
             "unpatched": sglang_patch.unpatched}
 
 
-def drive(path: str, cfg: LayerConfig, *, what_if: str | None = None) -> PathRun:
+def drive(path: str, cfg: LayerConfig, *, what_if: str | None = None, device: str | None = None) -> PathRun:
     """Run one path for one layer configuration of the importable sglang as it is (``what_if``:
     ``patched`` / ``unpatched`` swaps PR #31501's two methods in-process first); every wrapper call
     lands in the returned trace. A path not driven comes back with ``status`` and ``error``: absent
-    from this release, raised inside the release's own code (file:line), or a harness failure."""
+    from this release, raised inside the release's own code (file:line), or a harness failure
+    (``device`` not where sglang dispatches, among others)."""
     spec = PATHS[path]
-    trace = Trace(meta={"path": path, "layer": cfg.name, "what_if": what_if})
-    run = PathRun(path, cfg, trace, cfg.window_left, cfg.logit_cap)
+    device = device or audit_device()
+    trace = Trace(meta={"path": path, "layer": cfg.name, "what_if": what_if, "device": device})
+    run = PathRun(path, cfg, trace, cfg.window_left, cfg.logit_cap, device=device)
     releases.ensure_sgl_kernel()
     fb = harness.backend_module()
     absent = releases.absent_reason(path, fb)
     if absent:
         run.status, run.error = "absent", absent
         return run
-    with audit_env(trace, fb, use_paged=spec["use_paged"]), WHAT_IFS[what_if](fb), torch.no_grad():
+    mismatch = dispatch_mismatch(device)
+    if mismatch:
+        run.status, run.error = "harness", mismatch
+        return run
+    with audit_env(trace, fb, use_paged=spec["use_paged"], device=device), WHAT_IFS[what_if](fb), torch.no_grad():
         try:
-            spec["fn"](fb, cfg, trace, run)
+            runner, batch = spec["fn"](fb, cfg, run)
+            run.snapshot = snapshot(runner, batch)
         except Exception as e:  # said, never hidden: whose code raised, and where
             run.status, run.error = releases.explain_error(e)
     return run

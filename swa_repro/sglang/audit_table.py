@@ -25,6 +25,8 @@ from pathlib import Path
 PREFILL = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "target_verify_eagle",
            "target_verify_dflash")
 GRAPH = ("cuda_graph_decode", "cuda_graph_extend", "cuda_graph_verify")
+_PATH_ORDER = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "decode", "target_verify_eagle",
+               "target_verify_dflash", *GRAPH)
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,40 @@ def row_of(doc: dict) -> dict:
             "flashinfer_pin": rel.get("overlay_info", {}).get("flashinfer_pin"),
             "sglang_modules_from_overlay": rel.get("sglang_modules_from_overlay"),
             "paths_driven": sorted({d["path"] for d in doc["driven"]}),
-            "cells": cells(doc)}
+            "cells": cells(doc), "keys": key_cells(doc)}
+
+
+def key_cells(doc: dict) -> dict:
+    """Per path, the keys a sliding-window layer's queries really attend (``audit_keys``, window 8,
+    with and without a cap): verdict, queries seeing keys outside the window, the most extra
+    keys per query, intended keys never read, keys from other requests' slots."""
+    out = {}
+    for d in doc["driven"]:
+        if d["layer"].startswith("swa") and "keys" in d:
+            ks = d["keys"].values()
+            cur = {"verdict": d["key_verdict"], "queries": sum(s["queries"] for s in ks),
+                   "queries_with_extra": sum(s["queries_with_extra"] for s in ks),
+                   "max_extra_per_query": max((s["max_extra_per_query"] for s in ks), default=0),
+                   "missing_keys": sum(s["missing_keys"] for s in ks), "foreign_keys": sum(s["foreign_keys"] for s in ks)}
+            prev = out.get(d["path"])
+            if prev is None or (prev["verdict"] == "exact" and cur["verdict"] != "exact"):
+                out[d["path"]] = cur
+    return out
+
+
+def key_text(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    if c["verdict"] == "exact":
+        return "exact"
+    parts = [c["verdict"]]
+    if c["queries_with_extra"]:
+        parts.append(f"{c['queries_with_extra']}/{c['queries']} q, <= {c['max_extra_per_query']} extra")
+    if c["missing_keys"]:
+        parts.append(f"{c['missing_keys']} missing")
+    if c["foreign_keys"]:
+        parts.append(f"{c['foreign_keys']} foreign")
+    return ": ".join(parts[:1]) + (" " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
 
 def provenance(command: str, docs: list[dict]) -> dict:
@@ -173,6 +208,17 @@ def markdown(table: dict) -> str:
     for r in table["rows"]:
         lines.append(f"| {r['sglang']} | {r['flashinfer_pin']} | {r['backend_state']} | "
                      + " | ".join(r["cells"][k]["state"] for k in classes) + " |")
+    paths = sorted({p for r in table["rows"] for p in r.get("keys", {})}, key=_PATH_ORDER.index)
+    lines += ["", "## Keys each query attends (sliding-window layer, window 8)", "",
+              "From the same recorded calls, per path: each call's KV mapped back to token positions through "
+              "sglang's req-to-token pool, the keys FlashInfer lets each query see (the window only if compiled "
+              "in at plan; fa2's tile-granular start from the kernel model) against the keys the layer intends "
+              "(`swa_repro.sglang.audit_keys`). **extra**: queries that see keys outside their window (how many "
+              "of all, the most extra keys per query); **missing**: intended keys no call lets a query see; "
+              "**foreign**: keys from slots that are not the request's; **exact**: neither.", "",
+              "| sglang | " + " | ".join(paths) + " |", "|---|" + "---|" * len(paths)]
+    lines += [f"| {r['sglang']} | " + " | ".join(key_text(r.get("keys", {}).get(p)) for p in paths) + " |"
+              for r in table["rows"]]
     lines += ["", "## Evidence (recorded calls)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}")

@@ -232,9 +232,10 @@ def kv_indices_everywhere():
 
 
 @contextlib.contextmanager
-def release_env(fb, *, use_paged: bool):
+def release_env(fb, *, use_paged: bool, kv_indices_port: bool = True):
     """The switches around a release's backend, restored on exit: the paged-only flag where it
-    exists, the workspace size, single-rank parallel sizes, the kv-indices port everywhere."""
+    exists, the workspace size, single-rank parallel sizes, the kv-indices port everywhere (CPU
+    hosts; on a GPU sglang's own Triton kernel runs)."""
     from sglang.srt.environ import envs
 
     with contextlib.ExitStack() as st:
@@ -256,5 +257,6 @@ def release_env(fb, *, use_paged: bool):
             known = getattr(rc, "_PARALLEL_FIELDS", ("attn_tp_size", "attn_cp_size"))
             sizes = [k for k in ("attn_tp_size", "attn_cp_size", "attn_dcp_size") if k in known]
             st.enter_context(rc.get_parallel().override(**dict.fromkeys(sizes, 1)))
-        st.enter_context(kv_indices_everywhere())
+        if kv_indices_port:
+            st.enter_context(kv_indices_everywhere())
         yield

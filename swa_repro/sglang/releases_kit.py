@@ -162,8 +162,9 @@ def _make_forward_batch(case, runner, *, max_context_len, device, loc_fn=None):
     batch = ForwardBatch(forward_mode=case.forward_mode, batch_size=case.batch_size,
                          input_ids=torch.arange(len(positions), dtype=torch.int64, device=device),
                          req_pool_indices=torch.arange(case.batch_size, dtype=torch.int32, device=device),
-                         seq_lens=seq, seq_lens_cpu=seq.cpu(), out_cache_loc=torch.tensor(locs, dtype=torch.int64),
-                         seq_lens_sum=int(seq.sum()), positions=torch.tensor(positions, dtype=torch.int64))
+                         seq_lens=seq, seq_lens_cpu=seq.cpu(),
+                         out_cache_loc=torch.tensor(locs, dtype=torch.int64, device=device),
+                         seq_lens_sum=int(seq.sum()), positions=torch.tensor(positions, dtype=torch.int64, device=device))
     batch.req_to_token_pool, batch.token_to_kv_pool = runner.req_to_token_pool, runner.token_to_kv_pool
     if case.forward_mode.is_extend():
         batch.extend_prefix_lens = torch.tensor(case.prefix_lens, dtype=torch.int32, device=device)

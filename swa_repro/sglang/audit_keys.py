@@ -1,0 +1,269 @@
+"""The keys each query of a driven call really attends, as token positions, against the keys its
+layer intends.
+
+A verdict about parameters ("``window_left`` reached ``forward()`` only") says nothing about a
+call whose KV was already trimmed, or one that reads the wrong KV. So for every effective call
+(each forward with the plan before it; a CUDA-graph replay's plan with the captured forward):
+
+* **queries**: row ``t`` of ``q`` is the batch's token ``t`` (sglang passes the layer's ``q`` for
+  the whole batch, ``qo_indptr`` over its requests), at ``positions[t]`` (the batch's own);
+* **keys**: entry ``j`` of request ``i``'s KV list is slot ``kv_indices[kv_indptr[i] + j // ps] *
+  ps + j % ps`` (flashinfer page.py), mapped back to a position through sglang's req-to-token row
+  of that request (``-1``: the slot is not that request's); a ragged call's keys are the forward's
+  ``k`` rows, i.e. the batch's new tokens (``forward_extend`` passes the layer's ``k``);
+* **attended** (per query head) as FlashInfer computes it: causal ``j <= kv - qo + r`` or the custom
+  mask instead (variants.cuh:79-86), the window only if compiled in at plan (prefill.py:2035),
+  with the run's value: ``j + qo + W >= kv + r`` (variants.cuh:88-89); a paged fa2 call planned
+  without the window but run with one starts each CTA at its first row's window (the kernel
+  model, ``kernel.model.simulate``; ``undefined`` rows under split-KV stay undefined);
+* **intended**: positions ``[p - W, p]`` with the layer's window ``W`` (HF's ``sliding_window - 1``),
+  ``[0, p]`` without one.
+
+Extra keys are attended and not intended; missing keys are intended positions that no call of the
+same stage lets the query see (the union over a ragged + paged pair, say).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError
+from swa_repro.kernel.model import simulate
+from swa_repro.sglang.audit_env import DECODE, PAGED, RAGGED, STAND_INS
+from swa_repro.sglang.trace import PLAN_METHODS, decode
+
+FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
+
+
+# ----------------------------------------------------------------------------- recorded calls
+def bind(cls_name: str, method: str, args, kwargs) -> dict:
+    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
+    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
+    b = inspect.signature(fn).bind(None, *decode(args), **decode(kwargs))
+    b.apply_defaults()
+    out = dict(b.arguments)
+    out.pop("self", None)
+    return out
+
+
+def given(cls_name: str, method: str, args, kwargs) -> set:
+    """The parameter names a recorded call passed explicitly (the rest took their defaults)."""
+    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
+    return set(inspect.signature(fn).bind(None, *decode(args), **decode(kwargs)).arguments) - {"self"}
+
+
+@dataclass
+class Pair:
+    """One effective call: a forward and the plan it ran under. ``plan`` / ``fwd`` are
+    ``(trace index, bound arguments, (method, names passed))``; a ``run()`` reads the planned window
+    and cap, so they are filled in from the plan."""
+    stage: str  # eager | capture | replay
+    cls: str
+    backend: str
+    wrapper: int
+    plan: tuple
+    fwd: tuple
+    capture_plan: tuple | None = None  # replay: the plan that picked the captured module
+
+
+def pairs(run) -> list[Pair]:
+    """Every effective call of a driven path, in trace order."""
+    calls = run.trace.calls
+    ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
+    plans, last_fwd, first_plan, out = {}, {}, {}, []
+    for i, c in enumerate(calls):
+        if c.method == "__init__" or c.error:
+            continue
+        cls, backend = ctor[c.wrapper]
+        if c.method in PLAN_METHODS:
+            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs), (c.method, given(cls, c.method, c.args, c.kwargs)))
+            if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
+                out.append(Pair("replay", cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
+                                first_plan.get(c.wrapper)))
+        elif c.method in FORWARD_METHODS and c.wrapper in plans:
+            fwd = bind(cls, c.method, c.args, c.kwargs)
+            if c.method.startswith("run"):
+                plan = plans[c.wrapper][1]
+                fwd["window_left"] = plan["window_left"] if fwd.get("window_left") is None else fwd["window_left"]
+                fwd["logits_soft_cap"] = plan["logits_soft_cap"]
+                fwd["causal"] = plan.get("causal", True)
+            last_fwd[c.wrapper] = (i, fwd, (c.method, given(cls, c.method, c.args, c.kwargs)))
+            stage = run.graph_stage.get(i, "eager")
+            if stage == "capture":
+                first_plan[c.wrapper] = plans[c.wrapper]
+            out.append(Pair(stage, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper]))
+    return out
+
+
+def geometry(cls_name: str, plan: dict) -> tuple[list[int], list[int]]:
+    """Per-request (qo_lens, kv_lens) of a planned call, from its recorded index tensors
+    (kv length = (pages - 1) * page_size + last_page_len, flashinfer page.py get_seq_lens)."""
+    if cls_name == RAGGED:
+        qo, kv = plan["qo_indptr"], plan["kv_indptr"]
+        return (qo[1:] - qo[:-1]).tolist(), (kv[1:] - kv[:-1]).tolist()
+    if cls_name == PAGED:
+        qo, ind, last, ps = plan["qo_indptr"], plan["paged_kv_indptr"], plan["paged_kv_last_page_len"], plan["page_size"]
+    else:
+        ind, last, ps = plan["indptr"], plan["last_page_len"], plan["page_size"]
+        qo = torch.arange(len(ind))
+    pages = (ind[1:] - ind[:-1]).tolist()
+    kv = [(n - 1) * int(ps) + int(last[i]) if n else 0 for i, n in enumerate(pages)]
+    return (qo[1:] - qo[:-1]).tolist(), kv
+
+
+# ----------------------------------------------------------------------------- one request of one call
+@dataclass
+class RequestKeys:
+    request: int
+    rows: np.ndarray  # (qo,) global query rows (batch tokens)
+    q_pos: np.ndarray  # (qo,) their positions
+    k_pos: np.ndarray  # (kv,) key positions, -1 = not this request's slot
+    k_index: np.ndarray  # (kv,) where each key sits: paged slot, or ragged k row
+    attended: np.ndarray | None  # (Hq, qo, kv) bool; None = undefined (split-KV partial outputs)
+    intended: np.ndarray  # (qo, kv) bool
+
+    @property
+    def extra(self) -> np.ndarray:
+        """(Hq, qo, kv) attended but not intended (unmapped keys included)."""
+        return self.attended & ~self.intended[None]
+
+
+def _key_slots(cls: str, plan: dict, i: int, kv: int) -> np.ndarray:
+    if cls == RAGGED:
+        a = int(plan["kv_indptr"][i])
+        return np.arange(a, a + kv)
+    ind, idx = (plan["paged_kv_indptr"], plan["paged_kv_indices"]) if cls == PAGED else (plan["indptr"], plan["indices"])
+    ps = int(plan["page_size"])
+    j = np.arange(kv)
+    pages = idx[int(ind[i]):int(ind[i + 1])].long().numpy()
+    return pages[j // ps] * ps + j % ps
+
+
+def _positions_of_slots(snap: dict, i: int, slots: np.ndarray) -> np.ndarray:
+    """Slot -> position through sglang's req-to-token row of request ``i`` (-1: not its slot)."""
+    row = snap["req_to_token"][int(snap["req_pool_indices"][i])].numpy()
+    where = {int(s): p for p, s in enumerate(row) if s > 0}  # slot 0 is sglang's padding slot
+    return np.array([where.get(int(s), -1) for s in slots], np.int64)
+
+
+def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, req: int, geo) -> np.ndarray | None:
+    """(Hq, qo, kv) what FlashInfer lets each row see, index level (see the module docstring)."""
+    r = np.arange(qo)[:, None]
+    j = np.arange(kv)[None, :]
+    causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
+    mask = plan.get("custom_mask")
+    if mask is not None:
+        off = sum(a * b for a, b in zip(geo[0][:req], geo[1][:req]))
+        vis = mask[off: off + qo * kv].view(qo, kv).bool().numpy()
+    elif causal:
+        vis = j <= kv - qo + r
+    else:
+        vis = np.ones((qo, kv), bool)
+    compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
+    if compiled:
+        vis = vis & (j + qo + w >= kv + r)
+    vis = np.broadcast_to(vis, (hq, qo, kv)).copy()
+    backend = "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
+    if not compiled and w >= 0 and p.cls == PAGED and mask is None and causal and backend == "fa2":
+        return _fa2_leak(plan, qo, kv, w, hq, req, geo)
+    return vis
+
+
+def _fa2_leak(plan: dict, qo: int, kv: int, w: int, hq: int, req: int, geo) -> np.ndarray | None:
+    """The kernel model of a paged fa2 prefill planned without the window, run with ``w``
+    (CTA-granular start, prefill.cuh): the batch as planned, this request's per-head masks."""
+    live = [i for i, n in enumerate(geo[0]) if n > 0]
+    try:
+        case = Case(prefix_lens=tuple(geo[1][i] - geo[0][i] for i in live), extend_lens=tuple(geo[0][i] for i in live),
+                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
+                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=w,
+                    plan_window_left=int(plan["window_left"]), backend="fa2",
+                    fixed_split_size=-1 if plan.get("fixed_split_size") is None else int(plan["fixed_split_size"]),
+                    disable_split_kv=bool(plan.get("disable_split_kv")), flashinfer_version="0.6.12")
+    except CaseError:
+        return None
+    rm = simulate(case).requests[live.index(req)]
+    if rm.status == "undefined":
+        return None
+    g = case.num_qo_heads // case.num_kv_heads
+    return np.stack([rm.mask(h % g) for h in range(hq)])
+
+
+def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
+    """Per request of one effective call: attended and intended keys (``window``: the intended one)."""
+    plan, fwd = p.plan[1], p.fwd[1]
+    geo = geometry(p.cls, plan)
+    hq = int(plan["num_qo_heads"])
+    qo_ptr = np.cumsum([0, *geo[0]])
+    out = []
+    for i, (qo, kv) in enumerate(zip(*geo)):
+        if qo == 0:
+            continue
+        rows = np.arange(qo_ptr[i], qo_ptr[i] + qo)
+        q_pos = snap["positions"].numpy()[rows]
+        slots = _key_slots(p.cls, plan, i, kv)
+        k_pos = snap["positions"].numpy()[slots] if p.cls == RAGGED else _positions_of_slots(snap, i, slots)
+        lo = q_pos[:, None] - (window if window >= 0 else 1 << 62)
+        intended = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= lo)
+        out.append(RequestKeys(i, rows, q_pos, k_pos, slots, _kernel_visible(p, plan, fwd, qo, kv, hq, i, geo),
+                               intended))
+    return out
+
+
+# ----------------------------------------------------------------------------- per path x layer
+def keys_of_run(run, window: int | None = None) -> dict:
+    """Extra and missing keys of one driven path for one intended ``window`` (default: the
+    layer's), per stage: how many queries see keys outside their window, the most per query, keys
+    from other requests' slots, undefined rows, and intended positions no call lets a query see."""
+    window = run.layer_window if window is None else window
+    stages: dict[str, dict] = {}
+    for p in pairs(run):
+        st = stages.setdefault(p.stage, {"calls": 0, "queries": set(), "extra_queries": set(), "extra_keys": 0,
+                                         "max_extra_per_query": 0, "foreign_keys": 0, "undefined_rows": 0,
+                                         "seen": {}, "example": None})
+        st["calls"] += 1
+        for rk in call_keys(p, run.snapshot, window):
+            st["queries"].update(rk.rows.tolist())
+            st["foreign_keys"] += int((rk.k_pos < 0).sum())
+            if rk.attended is None:
+                st["undefined_rows"] += len(rk.rows)
+                continue
+            ex = rk.extra.sum(2).max(0)  # (qo,) the most any head sees
+            st["extra_keys"] += int(ex.sum())
+            st["max_extra_per_query"] = max(st["max_extra_per_query"], int(ex.max()))
+            for r in np.nonzero(ex)[0]:
+                st["extra_queries"].add(int(rk.rows[r]))
+                if st["example"] is None:
+                    keys = rk.k_pos[rk.extra[:, r].any(0)]
+                    st["example"] = {"query_position": int(rk.q_pos[r]), "extra_key_positions": keys[:8].tolist(),
+                                     "n_extra": int(ex[r])}
+            seen = rk.attended.any(0)  # (qo, kv) by some head
+            for r, t in enumerate(rk.rows.tolist()):
+                st["seen"].setdefault(t, (int(rk.q_pos[r]), set()))[1].update(rk.k_pos[seen[r]].tolist())
+    out = {}
+    for name, st in stages.items():
+        missing = 0
+        for p_, seen in st["seen"].values():
+            lo = 0 if window < 0 else max(p_ - window, 0)
+            missing += len(set(range(lo, p_ + 1)) - seen)
+        out[name] = {"calls": st["calls"], "queries": len(st["queries"]), "queries_with_extra": len(st["extra_queries"]),
+                     "extra_keys": st["extra_keys"], "max_extra_per_query": st["max_extra_per_query"],
+                     "missing_keys": missing, "foreign_keys": st["foreign_keys"],
+                     "undefined_rows": st["undefined_rows"], "example": st["example"]}
+    return out
+
+
+def verdict(stages: dict) -> str:
+    """``exact`` | ``extra`` (some query sees keys outside its window) | ``missing`` | ``undefined``."""
+    if any(s["extra_keys"] or s["foreign_keys"] for s in stages.values()):
+        return "extra"
+    if any(s["undefined_rows"] for s in stages.values()):
+        return "undefined"
+    if any(s["missing_keys"] for s in stages.values()):
+        return "missing"
+    return "exact"

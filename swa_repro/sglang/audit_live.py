@@ -1,0 +1,204 @@
+"""Live verdicts: each effective call of a driven path re-issued on a kernel, its output held
+against the float64 reference over the keys the layer intends (``audit_keys``).
+
+The audit records sglang's calls on recording stand-ins (the same trace on a CPU and on a GPU);
+here each effective call (``audit_keys.pairs``) is rebuilt on a fresh wrapper from its recorded
+constructor, plan and forward, and executed:
+
+* ``flashinfer_executor``: the real FlashInfer classes on CUDA (``swa-repro audit --mode live``).
+  A CUDA-graph replay re-plans a captured wrapper through ``fast_decode_plan`` / sglang's
+  ``fast_prefill_plan``, which never re-pick the module (flashinfer decode.py:2898; 0.5.23
+  flashinfer_backend.py:180): the replayed plan runs with the window and cap of the capture's plan;
+* ``model_executor``: the kernel-model wrappers on CPU (``kernel.wrappers``), for tests.
+
+Per call and query row: ``err_intended`` (vs the reference over the intended keys with the layer's
+cap), ``err_uncapped`` (the same keys, no cap) and ``err_predicted`` (vs the reference over the keys
+``audit_keys`` says the kernel attends, with the cap the plan compiled in): the last one is the
+model held against the real kernel. A row is *wrong* when ``err_intended > atol``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from swa_repro.core.reference import masked_attention
+from swa_repro.kernel.wrappers import unpack_paged_kv_cache
+from swa_repro.sglang.audit_env import RAGGED
+from swa_repro.sglang.audit_keys import Pair, call_keys, pairs
+from swa_repro.sglang.trace import decode
+
+ATOL = 2e-2  # bf16 outputs against float64 (the harness's tolerance)
+
+
+def _first_tensor(x):
+    return x if torch.is_tensor(x) else (_first_tensor(x[0]) if isinstance(x, (tuple, list)) and x else None)
+
+
+def _call(trace, index: int, device, workspaces):
+    c = trace.calls[index]
+    return c.method, decode(c.args, device, workspaces), decode(c.kwargs, device, workspaces)
+
+
+def _execute(make, trace, p: Pair, device: str, workspaces: dict) -> torch.Tensor:
+    """A fresh wrapper from the recorded constructor, the pair's plan (a replay: with the capture
+    plan's window and cap, the module that was captured), then its forward; the output rows."""
+    init = next(c for c in trace.calls if c.wrapper == p.wrapper and c.method == "__init__")
+    w = make(p.cls)(*decode(init.args, device, workspaces), **decode(init.kwargs, device, workspaces))
+    method, args, kwargs = _call(trace, p.plan[0], device, workspaces)
+    if p.stage == "replay" and p.capture_plan is not None:
+        bound = {k: v.to(device) if torch.is_tensor(v) else v for k, v in p.plan[1].items()}
+        args, kwargs = [], {k: bound[k] for k in p.plan[2][1]}
+        kwargs.update({k: p.capture_plan[1][k] for k in ("window_left", "logits_soft_cap")})
+    getattr(w, method)(*args, **kwargs)
+    method, args, kwargs = _call(trace, p.fwd[0], device, workspaces)
+    return _first_tensor(getattr(w, method)(*args, **kwargs))
+
+
+def flashinfer_executor(device: str = "cuda"):
+    """Real FlashInfer wrappers on ``device`` (imported here: CUDA hosts only)."""
+    import flashinfer
+
+    return lambda trace, p, ws: _execute(lambda cls: getattr(flashinfer, cls), trace, p, device, ws)
+
+
+def model_executor():
+    """The kernel-model wrappers on CPU (``kernel.wrappers``): what a CPU host can execute."""
+    from swa_repro.sglang.harness import MODEL_CLASSES
+
+    return lambda trace, p, ws: _execute(lambda cls: MODEL_CLASSES[cls], trace, p, "cpu", ws)
+
+
+# ----------------------------------------------------------------------------- one call
+@dataclass
+class CallOutcome:
+    stage: str
+    cls: str
+    index: int  # the forward's index in the trace
+    rows: int
+    wrong_rows: int  # err_intended > atol
+    predicted_wrong_rows: int  # rows audit_keys says attend other keys than intended, or run with another cap
+    max_err_intended: float | None
+    max_err_uncapped: float | None
+    max_err_predicted: float | None  # None where the model calls the rows undefined
+    nan_rows: int
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def _kv(p: Pair, fwd: dict, slots: np.ndarray):
+    idx = torch.as_tensor(slots, dtype=torch.long)
+    if p.cls == RAGGED:
+        return fwd["k"].cpu()[idx], fwd["v"].cpu()[idx]
+    k, v = unpack_paged_kv_cache(fwd["paged_kv_cache"])
+    return (k.cpu().reshape(-1, *k.shape[2:])[idx], v.cpu().reshape(-1, *v.shape[2:])[idx])
+
+
+def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol: float = ATOL) -> CallOutcome:
+    """One executed call against the references (see the module docstring)."""
+    plan, fwd = p.plan[1], p.fwd[1]
+    q = fwd["q"].cpu()
+    sm = fwd.get("sm_scale") or plan.get("sm_scale") or 1.0 / math.sqrt(q.shape[-1])
+    kernel_cap = float(fwd.get("logits_soft_cap") or 0.0) if float(plan.get("logits_soft_cap") or 0.0) > 0 else 0.0
+    errs, pred, nan_rows, pred_wrong = [], [], 0, 0
+    for rk in call_keys(p, snap, window):
+        k, v = _kv(p, fwd, rk.k_index)
+        qr, o = q[rk.rows], out.float().cpu()[rk.rows]
+        nan_rows += int(torch.isnan(o).reshape(len(rk.rows), -1).any(1).sum())
+
+        def err(mask, c):
+            return (o.double() - masked_attention(qr, k, v, mask, sm, c)).abs().reshape(len(rk.rows), -1).amax(1)
+        e_int, e_unc = err(rk.intended, cap), err(rk.intended, 0.0)
+        errs.append(torch.stack([e_int, e_unc], 1))
+        if rk.attended is None:
+            pred_wrong += len(rk.rows)
+            continue
+        pred.append(err(rk.attended, kernel_cap))
+        differs = (rk.attended != rk.intended[None]).any((0, 2))
+        pred_wrong += int((differs | (kernel_cap != cap)).sum())
+    e = torch.cat(errs) if errs else torch.zeros(0, 2, dtype=torch.float64)
+    bad = e[:, 0].nan_to_num(float("inf")) > atol
+    mx = lambda t: float(t.nan_to_num(float("inf")).max()) if t.numel() else None  # noqa: E731
+    return CallOutcome(p.stage, p.cls, p.fwd[0], len(e), int(bad.sum()), pred_wrong, mx(e[:, 0]), mx(e[:, 1]),
+                       mx(torch.cat(pred)) if pred else None, nan_rows)
+
+
+# ----------------------------------------------------------------------------- JIT warm-up
+def module_signature(trace, p: Pair) -> tuple:
+    """What decides which compiled module a call needs (prefill.py:2025-2042, decode.py:1054):
+    the class, backend, window and cap compiled at plan, custom mask, and the constructor's flags."""
+    init = next(c for c in trace.calls if c.wrapper == p.wrapper and c.method == "__init__")
+    kw = decode(init.kwargs)
+    plan = (p.capture_plan or p.plan)[1]
+    return (p.cls, p.backend, int(plan["window_left"]) >= 0, float(plan.get("logits_soft_cap") or 0) > 0,
+            plan.get("custom_mask") is not None, bool(kw.get("use_cuda_graph")), bool(kw.get("use_tensor_cores")),
+            int(plan.get("head_dim_qk") or plan.get("head_dim") or 0))
+
+
+def warm(runs, executor, *, workers: int = 8, deadline: float | None = None) -> dict:
+    """Execute one call per distinct module in parallel threads, so the JIT builds overlap (each
+    build is its own ninja job behind a per-module file lock, flashinfer jit/core.py; as
+    ``kernel.live.prebuild_modules``). Each thread gets its own workspace. ``{signature: seconds
+    or error}``; a failure here is not fatal (the judged pass runs the call again and says why)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = {}
+    for run in runs:
+        for p in pairs(run):
+            todo.setdefault(module_signature(run.trace, p), (run, p))
+
+    def one(item):
+        sig, (run, p) = item
+        t = time.monotonic()
+        if deadline is not None and t > deadline:
+            return repr(sig), "skipped: the live time budget ran out"
+        try:
+            executor(run.trace, p, {})
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            return repr(sig), round(time.monotonic() - t, 1)
+        except Exception as e:  # noqa: BLE001 - reported; the judged pass says why per call
+            return repr(sig), f"error: {type(e).__name__}: {str(e)[:200]}"
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(todo) or 1))) as ex:
+        return dict(ex.map(one, todo.items()))
+
+
+# ----------------------------------------------------------------------------- one driven path
+def live_of_run(run, executor, *, deadline: float | None = None, atol: float = ATOL) -> dict:
+    """Every effective call of ``run`` executed and judged: a summary and the calls."""
+    outcomes, ws = [], {}
+    for p in pairs(run):
+        if deadline is not None and time.monotonic() > deadline:
+            outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
+                                        "not run: the live time budget ran out"))
+            continue
+        try:
+            out = executor(run.trace, p, ws)
+            if out is not None and out.is_cuda:
+                torch.cuda.synchronize()
+            outcomes.append(judge(p, out, run.snapshot, run.layer_window, run.layer_cap, atol))
+        except Exception as e:  # said per call, never hidden
+            outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
+                                        f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+    return summarize(outcomes, atol)
+
+
+def summarize(outcomes: list[CallOutcome], atol: float = ATOL) -> dict:
+    ran = [o for o in outcomes if o.error is None]
+
+    def mx(attr):
+        vals = [getattr(o, attr) for o in ran if getattr(o, attr) is not None]
+        return max(vals) if vals else None
+    pred = mx("max_err_predicted")
+    return {"calls": len(outcomes), "executed": len(ran), "rows": sum(o.rows for o in ran),
+            "wrong_rows": sum(o.wrong_rows for o in ran), "predicted_wrong_rows": sum(o.predicted_wrong_rows for o in ran),
+            "max_err_intended": mx("max_err_intended"), "max_err_uncapped": mx("max_err_uncapped"),
+            "max_err_predicted": pred, "model_agrees": None if pred is None else pred <= atol,
+            "nan_rows": sum(o.nan_rows for o in ran), "errors": sorted({o.error for o in outcomes if o.error}),
+            "per_call": [o.to_dict() for o in outcomes]}
