@@ -91,8 +91,8 @@ def main(a) -> int:
     sys.stdout.flush()
     bad = [x for inc in doc["incomplete"] for x in inc]
     if bad:  # an audit that did not drive what the release has must not read as "no finding"
-        print(f"audit incomplete: {len(bad)} path x layer runs the release has were not driven; "
-              "no verdict is given for them:", file=sys.stderr)
+        print("audit incomplete: what the release has was not all driven, and no verdict is given for what "
+              "was not:", file=sys.stderr)
         for x in bad:
             print(f"  {x}", file=sys.stderr)
         return 1

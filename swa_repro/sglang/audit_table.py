@@ -178,8 +178,14 @@ def build_table(versions, *, jobs: int = 1, command: str = "", note=print) -> di
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         docs = list(ex.map(one, versions))
+    from dataclasses import asdict
+
+    from swa_repro.sglang import serving_path
+
+    paths = serving_path.release_table(versions)  # each release's own server_args / backend source
     return {"provenance": provenance(command, docs), "classes": {k: c.title for k, c in CLASSES.items()},
-            "rows": [row_of(d) for d in docs]}
+            "rows": [row_of(d) for d in docs],
+            "serving_paths": {v: [asdict(fp) for fp in fps] for v, fps in paths.items()}}
 
 
 def write_table(table: dict, out: Path) -> tuple[Path, Path]:
@@ -219,6 +225,11 @@ def markdown(table: dict) -> str:
               "| sglang | " + " | ".join(paths) + " |", "|---|" + "---|" * len(paths)]
     lines += [f"| {r['sglang']} | " + " | ".join(key_text(r.get("keys", {}).get(p)) for p in paths) + " |"
               for r in table["rows"]]
+    if table.get("serving_paths"):  # which of these paths a default server takes, per model family
+        from swa_repro.sglang import serving_path
+
+        lines += ["", serving_path.render_markdown({v: [serving_path.FamilyPath(**fp) for fp in fps]
+                                                     for v, fps in table["serving_paths"].items()}).rstrip()]
     lines += ["", "## Evidence (recorded calls)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}")

@@ -1,0 +1,135 @@
+"""The audit on the device sglang dispatches to, its key-level verdicts and its live judging (on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+from swa_repro.cli import main  # noqa: E402
+from swa_repro.core.reference import visible  # noqa: E402
+from swa_repro.sglang import audit, audit_keys, audit_live  # noqa: E402
+from swa_repro.sglang import audit_paths as ap  # noqa: E402
+
+SWA, FULL = ap.LayerConfig(8, 0.0), ap.LayerConfig(-1, 0.0)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {(p, c.name): ap.drive(p, c) for p in ("extend_paged", "extend_ragged_no_prefix", "target_verify_eagle",
+                                                  "target_verify_dflash") for c in (SWA, FULL)}
+
+
+# ----------------------------------------------------------------------------- the device
+def test_the_audit_follows_the_platform(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert ap.audit_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert ap.audit_device() == "cpu"
+
+
+def _force_cuda_dispatch(monkeypatch):
+    """What a GPU host does to sglang at import: CUDA kernels for the KV write (memory_pool.py:93, :146)."""
+    import sglang.jit_kernel.kvcache  # noqa: F401
+    from sglang.srt.mem_cache import memory_pool
+
+    monkeypatch.setattr(memory_pool, "_is_cuda", True)
+    monkeypatch.setattr(memory_pool, "can_use_store_cache", lambda n: True)
+
+
+def test_cpu_tensors_under_cuda_dispatch_reproduce_the_gpu_failure(monkeypatch):
+    """Without the check, sglang's CUDA store path raises on the audit's CPU tensors (the false
+    all-clear seen on the H200): the regression the check below guards against."""
+    _force_cuda_dispatch(monkeypatch)
+    monkeypatch.setattr(ap, "dispatch_mismatch", lambda device: None)
+    run = ap.drive("extend_paged", SWA, device="cpu")
+    assert run.status == "sglang raised" and "memory_pool.py" in run.error
+
+
+def test_a_dispatch_mismatch_is_named_and_the_audit_exits_1(monkeypatch, capsys):
+    _force_cuda_dispatch(monkeypatch)
+    monkeypatch.setattr(ap, "audit_device", lambda: "cpu")
+    run = ap.drive("extend_paged", SWA)
+    assert run.status == "harness" and "memory_pool._is_cuda=True" in run.error
+    assert main(["audit", "--mode", "model", "--paths", "extend_paged"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("audit incomplete") and "no path x layer run was driven" in err
+    assert sum("extend_paged/" in ln and "memory_pool._is_cuda=True" in ln for ln in err.splitlines()) == 4
+
+
+def test_incomplete_names_every_undriven_path_but_absent_ones():
+    d = {"driven": [{"path": "decode"}], "not_driven": [
+        {"path": "target_verify_dflash", "layer": "swa8", "status": "absent", "why": "no DFlash"},
+        {"path": "target_verify_eagle", "layer": "swa8", "status": "sglang raised", "why": "TypeError"}]}
+    assert audit.incomplete(d) == ["target_verify_eagle/swa8: sglang raised: TypeError"]
+    assert audit.incomplete({"driven": [], "not_driven": []}) == ["no path x layer run was driven"]
+
+
+# ----------------------------------------------------------------------------- keys
+def _requests(run):
+    (p,) = [p for p in audit_keys.pairs(run) if p.cls == "BatchPrefillWithPagedKVCacheWrapper"]
+    return audit_keys.call_keys(p, run.snapshot, run.layer_window)
+
+
+def test_paged_only_keys_are_the_last_window_plus_extend_tokens(runs):
+    """sglang trims the SWA wrapper's KV to the last W + extend keys (flashinfer_backend.py:1698-1704):
+    the key positions, read back through req_to_token, say so."""
+    for rk in _requests(runs["extend_paged", "swa8"]):
+        seq = int(rk.q_pos[-1]) + 1
+        assert rk.k_pos.tolist() == list(range(max(seq - 8 - len(rk.rows), 0), seq))
+
+
+def test_eagle_verify_reads_the_first_keys_of_the_request_not_the_last(runs):
+    """EAGLE's generate_attn_arg_prefill gets no kv_start_idx (flashinfer_backend.py:1880-1887,
+    eagle_info.py:113-121), so its SWA wrapper reads positions 0.. instead of the window; DFlash's
+    gets it (:1871-1878) and reads the window."""
+    eagle, dflash = _requests(runs["target_verify_eagle", "swa8"]), _requests(runs["target_verify_dflash", "swa8"])
+    assert eagle[0].k_pos.tolist() == list(range(0, 12))  # committed 20 + 4 drafts: the window is 12..23
+    assert dflash[0].k_pos.tolist() == list(range(12, 24))
+    stages = audit_keys.keys_of_run(runs["target_verify_eagle", "swa8"])
+    assert stages["eager"]["missing_keys"] > 0 and audit_keys.verdict(stages) == "extra"
+
+
+def test_extra_keys_against_an_independent_window_rule(runs):
+    """Unpatched paged fa2 is a tile-granular leak; a ragged call without the window is plain
+    causal: extra keys = causal keys outside ``visible`` (core.reference), counted here directly."""
+    run = runs["extend_ragged_no_prefix", "swa8"]
+    (p,) = audit_keys.pairs(run)
+    expect = 0
+    for rk in audit_keys.call_keys(p, run.snapshot, 8):
+        q, k = rk.q_pos[:, None], rk.k_pos[None, :]
+        expect += int(((k <= q) & ~visible(q, k, 8)).sum())
+    assert audit_keys.keys_of_run(run)["eager"]["extra_keys"] == expect > 0
+    assert audit_keys.verdict(audit_keys.keys_of_run(runs["extend_ragged_no_prefix", "full"])) == "exact"
+
+
+# ----------------------------------------------------------------------------- live judging
+def causal_executor(snap):
+    """A kernel that ignores every window: plain causal over the call's KV (what fa3 does unplanned)."""
+    from swa_repro.core.reference import masked_attention
+
+    def execute(trace, p, ws):
+        fwd = p.fwd[1]
+        out = torch.zeros(fwd["q"].shape)
+        for rk in audit_keys.call_keys(p, snap, -1):  # window -1: every causal key is "intended"
+            k, v = audit_live._kv(p, fwd, rk.k_index)
+            out[rk.rows] = masked_attention(fwd["q"][rk.rows], k, v, rk.intended, 0.125).float()
+        return out
+    return execute
+
+
+@pytest.mark.parametrize("path", ["extend_paged", "extend_ragged_no_prefix"])
+def test_live_judging_counts_the_rows_a_windowless_kernel_gets_wrong(runs, path):
+    run = runs[path, "swa8"]
+    s = audit_live.live_of_run(run, causal_executor(run.snapshot))
+    expect = sum(int((((rk.k_pos[None] <= rk.q_pos[:, None]) & ~rk.intended).any(1)).sum())
+                 for p in audit_keys.pairs(run) for rk in audit_keys.call_keys(p, run.snapshot, 8))
+    assert s["executed"] == 1 and s["wrong_rows"] == expect > 0
+    assert s["max_err_uncapped"] == s["max_err_intended"] > audit_live.ATOL
+
+
+def test_live_judging_on_the_kernel_model_agrees_with_the_key_level_prediction(runs):
+    s = audit_live.live_of_run(runs["extend_paged", "swa8"], audit_live.model_executor())
+    assert s["model_agrees"] is True and s["wrong_rows"] == s["predicted_wrong_rows"] == 29
+    assert audit_live.live_of_run(runs["extend_paged", "full"], audit_live.model_executor())["wrong_rows"] == 0
