@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 
 import nbformat
@@ -106,7 +107,9 @@ def test_committed_live_pages_are_lean_and_their_images_exist(html):
     assert html.stat().st_size < TWO_MB
     assert lean.embedded_png_bytes(text) == []
     srcs = re.findall(r'<img\b[^>]*\bsrc="([^"]+\.png)"', text)
-    assert srcs, f"{html.name} shows no figure"
+    figures = {n["notebook"]: n["figures"] for s in LIVE.glob("summary*.json")
+               for n in json.loads(s.read_text())["notebooks"]}
+    assert bool(srcs) == bool(figures[html.stem]), f"{html.name}: figures {figures[html.stem]}, img tags {srcs}"
     for src in srcs:
         png = html.parent / src
         assert png.is_file() and png.read_bytes()[:8] == lean.PNG_MAGIC, src
