@@ -30,13 +30,9 @@ from swa_repro.core.reference import masked_attention
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
 from swa_repro.sglang.audit_env import RAGGED
 from swa_repro.sglang.audit_keys import Pair, call_keys, pairs
-from swa_repro.sglang.trace import decode
+from swa_repro.sglang.trace import _first_tensor, decode
 
 ATOL = 2e-2  # bf16 outputs against float64 (the harness's tolerance)
-
-
-def _first_tensor(x):
-    return x if torch.is_tensor(x) else (_first_tensor(x[0]) if isinstance(x, (tuple, list)) and x else None)
 
 
 def _call(trace, index: int, device, workspaces):
