@@ -39,6 +39,8 @@ def stem_for(a) -> str:
     s = f"fuzz-s{a.seed}-n{a.cases}-{'_'.join(a.backends)}-hd{'_'.join(map(str, a.head_dims))}"
     if (a.max_len, a.max_tokens, a.max_batch) != LIMITS["live"]:
         s += f"-L{a.max_len}-T{a.max_tokens}-B{a.max_batch}"
+    if any(v != fc.PLAN_VARIANTS for v in getattr(a, "plans", {}).values()):
+        s += "-plans-" + "_".join(f"{b}{''.join(x[0] for x in v)}" for b, v in a.plans.items())
     return s
 
 
@@ -138,6 +140,9 @@ def register(sub) -> None:
                         "unmodelled installed flashinfer is held to the version given here. model: which recordings")
     p.add_argument("--backends", default="fa2,fa3", help=f"comma-separated subset of {','.join(fc.GEN_BACKENDS)}")
     p.add_argument("--head-dims", default="64,128,256", help="comma-separated subset of 64,128,256")
+    p.add_argument("--plans", default="bug,fix",
+                   help="plan variants to draw: bug (plan without window_left), fix (with it), or per backend, "
+                        "e.g. fa3:bug; pinning one variant halves that backend's JIT builds (default bug,fix)")
     p.add_argument("--max-len", type=int, default=None, help="longest prefix/extend (live 2048, selftest 48)")
     p.add_argument("--max-tokens", type=int, default=None, help="keys per case in all (live 6144, selftest 160)")
     p.add_argument("--max-batch", type=int, default=None, help="requests per case (live 6, selftest 3)")
@@ -145,6 +150,9 @@ def register(sub) -> None:
     p.add_argument("--random-runs", type=int, default=2, help="random-data runs per case (>= 1: the probe's "
                    "status needs one; 2 also compares them bitwise)")
     p.add_argument("--jit-workers", type=int, default=4, help="modules JIT-built in parallel first")
+    p.add_argument("--jit-jobs", type=int, default=None,
+                   help="nvcc processes of all parallel builds together (sets ninja's MAX_JOBS per build; "
+                        "default: ninja's own, cores + 2 per build)")
     p.add_argument("--prebuild-only", action="store_true", help="live: JIT-build the modules the cases need, then stop")
     p.add_argument("--budget-s", type=float, default=0, help="stop starting cases after this many seconds (0: none)")
     p.add_argument("--out", default=None, help="live: folder (default recordings/fuzz/<version>/)")
@@ -160,14 +168,25 @@ def _csv(text: str, conv, flag: str) -> tuple:
         raise UsageError(f"{flag} takes comma-separated values; got {text!r}") from None
 
 
+def _bounds(a) -> list:
+    """(flag, value, lowest, highest) of every number; the highest keeps a run within hours."""
+    return [("--seed", a.seed, 0, 2**32 - 1), ("--cases", a.cases, 1, 5000), ("--max-len", a.max_len, 1, 65536),
+            ("--max-tokens", a.max_tokens, 2, 131072), ("--max-batch", a.max_batch, 1, 64),
+            ("--repeats", a.repeats, 1, 10), ("--random-runs", a.random_runs, 1, 10),
+            ("--jit-workers", a.jit_workers, 1, 64), ("--jit-jobs", a.jit_jobs, 1, 256),
+            ("--budget-s", a.budget_s, 0, 86400)]
+
+
 def _check(a) -> None:
     a.backends = _csv(a.backends, str, "--backends")
     a.head_dims = _csv(a.head_dims, int, "--head-dims")
     lim = LIMITS["selftest" if a.mode == "selftest" else "live"]
     a.max_len, a.max_tokens, a.max_batch = (x if x is not None else d for x, d in zip((a.max_len, a.max_tokens, a.max_batch), lim))
     fc.check_args(a.cases, a.backends, a.head_dims, a.max_len, a.max_tokens, a.max_batch)
-    if a.repeats < 1 or a.random_runs < 1 or a.jit_workers < 1 or a.budget_s < 0:
-        raise UsageError("--repeats, --random-runs and --jit-workers must be >= 1, --budget-s >= 0")
+    a.plans = fc.parse_plans(a.plans, a.backends)
+    for flag, value, lo, hi in _bounds(a):
+        if value is not None and not lo <= value <= hi:
+            raise UsageError(f"{flag} must be in {lo}..{hi}; got {value}")
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
     if a.out:
@@ -191,7 +210,7 @@ def main(a) -> int:
 
 def _args_doc(a) -> dict:
     keys = ("seed", "cases", "backends", "head_dims", "max_len", "max_tokens", "max_batch", "repeats", "random_runs")
-    return {k: getattr(a, k) for k in keys}
+    return {**{k: getattr(a, k) for k in keys}, "plans": {b: list(v) for b, v in a.plans.items()}}
 
 
 def _live(a) -> int:
@@ -202,17 +221,14 @@ def _live(a) -> int:
     if live:
         version, sm_count, arch = _device(a)
     cases = fc.for_device(fc.generate(a.seed, a.cases, backends=a.backends, head_dims=a.head_dims, max_len=a.max_len,
-                                      max_tokens=a.max_tokens, max_batch=a.max_batch),
+                                      max_tokens=a.max_tokens, max_batch=a.max_batch, plans=a.plans),
                           flashinfer_version=version, sm_count=sm_count, arch=arch)
     print(f"fuzz {a.mode}: flashinfer {version}, seed {a.seed}, {len(cases)} cases, modules {fc.module_labels(cases)}", flush=True)
     jit, failed = {}, {}
     if live:
-        from swa_repro.kernel.live import module_key, prebuild_modules
-
-        t = time.perf_counter()
-        mods = prebuild_modules([module_key(c) for c in cases], workers=a.jit_workers)
-        jit = {"seconds_total": round(time.perf_counter() - t, 1), "modules": mods}
-        print(f"JIT: {len(mods)} modules in {jit['seconds_total']} s: {mods}", flush=True)
+        jit = _prebuild(cases, a.jit_workers, a.jit_jobs)
+        mods = jit["modules"]
+        print(f"JIT: {len(mods)} modules in {jit['seconds_total']} s wall, {jit['cpu_seconds']} s CPU: {mods}", flush=True)
         failed = {u: v for u, v in mods.items() if isinstance(v, str)}
         if a.prebuild_only:
             return 1 if failed else 0
@@ -224,6 +240,24 @@ def _live(a) -> int:
     probe_fn = selftest_probe if not live else _live_probe(a, failed)
     rep, path = run_and_store(cases, probe_fn, stem, doc, budget_s=a.budget_s)
     return _finish(rep, Path(a.report) if a.report else stem.with_name(stem.name + ".report.json"), path)
+
+
+def _prebuild(cases, workers: int, jobs: int | None) -> dict:
+    """JIT-build the cases' modules; the wall and CPU time (nvcc and ninja are waited-for
+    children, so ``RUSAGE_CHILDREN`` counts them), the build settings and each library's size."""
+    from swa_repro.kernel.live import jit_build_env, jit_library_bytes, module_key, prebuild_modules
+
+    t, c = time.perf_counter(), _children_cpu_s()
+    mods = prebuild_modules([module_key(c) for c in cases], workers=workers, jobs=jobs)
+    return {"seconds_total": round(time.perf_counter() - t, 1), "cpu_seconds": round(_children_cpu_s() - c, 1),
+            "workers": workers, "jobs": jobs, "env": jit_build_env(), "modules": mods, "library_bytes": jit_library_bytes(mods)}
+
+
+def _children_cpu_s() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _device(a):

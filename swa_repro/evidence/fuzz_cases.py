@@ -5,7 +5,8 @@ run and the probing run on the same seed see the same cases): batch size, prefix
 and extend (1..max_len) lengths log-uniform, GQA group 1-8 (odd ones split a query row's heads
 across CTA_TILE_Q boundaries), head_dim, page size (odd ones included), window class (0, < kv,
 >= kv), split-KV allowed or disabled, plan variant (bug: plan without ``window_left``; fix: with
-it), backend. Each case is bounded to ``max_tokens`` keys in all so probing fits memory and time.
+it; ``plans`` may pin one variant per backend, which halves that backend's JIT builds without
+changing any other draw), backend. Each case is bounded to ``max_tokens`` keys in all so probing fits memory and time.
 ``flashinfer_version``, ``sm_count`` and ``arch`` are filled in after drawing (:func:`for_device`).
 """
 
@@ -22,6 +23,7 @@ PAGE_SIZES = (1, 1, 16, 16, 2, 3, 7, 13, 32, 64)  # sglang's 1 and flashinfer's 
 GROUPS = tuple(range(1, 9))
 MAX_QO_HEADS = 16
 GEN_BACKENDS = ("fa2", "fa3", "auto")
+PLAN_VARIANTS = ("bug", "fix")
 AXES = ("backend", "head_dim", "group", "page_size", "window_class", "split_kv_allowed", "plan_variant",
         "batch_size", "max_kv")
 
@@ -61,10 +63,40 @@ def _heads(rng) -> tuple[int, int]:
     return g * hk, hk
 
 
+def parse_plans(text: str, backends=GEN_BACKENDS) -> dict:
+    """``"bug,fix"`` / ``"fa3:bug"`` / ``"fa2:bug,fa2:fix,fa3:fix"`` -> ``{backend: variants}``.
+    A bare variant applies to every backend without an entry of its own; ``auto`` (fa3 on sm90)
+    follows fa3's entries unless it has its own."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bare, own = [], {}
+    for item in items:
+        b, _, v = item.rpartition(":")
+        if v not in PLAN_VARIANTS or (b and b not in GEN_BACKENDS):
+            raise UsageError(f"--plans takes comma-separated bug, fix or BACKEND:bug / BACKEND:fix "
+                             f"(BACKEND one of {','.join(GEN_BACKENDS)}); got {item!r}")
+        (own.setdefault(b, []) if b else bare).append(v)
+    if not items:
+        raise UsageError("--plans selects no plan variant: give bug, fix or both")
+    default = tuple(sorted(set(bare))) or PLAN_VARIANTS
+    out = {b: tuple(sorted(set(own.get(b, ())))) or default for b in GEN_BACKENDS}
+    if "auto" not in own and "fa3" in own:
+        out["auto"] = out["fa3"]
+    return {b: out[b] for b in backends}
+
+
+def _plan_window(window: int, u: float, variants) -> int:
+    """The plan's ``window_left``: fix (the window) when ``u < 0.5`` unless ``variants`` pins one."""
+    fix = variants == ("fix",) or (len(variants) == 2 and u < 0.5)
+    return window if fix else -1
+
+
 def generate(seed: int, n: int, *, backends=("fa2", "fa3"), head_dims=(64, 128, 256), max_len: int = 2048,
-             max_tokens: int = 6144, max_batch: int = 6, flashinfer_version: str | None = None) -> list[Case]:
-    """``n`` random cases from ``seed``; named ``fuzz_s<seed>_<index>``."""
+             max_tokens: int = 6144, max_batch: int = 6, flashinfer_version: str | None = None,
+             plans: dict | None = None) -> list[Case]:
+    """``n`` random cases from ``seed``; named ``fuzz_s<seed>_<index>``. ``plans`` (from
+    :func:`parse_plans`) pins plan variants per backend; the draws are the same either way."""
     check_args(n, backends, head_dims, max_len, max_tokens, max_batch)
+    plans = plans or {}
     rng = np.random.default_rng(seed)
     out = []
     for k in range(n):
@@ -73,9 +105,10 @@ def generate(seed: int, n: int, *, backends=("fa2", "fa3"), head_dims=(64, 128, 
         pre, ext = _lengths(rng, batch, max_len, max_tokens)
         hq, hk = _heads(rng)
         window = _window(rng, max(p + e for p, e in zip(pre, ext)))
+        variants = plans.get(backend, PLAN_VARIANTS)
         kw = dict(prefix_lens=pre, extend_lens=ext, num_qo_heads=hq, num_kv_heads=hk,
                   head_dim=int(rng.choice(list(head_dims))), page_size=int(rng.choice(PAGE_SIZES)),
-                  window_left=window, plan_window_left=window if rng.random() < 0.5 else -1, backend=backend,
+                  window_left=window, plan_window_left=_plan_window(window, rng.random(), variants), backend=backend,
                   disable_split_kv=bool(rng.random() < 0.25), name=f"fuzz_s{seed}_{k}")
         if flashinfer_version:
             kw["flashinfer_version"] = flashinfer_version

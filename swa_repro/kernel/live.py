@@ -15,9 +15,11 @@ Imports only ``core`` and the kernel model; ``probe`` builds on :class:`KernelRu
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -78,14 +80,22 @@ def module_uri(backend: str, args) -> str:
     return fp.get_batch_prefill_uri(backend, *args)
 
 
-def prebuild_modules(keys, workers: int = 4) -> dict:
+def prebuild_modules(keys, workers: int = 4, jobs: int | None = None) -> dict:
     """JIT-build (and load) the distinct batch-prefill modules in parallel threads: each build is
-    its own ninja/nvcc job behind a per-module FileLock (jit/core.py), so builds overlap. Returns
+    its own ninja/nvcc job behind a per-module FileLock (jit/core.py), so builds overlap. ``jobs``
+    caps the nvcc processes of all builds together by setting ninja's ``MAX_JOBS`` per build
+    (read at each build, cpp_ext.py:345 in 0.6.12; unset, each ninja runs cores + 2 at once: a
+    module is 10 sources, so many fa3 builds at once can exhaust memory). Returns
     ``{uri: seconds}`` or ``{uri: "error: ..."}``; a failed prebuild is not fatal (plan() builds
     the module again, sequentially, and a real failure is then reported for that case)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from flashinfer import prefill as fp
+
+    keys = list(dict.fromkeys(keys))
+    workers = max(1, min(workers, len(keys) or 1))
+    if jobs:
+        os.environ["MAX_JOBS"] = str(max(1, -(-jobs // workers)))
 
     def build(key):
         t = time.perf_counter()
@@ -99,9 +109,25 @@ def prebuild_modules(keys, workers: int = 4) -> dict:
             return uri, f"error: {type(e).__name__}: {str(e)[-500:]}"
         return uri, round(time.perf_counter() - t, 2)
 
-    keys = list(dict.fromkeys(keys))
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as ex:
+    with ThreadPoolExecutor(max_workers=workers) as ex:
         return dict(ex.map(build, keys))
+
+
+def jit_build_env() -> dict:
+    """What decides JIT cost besides the modules: cores, ninja's ``MAX_JOBS`` (unset: ninja's own
+    default, cores + 2) and ``FLASHINFER_CUDA_ARCH_LIST`` (unset: the visible GPUs' own archs,
+    compilation_context.py:59-75 in 0.6.7.post2, :90-106 in 0.6.18)."""
+    return {"cpu_count": os.cpu_count(), "MAX_JOBS": os.environ.get("MAX_JOBS"),
+            "FLASHINFER_CUDA_ARCH_LIST": os.environ.get("FLASHINFER_CUDA_ARCH_LIST")}
+
+
+def jit_library_bytes(uris) -> dict:
+    """``{uri: bytes}`` of each built module's shared library, at ``JitSpec.jit_library_path``
+    (jit/core.py:237-238 in 0.6.7.post2, :344-345 in 0.6.18): what carrying it between calls costs."""
+    from flashinfer.jit import env as jit_env
+
+    paths = {u: Path(jit_env.FLASHINFER_JIT_DIR) / u / f"{u}.so" for u in uris}
+    return {u: p.stat().st_size for u, p in paths.items() if p.is_file()}
 
 
 @contextlib.contextmanager
