@@ -72,6 +72,38 @@ def test_axes_covered_by_300_cases():
     assert {simulate(c).plan.split_kv for c in cases if c.resolved_backend == "fa2"} == {True, False}
 
 
+@pytest.mark.parametrize("text, fa2, fa3, auto", [
+    ("bug,fix", ("bug", "fix"), ("bug", "fix"), ("bug", "fix")),
+    ("fix", ("fix",), ("fix",), ("fix",)),
+    ("fa3:bug", ("bug", "fix"), ("bug",), ("bug",)),
+    ("bug,fa3:fix,auto:bug", ("bug",), ("fix",), ("bug",)),
+])
+def test_parse_plans(text, fa2, fa3, auto):
+    assert fc.parse_plans(text) == {"fa2": fa2, "fa3": fa3, "auto": auto}
+
+
+@pytest.mark.parametrize("text", ["", "fa2:", "fa9:bug", "bug,maybe"])
+def test_parse_plans_refuses(text):
+    with pytest.raises(UsageError):
+        fc.parse_plans(text)
+
+
+@pytest.mark.parametrize("text", ["fa3:bug", "fa3:fix", "bug", "fa2:fix,fa3:bug"])
+def test_pinned_plans_change_only_the_pinned_variant(text):
+    """Pinning a variant keeps every other draw (the same cases, minus the other variant's JIT builds)."""
+    plans = fc.parse_plans(text, ("fa2", "fa3", "auto"))
+    free = fc.generate(4, 120, backends=("fa2", "fa3", "auto"))
+    pinned = fc.generate(4, 120, backends=("fa2", "fa3", "auto"), plans=plans)
+    for a, b in zip(free, pinned):
+        assert a.with_(plan_window_left=b.plan_window_left) == b
+        variant = "bug" if b.plan_window_left < 0 else "fix"
+        assert variant in plans[b.backend]
+        if len(plans[b.backend]) == 2:
+            assert a == b
+    labels = fc.module_labels(pinned)
+    assert len(labels) < len(fc.module_labels(free))
+
+
 @pytest.mark.parametrize("kw", [dict(n=0), dict(backends=("fa4",)), dict(head_dims=(96,)), dict(max_tokens=1)])
 def test_generator_bad_input_is_usage_error(kw):
     with pytest.raises(UsageError):
@@ -219,14 +251,17 @@ def test_live_glue_with_a_failed_jit_build(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(fuzz, "_device", lambda a: ("0.6.12", 132, (9, 0)))
     monkeypatch.setattr(fuzz, "provenance", lambda: {"command": "swa-repro fuzz"})
     monkeypatch.setattr(live, "module_uri", lambda backend, args: f"{backend}_hd{args[5]}_swa{args[7]}")
-    monkeypatch.setattr(live, "prebuild_modules", lambda keys, workers: {
+    monkeypatch.setattr(live, "prebuild_modules", lambda keys, workers, jobs: {
         live.module_uri(k[0], k[1:]): "error: nvcc" if k[0] == "fa3" else 1.0 for k in keys})
+    monkeypatch.setattr(live, "jit_library_bytes", lambda uris: {u: 7 for u in uris})
     monkeypatch.setattr(probe, "probe_case", lambda case, repeats, random_runs: selftest_probe(case))
     ns = lambda *extra: fuzz_args(["--mode", "live", "--cases", "4", "--seed", "2", "--max-len", "24",  # noqa: E731
                                    "--out", str(tmp_path), *extra])
     assert fuzz.main(ns("--prebuild-only")) == 1 and not list(tmp_path.iterdir())
-    assert fuzz.main(ns()) == 1
+    assert fuzz.main(ns("--jit-jobs", "12")) == 1
     rep = json.loads(next(tmp_path.glob("*.report.json")).read_text())
+    jit = json.loads(next(p for p in tmp_path.glob("*.json") if ".report." not in p.name).read_text())["jit_prebuild"]
+    assert jit["jobs"] == 12 and jit["cpu_seconds"] >= 0 and jit["library_bytes"] == {u: 7 for u in jit["modules"]}
     cases = fc.generate(2, 4, max_len=24, max_tokens=6144, max_batch=6)
     assert rep["cases_failed"] == sum(c.backend == "fa3" for c in cases) > 0
     assert all("JIT build of fa3" in f["error"] for f in rep["failed"])
