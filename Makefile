@@ -22,14 +22,18 @@ UV_VERSION  ?= 0.13.9
 # make lab: JupyterLab on notebooks/ (LAB_ROOT) with the venv's kernel. The shipped defaults (a .py
 # opens as a notebook: jupyter/labconfig/) come in through JUPYTER_CONFIG_PATH; Jupyter's, IPython's
 # and matplotlib's per-user state (settings, workspaces, runtime files) goes to LAB_STATE, not $HOME.
+# The shipped config also allows root (containers): jupyter/jupyter_server_config.json.
 LAB_PORT    ?= 8888
 LAB_ARGS    ?=
 LAB_ROOT    ?= notebooks
 LAB_STATE   ?= $(VENV)/lab-state
+LAB_ENV      = JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
+  JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
+  MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib'
 HASH    := $(shell (sha256sum pyproject.toml 2>/dev/null || shasum -a 256 pyproject.toml) | cut -c1-16)
 STAMP   := $(VENV)/.swa-repro-installed-$(HASH)
 
-.PHONY: repro test venv doctor lab clean help
+.PHONY: repro test venv doctor lab lab-url clean help
 .DEFAULT_GOAL := help
 
 help:
@@ -38,6 +42,7 @@ help:
 	@echo "make venv    only create/refresh $(VENV) (stamped on pyproject.toml's hash)"
 	@echo "make doctor  what is installed and which mode auto picks"
 	@echo "make lab     JupyterLab on notebooks/, a .py opens as a notebook (LAB_PORT=$(LAB_PORT), LAB_ARGS=...)"
+	@echo "make lab-url the running lab's URL with its token"
 
 repro: $(STAMP)
 	$(BIN)/swa-repro run --mode $(MODE) --output $(OUTPUT)
@@ -54,10 +59,13 @@ doctor: $(STAMP)
 venv: $(STAMP)
 
 lab: $(STAMP)
-	JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
-	  JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
-	  MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib' \
-	  $(BIN)/jupyter lab --ServerApp.root_dir='$(LAB_ROOT)' --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+	$(LAB_ENV) $(BIN)/jupyter lab --ServerApp.root_dir='$(LAB_ROOT)' --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
+
+# The running lab's URL with its token: its runtime files are under LAB_STATE, where a bare
+# `jupyter server list` does not look. Installs nothing (a lab is running from this venv).
+lab-url:
+	@test -x $(BIN)/jupyter || { echo "no $(BIN)/jupyter: start the lab with make lab first" >&2; exit 2; }
+	@$(LAB_ENV) $(BIN)/jupyter server list
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "swa-repro needs Python >= 3.11, but $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or newer)")' \

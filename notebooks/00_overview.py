@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -22,7 +22,7 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 recordings_dir = ""  # empty: the committed recordings/ of this repo
 # the seed case is story.SEED_SHAPES (three fresh requests of 6/8/12 tokens, window 4, 4/4 heads,
 # page 16); a value set here replaces that shape, None keeps it (e.g. window_left = 8)
@@ -37,8 +37,9 @@ backend = "fa2"  # what sglang constructs the wrapper with
 seed = 0
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver
+from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "00_overview")
 
 # %%

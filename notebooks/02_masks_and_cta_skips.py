@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -32,7 +32,7 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 recordings_dir = ""  # empty: the committed recordings/ of this repo
 # The cases are story.SEED_SHAPES, story.GQA_SHAPES and story.LONG_SHAPES; a value set here
 # replaces that shape, None keeps it (e.g. window_left = 8, gqa_window_left = 32).
@@ -57,8 +57,9 @@ plot_recordings = True  # one figure per recorded case not drawn above (newest f
 fuzz_selftest_cases = 4  # 0: none; else a CPU self-test of the fuzz pipeline (labelled: not kernel evidence)
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver
+from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 
 # %%
@@ -76,16 +77,19 @@ print(note)
 
 
 # %% [markdown]
-# ## The seed case (prefix 0, extend 6/8/12, window 4, 4/4 heads, page 16)
+# ## The seed case
 #
-# 12 tokens fit in one CTA tile (`CTA_TILE_Q = 16`), so its `kv_start` is 0 and every row attends
-# from key 0: with the mask compiled out this is plain causal attention.
+# The shapes it runs with are printed first (the parameters cell may change them). With the
+# defaults (`story.SEED_SHAPES`) each request fits in one CTA tile (`CTA_TILE_Q`, in the figure's
+# title), so its `kv_start` is 0 and every row attends from key 0: with the mask compiled out this
+# is plain causal attention.
 
 # %%
 seed_bug = story.seed_case(False, prefix_lens=prefix_lens, extend_lens=extend_lens, window_left=window_left,
                            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                            page_size=page_size)
 seed_bug = story.for_machine(seed_bug, info.mode)
+print(story.shapes_line(seed_bug))
 m_seed, ev_seed = story.show_case(seed_bug, info.mode, recordings, save, "02_masks_and_cta_skips_seed_bug", checks)
 
 # %%
@@ -102,16 +106,18 @@ for i, r in enumerate(m_seed.requests):
 # %% [markdown]
 # ## A GQA case with a prefix and several query tiles
 #
-# 32 query heads over 8 KV heads (g = 4), prefix 200, extend 100, window 64. `CTA_TILE_Q = 128`
-# packed rows = 32 queries per CTA, so `kv_start` steps every 32 rows and each step leaks up to 31
-# keys (red triangles). Planned without the window, this request is also split across CTAs with
-# chunks sized for no window: the model calls it `undefined` (see notebook 01). The same shapes
-# with `disable_split_kv=True` show the pure tile-granular leak.
+# The shapes are printed first; by default (`story.GQA_SHAPES`) 32 query heads over 8 KV heads
+# (g = 4), so one CTA tile of `CTA_TILE_Q = 128` packed rows holds 32 queries: `kv_start` steps every
+# `CTA_TILE_Q / g` rows and each step leaks up to `CTA_TILE_Q / g - 1` keys (red triangles). Planned
+# without the window, such a request may also be split across CTAs with chunks sized for no window:
+# the model calls it `undefined` (see notebook 01). The same shapes with `disable_split_kv=True`
+# show the pure tile-granular leak.
 
 # %%
 gqa_bug = story.gqa_case(False, num_qo_heads=gqa_num_qo_heads, num_kv_heads=gqa_num_kv_heads, prefix=gqa_prefix,
                          extend=gqa_extend, window=gqa_window_left, head_dim=head_dim, page_size=page_size)
 gqa_bug = story.for_machine(gqa_bug, info.mode)
+print(story.shapes_line(gqa_bug))
 m_gqa, ev_gqa = story.show_case(gqa_bug, info.mode, recordings, save, "02_masks_and_cta_skips_gqa_bug", checks)
 
 # %%

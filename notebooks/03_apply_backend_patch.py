@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -24,7 +24,7 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 # one sliding-window EXTEND batch: the seed case (story.SEED_SHAPES: three fresh requests of
 # 6/8/12 tokens, window 4, the upstream regression case); a value set here replaces that shape,
 # None keeps it. window_left is RadixAttention.sliding_window_size: W keys left of the query.
@@ -37,8 +37,9 @@ head_dim = None
 page_size = None
 
 # %%
-from swa_repro.notebook.runner import announce_mode
+from swa_repro.notebook.runner import announce_mode, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")
 
 # %%

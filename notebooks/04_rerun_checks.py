@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -25,15 +25,16 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 cases = []  # names from swa_repro.sglang.check.MATRIX; empty: all
 failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
 save_traces = False  # True: every wrapper call under <output_dir>/traces/ (~120 MB), for `swa-repro replay`
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver
+from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "04_rerun_checks")
 
 # %%

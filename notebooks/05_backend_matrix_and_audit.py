@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -25,13 +25,14 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver
+from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "05_backend_matrix_and_audit")
 
 # %%

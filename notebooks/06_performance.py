@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -30,7 +30,7 @@
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"
+output_dir = "artifacts"  # relative: from the repo root
 live_seq_len = 8192  # live mode: one request of this many tokens
 live_windows = [128, 1024]
 live_backends = "fa2"  # fa3 modules take ~100 s each to build
@@ -39,8 +39,9 @@ gpu_results = ""  # default: the committed benchmarks/results/h200_swa_prefill.j
 cpu_results = ""  # default: the committed benchmarks/results/cpu_model.json
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver
+from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
 
+output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
 info = announce_mode(mode, output_dir, "06_performance")
 
 # %%

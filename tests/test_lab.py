@@ -1,9 +1,10 @@
 """`make lab`: JupyterLab on notebooks/ where a double-clicked `.py` opens as a notebook.
 
-Each test starts the server with the very command `make lab` runs (through make, with LAB_PORT,
-LAB_ROOT, LAB_STATE, LAB_ARGS overridden), HOME pointed at an empty temp dir that must still be
-empty after the server is gone, and always stops it (POST /api/shutdown, then the process group).
-The browser test needs Chromium (`chromium` on PATH) and skips cleanly without it.
+Each server test starts the server with the very command `make lab` runs (through make, with
+LAB_PORT, LAB_ROOT, LAB_STATE, LAB_ARGS overridden; as root too, with no extra flag), HOME pointed
+at an empty temp dir that must still be empty after the server is gone, and always stops it
+(POST /api/shutdown, then the process group). The browser test needs Chromium (`chromium` on PATH)
+and skips cleanly without it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -31,8 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 NOTEBOOK = "02_masks_and_cta_skips.py"
 START_TIMEOUT_S = 180  # a cold `jupyter lab` imports for ~15 s here (jsonschema's rfc3987 grammar)
-
-pytestmark = pytest.mark.slow
 
 jupytext = pytest.importorskip("jupytext", reason="the notebooks extra (jupytext, jupyterlab) is not installed")
 pytest.importorskip("jupyterlab", reason="the notebooks extra (jupyterlab) is not installed")
@@ -74,27 +74,28 @@ def _files(root: Path) -> list[str]:
 class Lab:
     """A `make lab` server on a free loopback port, with a token and a throwaway HOME."""
 
-    def __init__(self, root: Path, tmp: Path):
-        self.root, self.tmp = root, tmp
+    def __init__(self, root: Path, tmp: Path, settings: dict | None = None):
+        self.root, self.tmp, self.settings = root, tmp, settings or {}
         self.home, self.state = tmp / "home", tmp / "lab-state"
         self.home.mkdir()
         self.port, self.token = _free_port(), secrets.token_hex(16)
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = tmp / "lab.log"
         self.proc: subprocess.Popen | None = None
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("JUPYTER", "XDG_", "IPYTHON")) and k not in ("MPLCONFIGDIR",)}
+        self.env.update(HOME=str(self.home), JUPYTER_TOKEN=self.token)
 
     def start(self) -> Lab:
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("JUPYTER", "XDG_", "IPYTHON")) and k not in ("MPLCONFIGDIR",)}
-        env.update(HOME=str(self.home), JUPYTER_TOKEN=self.token)
-        args = "--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port_retries=0"
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            args += " --allow-root"  # containers and CI runners are often root
-        cmd = ["make", "-s", "--no-print-directory", "-C", str(REPO), "lab", f"LAB_PORT={self.port}",
-               f"LAB_ROOT={self.root}", f"LAB_STATE={self.state}", f"LAB_ARGS={args}"]
+        for plugin, values in self.settings.items():  # user settings, as the lab's settings editor writes them
+            f = self.state / "config" / "lab" / "user-settings" / f"{plugin.replace(':', '/')}.jupyterlab-settings"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps(values))
+        args = "--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port_retries=0"  # no --allow-root, also as root
+        cmd = self.make("lab", f"LAB_PORT={self.port}", f"LAB_ROOT={self.root}", f"LAB_ARGS={args}")
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -104,6 +105,9 @@ class Lab:
                     return self
             time.sleep(0.5)
         raise AssertionError(f"make lab did not answer within {START_TIMEOUT_S}s:\n{self.log_text()}")
+
+    def make(self, target: str, *variables: str) -> list[str]:
+        return ["make", "-s", "--no-print-directory", "-C", str(REPO), target, f"LAB_STATE={self.state}", *variables]
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
@@ -147,8 +151,8 @@ class Lab:
 
 
 @contextlib.contextmanager
-def make_lab(root: Path, tmp: Path):
-    lab = Lab(root, tmp)
+def make_lab(root: Path, tmp: Path, settings: dict | None = None):
+    lab = Lab(root, tmp, settings)
     try:
         yield lab.start()
     finally:
@@ -171,6 +175,7 @@ def _has_parameters_cell(nb: dict) -> bool:
     return any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
 
 
+@pytest.mark.slow
 def test_lab_serves_py_as_notebook_with_venv_kernel(make_lab_ready, tmp_path):
     before = _files(NOTEBOOKS)
     with make_lab(NOTEBOOKS, tmp_path) as lab:
@@ -189,9 +194,11 @@ def test_lab_serves_py_as_notebook_with_venv_kernel(make_lab_ready, tmp_path):
         assert _has_parameters_cell(nb), "no cell tagged `parameters`"
         assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
-        # that kernel runs the venv's python (the interpreter running `make lab`'s jupyter)
+        # that kernel runs the venv's python (the interpreter running `make lab`'s jupyter), and the
+        # header names it as the lab will (else the lab rewrites it on open)
         status, specs = lab.request("GET", "/api/kernelspecs")
         assert status == 200 and "python3" in specs["kernelspecs"], specs
+        assert nb["metadata"]["kernelspec"]["display_name"] == specs["kernelspecs"]["python3"]["spec"]["display_name"]
         if Path("/proc").is_dir():
             status, kernel = lab.request("POST", "/api/kernels", {"name": "python3"})
             assert status in (200, 201), kernel
@@ -204,9 +211,15 @@ def test_lab_serves_py_as_notebook_with_venv_kernel(make_lab_ready, tmp_path):
             venv_bin = Path(os.path.abspath(REPO / ".venv" / "bin"))
             assert Path(argv[0]).parent == venv_bin or Path(argv[0]).parent == Path(sys.executable).parent, argv
             assert lab.request("DELETE", f"/api/kernels/{kernel['id']}")[0] == 204
+
+        # `make lab-url` (what the README says) finds this server and its token
+        r = subprocess.run(lab.make("lab-url"), env=lab.env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert f":{lab.port}/" in r.stdout and f"token={lab.token}" in r.stdout, r.stdout
     assert _files(NOTEBOOKS) == before, "opening the notebooks wrote into notebooks/"
 
 
+@pytest.mark.slow
 def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
     root = _notebooks_copy(tmp_path)
     original = (root / NOTEBOOK).read_text(encoding="utf-8")
@@ -233,11 +246,8 @@ def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
     text = (root / NOTEBOOK).read_text(encoding="utf-8")
     assert "OUTPUT-NOT-SAVED" not in text and "language_info" not in text and "trusted" not in text
 
-    # the .py is still the source: the same cells, only the edit differs; the header may gain
-    # jupytext's version stamp (format_version / jupytext_version), nothing else
-    def body(t: str) -> list[str]:
-        return [ln for ln in t.splitlines() if not ln.startswith(("#       format_version:", "#       jupytext_version:"))]
-    assert body(text) == body(re.sub(r"(?m)^window_left = None$", "window_left = 8", original))
+    # the .py is still the source: only the edit differs, the header is byte for byte the committed one
+    assert text == re.sub(r"(?m)^window_left = None$", "window_left = 8", original)
     assert _has_parameters_cell(jupytext.reads(text, fmt="py:percent"))
 
 
@@ -249,7 +259,8 @@ def test_jupytext_toml_leaves_swa_repro_run_alone():
     assert Path(find_jupytext_configuration_file(str(NOTEBOOKS))) == NOTEBOOKS / "jupytext.toml"
     config = load_jupytext_config(str(NOTEBOOKS / NOTEBOOK))
     assert config.formats in ("py:percent", ["py:percent"])  # one format: paired with nothing
-    def shape(nb) -> tuple:  # all but the random cell ids
+    def shape(nb) -> tuple:  # all but the random cell ids and the save-time filter jupytext notes from the config
+        nb.metadata.get("jupytext", {}).pop("notebook_metadata_filter", None)
         return nb.metadata, [(c.cell_type, c.source, c.metadata) for c in nb.cells]
 
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
@@ -258,9 +269,59 @@ def test_jupytext_toml_leaves_swa_repro_run_alone():
         assert plain == shape(jupytext.reads(path.read_text(encoding="utf-8"), fmt="py:percent")), path.name
 
 
+def _clean_jupyter_env(monkeypatch, home: Path) -> None:
+    """This process's Jupyter paths as `make lab` has them: nothing from the caller's env or HOME."""
+    for k in [k for k in os.environ if k.startswith(("JUPYTER", "IPYTHON"))]:
+        monkeypatch.delenv(k)
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+
+
+def test_save_of_an_opened_notebook_is_byte_identical(monkeypatch, tmp_path):
+    """The lab marks a notebook changed on open (its kernel adds language_info, and names its
+    kernelspec) and autosave writes it back through jupytext with the shipped config: for `git
+    status` to stay clean, that write must give every committed .py back byte for byte."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupytext import TextFileContentsManager
+
+    _clean_jupyter_env(monkeypatch, tmp_path / "home")
+    spec = KernelSpecManager().get_kernel_spec("python3")  # what the lab's kernel picker finds
+    root = _notebooks_copy(tmp_path)
+    cm = TextFileContentsManager(root_dir=str(root))
+    paths = sorted(root.glob("[0-9][0-9]_*.py"))
+    assert len(paths) == len(list(NOTEBOOKS.glob("[0-9][0-9]_*.py"))) > 0
+    for path in paths:
+        committed = path.read_bytes()
+        nb = cm.get(path.name, type="notebook", content=True)["content"]
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": spec.display_name, "language": spec.language}
+        nb.metadata["language_info"] = {"name": "python", "version": sys.version.split()[0], "file_extension": ".py"}
+        cm.save({"type": "notebook", "format": "json", "content": nb}, path.name)
+        assert path.read_bytes() == committed, f"{path.name}: a save rewrites it"
+
+
+def test_make_lab_config_allows_root(monkeypatch, tmp_path):
+    """As root (the usual case in containers) jupyter server stops unless allow_root: the config
+    that `make lab` puts on JUPYTER_CONFIG_PATH sets it, so the command as printed works as root."""
+    from jupyter_server.serverapp import ServerApp
+
+    dry = subprocess.run(["make", "-s", "-n", "-C", str(REPO), "lab", f"LAB_STATE={tmp_path / 'state'}"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    words = shlex.split(next(ln for ln in dry.splitlines() if "/jupyter lab" in ln))
+    lab_at = words.index("lab")  # ENV=... .venv/bin/jupyter lab ARGS
+    _clean_jupyter_env(monkeypatch, tmp_path / "home")
+    for w in words[:lab_at - 1]:
+        monkeypatch.setenv(*w.split("=", 1))
+    assert os.environ["JUPYTER_CONFIG_PATH"] == str(REPO / "jupyter")
+    app = ServerApp()
+    app.load_config_file()
+    app.parse_command_line(words[lab_at + 1:])
+    assert app.allow_root is True
+
+
 # --- in a real browser -------------------------------------------------------------------------
 
 CHROMIUM = shutil.which("chromium")
+AUTOSAVE_S = 2  # JupyterLab's autosaveInterval for the browser test (default 120 s), set as a user setting
 
 PROBE_JS = r"""(() => {
   const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
@@ -275,11 +336,14 @@ PROBE_JS = r"""(() => {
     kernel: kernel ? kernel.textContent : null,
     statusbar: (document.querySelector('#jp-main-statusbar') || {}).textContent || '',
     tabs: [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tabLabel')].map(t => t.textContent),
+    dirty: !!document.querySelector('#jp-main-dock-panel .lm-TabBar-tab.jp-mod-dirty'),
   });
 })()"""
 
 
-async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path) -> dict:
+async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path, saved=None) -> dict:
+    """What the lab shows once the notebook is open and its kernel idle; with ``saved`` (a
+    callable), then also wait until it says a save happened and the tab is clean again."""
     from tornado.websocket import websocket_connect
 
     conn = await websocket_connect(ws_url, max_message_size=256 << 20)
@@ -309,6 +373,14 @@ async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path) -> dict:
             if state.get("fileEditor"):
                 break  # opened as text: no point waiting
             await asyncio.sleep(0.5)
+        opened, state["autosaved"] = dict(state), False
+        while saved is not None and opened.get("notebook") and time.monotonic() < deadline:
+            r = await call("Runtime.evaluate", expression=PROBE_JS, returnByValue=True)
+            state = {**json.loads(r["result"].get("value") or "{}"), "opened": opened}
+            state["autosaved"] = saved() and not state.get("dirty")
+            if state["autosaved"]:
+                break
+            await asyncio.sleep(0.5)
         shot = await call("Page.captureScreenshot", format="png")
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         return state
@@ -316,13 +388,33 @@ async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path) -> dict:
         conn.close()
 
 
+def _git(root: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
+                          env=env, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (`chromium` on PATH, Debian package chromium)")
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
+    """Open a notebook in a real browser, let JupyterLab's own autosave write it (the interval
+    shortened as a user setting), and `git status` of the notebooks must stay clean."""
     root = _notebooks_copy(tmp_path)
+    shutil.copy2(REPO / ".gitignore", root / ".gitignore")  # what `git status` ignores in the repo
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "notebooks as committed")
+    mtime = (root / NOTEBOOK).stat().st_mtime_ns
+
+    def saved() -> bool:
+        return (root / NOTEBOOK).stat().st_mtime_ns != mtime
+
     profile, chrome_home = tmp_path / "chromium-profile", tmp_path / "chromium-home"
     chrome_home.mkdir()
     screenshot = tmp_path / "lab.png"
-    with make_lab(root, tmp_path) as lab:
+    settings = {"@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": AUTOSAVE_S}}
+    with make_lab(root, tmp_path, settings) as lab:
         url = f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}"
         cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -345,7 +437,7 @@ def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
                 ws_url = pages[0]["webSocketDebuggerUrl"] if pages else None
                 time.sleep(0.2)
             assert ws_url, "no page with the lab in Chromium"
-            state = asyncio.run(asyncio.wait_for(_cdp_probe(ws_url, 90, screenshot), timeout=150))
+            state = asyncio.run(asyncio.wait_for(_cdp_probe(ws_url, 120, screenshot, saved), timeout=180))
         finally:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 if chrome.poll() is not None:
@@ -358,7 +450,8 @@ def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
                 dst = Path(os.environ["SWA_LAB_SCREENSHOT"])
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(screenshot, dst)
-        # what the lab shows: a notebook panel with cells, the title rendered, the venv's kernel
+        # what the lab showed on open: a notebook panel with cells, the title rendered, the venv's kernel
+        final, state = state, state.get("opened", state)
         assert state.get("notebook") and not state.get("fileEditor"), f"not opened as a notebook: {state}"
         assert state["cells"] > 3, state
         assert any("Masks and CTA skips" in h for h in state["heading"]), state
@@ -366,4 +459,7 @@ def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
         assert not state["dialog"], f"a dialog is open (kernel selection?): {state}"
         assert state["kernel"] and "Python 3" in state["kernel"], state
         assert "| Idle" in state["statusbar"], f"the kernel did not start: {state}"
+        # then JupyterLab saved it (autosave: nothing else writes here), and that save changed nothing
+        assert final["autosaved"], f"no autosave (autosaveInterval {AUTOSAVE_S} s) left the tab clean: {final}"
     assert not [p for p in _files(root) if p.endswith(".ipynb")], _files(root)
+    assert _git(root, "status", "--porcelain") == "", _git(root, "diff")

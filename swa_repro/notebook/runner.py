@@ -27,13 +27,22 @@ from swa_repro.core.outputs import out_dir
 from swa_repro.notebook.checks import read_checks
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+REPO_DIR = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
 KERNEL_NAME = "swa-repro"
 RESERVED = ("mode", "output_dir")
 
 
 # ---------------------------------------------------------------- kernel side (used in notebooks)
+def output_path(output_dir) -> Path:
+    """``output_dir`` as a notebook writes it: a relative one is taken from the repo root, as
+    ``make repro`` does, not from the kernel's cwd (notebooks/ in the lab), so an interactive run
+    and a headless one fill the same ``artifacts/``. ``swa-repro run`` passes an absolute path."""
+    p = Path(output_dir).expanduser()
+    return p if p.is_absolute() else REPO_DIR / p
+
+
 def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
     """Resolve and print the mode (first output of every notebook) and record it for the runner."""
     info = resolve_mode(requested)

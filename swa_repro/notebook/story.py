@@ -64,6 +64,14 @@ def long_case(fix: bool = False, *, extend=None, window=None, **overrides) -> Ca
     return with_fix(Case(name="long", **kw), fix)
 
 
+def shapes_line(case: Case) -> str:
+    """The shapes a case runs with, printed by the notebook: a heading that stated them would go
+    stale when a parameter changes the case."""
+    prefix, extend = ("/".join(map(str, lens)) for lens in (case.prefix_lens, case.extend_lens))
+    return (f"{case.name}: prefix {prefix}, extend {extend}, window {case.window_left}, "
+            f"{case.num_qo_heads}/{case.num_kv_heads} heads, head_dim {case.head_dim}, page {case.page_size}")
+
+
 def for_machine(case: Case, mode: str) -> Case:
     """In live mode, the case as this GPU runs it (installed flashinfer version, SM count, arch),
     as ``swa-repro record`` does, so the model drawn next to the real kernel is the model of
