@@ -27,6 +27,7 @@ from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseErro
 from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core.outputs import out_file
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 
 FORMAT = "swa-repro-mask-intervals/1"
 # --dense: one bool per (query, key) cell over all requests; 2**30 cells is a 1 GiB mask (one 32k
@@ -60,7 +61,8 @@ def add_case_args(p) -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--disable-split-kv", action="store_true")
     p.add_argument("--sm-count", type=int, default=132, help="SMs of the GPU modelled (H100/H200: 132)")
-    p.add_argument("--flashinfer-version", default="0.7.2.post1", help="modelled flashinfer: 0.6.12 | 0.7.2.post1")
+    p.add_argument("--flashinfer-version", default="0.7.2.post1",
+                   help=f"modelled flashinfer: {' | '.join(FLASHINFER_VERSIONS)}")
 
 
 def case_bounds(a) -> list:
