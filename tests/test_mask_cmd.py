@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from swa_repro.core.case import Case
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 from swa_repro.kernel import mask_cmd
 from swa_repro.kernel.model import model_intervals, simulate
 
@@ -87,3 +88,13 @@ def test_dense_limit_is_the_stated_one():
     mask_cmd.check_dense(ok, "m.npz")
     with pytest.raises(Exception, match="drop --dense"):
         mask_cmd.check_dense(ok.with_(prefix_lens=(1,)), "m.npz")
+
+
+def test_flashinfer_version_help_lists_every_modelled_version():
+    """The help is computed from versions.FLASHINFER_VERSIONS, so a newly modelled version shows."""
+    p = argparse.ArgumentParser()
+    mask_cmd.register(p.add_subparsers())
+    [sub] = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    [action] = [a for a in sub.choices["mask"]._actions if "--flashinfer-version" in a.option_strings]
+    listed = action.help.split(": ", 1)[1].split(" | ")
+    assert listed == list(FLASHINFER_VERSIONS) and len(listed) > 2

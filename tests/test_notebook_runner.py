@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.notebook.runner import longest_first, parse_parameters, select_notebooks
+from swa_repro.core.errors import UsageError
+from swa_repro.notebook.params import check_parameters, declared, describe, fits, infer
+from swa_repro.notebook.runner import RESERVED, longest_first, parse_parameters, select_notebooks
 
 HEADER = '''# %% [markdown]
 # Throwaway notebook for the runner's tests.
@@ -142,8 +144,8 @@ def test_unknown_notebook_lists_the_available_ones(nb_dir, tmp_path, capsys):
 
 def test_select_and_parse(nb_dir):
     assert [p.stem for p in select_notebooks(["01_fail.py", "00", "01_fail"], nb_dir)] == ["01_fail", "00_pass"]
-    assert parse_parameters(["a=4", "b=1.5", "c=true", "d=[1,2]", "e=fa2", "f="]) == \
-        {"a": 4, "b": 1.5, "c": True, "d": [1, 2], "e": "fa2", "f": ""}
+    assert parse_parameters(["a=4", "b=1.5", "c=true", "d=[1,2]", "e=fa2", "f=", "g=True", "h=None"]) == \
+        {"a": 4, "b": 1.5, "c": True, "d": [1, 2], "e": "fa2", "f": "", "g": True, "h": None}
 
 
 @pytest.mark.parametrize("bad, msg", [(["nokey"], "name=value"), (["mode=live"], "--mode"),
@@ -156,7 +158,43 @@ def test_bad_parameters(bad, msg, nb_dir, tmp_path, capsys):
 
 def test_jobs_must_be_positive(nb_dir, tmp_path, capsys):
     assert main(["run", "--output", str(tmp_path), "--notebooks-dir", str(nb_dir), "--jobs", "0"]) == 2
-    assert "--jobs must be >= 1" in capsys.readouterr().err
+    assert "--jobs must be in 1.." in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- --parameters types (issue 17)
+@pytest.mark.parametrize("default, kind", [
+    ("0", "int"), ("0.5", "float"), ("True", "bool"), ('"x"', "str"), ("None", "any value"), ("{}", "dict"),
+    ("[1, 2]", "a list of int"), ("(1, 2.5)", "a list of float"), ("[]", "a list"), ('[1, "a"]', "a list"),
+    ("[[1], [2]]", "a list of a list of int"), ("f(3)", "any value")])
+def test_kind_is_inferred_from_the_default_literal(default, kind):
+    assert describe(declared(f"x = {default}\n", "nb")["x"]) == kind
+
+
+@pytest.mark.parametrize("value, default, ok", [
+    (3, 0, True), (True, 0, False), (1.5, 0, False), ("3", 0, False),  # int: not bool, float or str
+    (3, 0.5, True), (False, 0.5, False),  # an int is a float
+    (1, True, False), (True, True, True), ("x", "s", True), (None, "s", False),
+    ([1, 2], [0], True), ([1, "a"], [0], False), ([], [0], True), (3, [0], False),
+    ("anything", None, True), ([1.5], None, True)])
+def test_values_fit_the_default_type(value, default, ok):
+    assert fits(value, infer(default)) is ok
+
+
+def test_wrong_type_names_notebook_parameter_type_and_the_parameters(nb_dir, tmp_path):
+    """Checked against every selected notebook before any starts: one line, nothing written."""
+    out = tmp_path / "never"
+    with pytest.raises(UsageError) as e:
+        check_parameters({"threshold": "ten"}, select_notebooks([], nb_dir), RESERVED)
+    msg = str(e.value)
+    assert msg.startswith("--parameters threshold: notebook 00_pass expects int;") and "\n" not in msg
+    assert msg.endswith("its parameters: threshold")  # mode and output_dir are set by --mode/--output
+    assert main(["run", "--output", str(out), "--notebooks-dir", str(nb_dir), "-p", "threshold=ten"]) == 2
+    assert not out.exists()
+
+
+def test_good_parameters_pass_every_notebook(nb_dir):
+    check_parameters({"threshold": 7}, select_notebooks([], nb_dir), RESERVED)
+    check_parameters({}, [nb_dir / "helper.py"], RESERVED)  # nothing to check: no cell is read
 
 
 def test_longest_first_uses_the_last_run_and_keeps_unknown_ones_in_place(tmp_path):

@@ -107,7 +107,8 @@ class Case:
             raise CaseError("window_left must be -1 (no window) or >= 0; got "
                             f"window_left={self.window_left}, plan_window_left={self.plan_window_left}")
         if self.num_qo_heads < 1 or self.num_kv_heads < 1:
-            raise CaseError("head counts must be >= 1")
+            raise CaseError(f"head counts must be >= 1; got num_qo_heads={self.num_qo_heads}, "
+                            f"num_kv_heads={self.num_kv_heads}")
         if self.num_kv_heads > self.num_qo_heads:
             raise CaseError(
                 f"num_kv_heads={self.num_kv_heads} > num_qo_heads={self.num_qo_heads}: "

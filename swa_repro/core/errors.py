@@ -12,3 +12,12 @@ class CaseError(ValueError):
 
 class UsageError(Exception):
     """Bad input outside a Case: the message says what to do."""
+
+
+def check_bounds(rows) -> None:
+    """Each ``(flag, value, lowest, highest)`` of a command's numbers, checked before any work: a
+    value outside (NaN too; None = not given) is one line. The highest keeps a run finite and every
+    number inside the int32/int64 it is handed to, so no OverflowError can escape."""
+    for flag, value, lo, hi in rows:
+        if value is not None and not lo <= value <= hi:
+            raise UsageError(f"{flag} must be in {lo}..{hi}; got {value}")

@@ -253,6 +253,9 @@ def _sha256(p: Path) -> str:
     return h.hexdigest()
 
 
+PYTHON_MINORS = (9, 14)  # CPython 3.9..3.14: the releases out when this was written
+
+
 def register(sub) -> None:
     p = sub.add_parser("bundle", help="offline flashinfer bundle (+ install.sh) for an air-gapped GPU machine")
     p.add_argument("--flashinfer", default=None, help="flashinfer-python version, e.g. 0.6.12 or 0.7.2.post1")
@@ -262,13 +265,24 @@ def register(sub) -> None:
     p.add_argument("--notebooks", action="store_true",
                    help="instead: the papermill/jupytext/nbconvert/ipykernel wheels to run the notebooks there")
     p.add_argument("--out", required=True, help="new or empty folder, e.g. .bundle/0.6.12")
-    p.add_argument("--python", default="3.12", help="target CPython for binary wheels (default 3.12)")
+    p.add_argument("--python", default="3.12",
+                   help=f"target CPython for binary wheels, 3.{PYTHON_MINORS[0]}..3.{PYTHON_MINORS[1]} (default 3.12)")
     p.add_argument("--wheel-dir", default=None, help="use a flashinfer wheel from here instead of downloading it "
                                                     "(--sglang: any of its wheels found here)")
     p.set_defaults(func=main)
 
 
+def check_python(text: str) -> None:
+    """``--python`` is MAJOR.MINOR of a CPython with wheels: pip's ``--python-version`` and the cp tag
+    are built from it, and any other text failed only at the first download."""
+    m = re.fullmatch(r"3\.(\d{1,3})", text)
+    lo, hi = PYTHON_MINORS
+    if not m or not lo <= int(m.group(1)) <= hi:
+        raise UsageError(f"--python must be 3.{lo}..3.{hi} (MAJOR.MINOR, e.g. 3.12); got {text!r}")
+
+
 def main(a) -> int:
+    check_python(a.python)
     if getattr(a, "sglang", None) is not None:
         if a.flashinfer or a.notebooks:
             raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")

@@ -72,9 +72,11 @@ def select(names: str) -> list[Case]:
     if names.strip() == "all":
         return list(CASES)
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise UsageError(f"--cases selects no case: give names from {', '.join(BY_NAME)}, or 'all'")
     unknown = [n for n in wanted if n not in BY_NAME]
-    if unknown or not wanted:
-        raise UsageError(f"unknown case(s) {', '.join(unknown) or '(none given)'}; known: {', '.join(BY_NAME)} or 'all'")
+    if unknown:
+        raise UsageError(f"--cases: unknown case(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)} or 'all'")
     return [BY_NAME[n] for n in wanted]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from swa_repro.core.case import Case
-from swa_repro.core.errors import UsageError
+from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core import outputs
 from swa_repro.core.versions import RECORDINGS_ROOT
@@ -189,22 +189,28 @@ def register(sub) -> None:
     p = sub.add_parser("record", help="(GPU) probe the recording cases on real FlashInfer -> recordings/")
     p.add_argument("--cases", default="all", help="comma-separated names from swa_repro/recording_cases.py, or all")
     p.add_argument("--out", default=str(DEFAULT_ROOT), help="root; files go to <out>/<flashinfer-version>/")
-    p.add_argument("--repeats", type=int, default=2, help="full probe sweeps compared bitwise")
-    p.add_argument("--random-runs", type=int, default=2, help="random-data runs compared bitwise")
-    p.add_argument("--jit-workers", type=int, default=4, help="modules JIT-built in parallel before probing")
+    p.add_argument("--repeats", type=int, default=2, help="full probe sweeps compared bitwise (1..10)")
+    p.add_argument("--random-runs", type=int, default=2, help="random-data runs compared bitwise (0..10)")
+    p.add_argument("--jit-workers", type=int, default=4, help="modules JIT-built in parallel before probing (1..64)")
     p.add_argument("--list", action="store_true", help="print the cases, model predictions and modules; no GPU")
     p.set_defaults(func=main)
+
+
+def _bounds(a) -> list:
+    """(flag, value, lowest, highest) of every number; as ``swa-repro fuzz``'s, the highest keeps a
+    recording within hours."""
+    return [("--repeats", a.repeats, 1, 10), ("--random-runs", a.random_runs, 0, 10),
+            ("--jit-workers", a.jit_workers, 1, 64)]
 
 
 def main(a) -> int:
     from swa_repro.evidence import cases as rc
 
+    check_bounds(_bounds(a))
     cases = rc.select(a.cases)
     if a.list:
         print(rc.table(cases))
         return 0
-    if a.repeats < 1 or a.random_runs < 0:
-        raise UsageError("--repeats must be >= 1 and --random-runs >= 0")
     outputs.out_dir(a.out, "--out")  # before the GPU work: a path that cannot be written fails now
     from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 

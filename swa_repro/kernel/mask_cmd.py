@@ -23,14 +23,21 @@ import zipfile
 import numpy as np
 from numpy.lib import format as npformat
 
-from swa_repro.core.case import Case, CaseError
+from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseError
+from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core.outputs import out_file
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 
 FORMAT = "swa-repro-mask-intervals/1"
 # --dense: one bool per (query, key) cell over all requests; 2**30 cells is a 1 GiB mask (one 32k
 # request), which takes a few seconds to fill and write.
 DENSE_LIMIT_CELLS = 2**30
+# Tokens per KV page: the fuzz draws 1..64 (fuzz_cases.PAGE_SIZES); 4096 leaves room to experiment
+# while a live probe's pages stay allocatable.
+MAX_PAGE_SIZE = 4096
+# SMs of the GPU modelled (H100/H200: 132); 1024 leaves room for larger parts.
+MAX_SM_COUNT = 1024
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -54,7 +61,18 @@ def add_case_args(p) -> None:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--disable-split-kv", action="store_true")
     p.add_argument("--sm-count", type=int, default=132, help="SMs of the GPU modelled (H100/H200: 132)")
-    p.add_argument("--flashinfer-version", default="0.7.2.post1", help="modelled flashinfer: 0.6.12 | 0.7.2.post1")
+    p.add_argument("--flashinfer-version", default="0.7.2.post1",
+                   help=f"modelled flashinfer: {' | '.join(FLASHINFER_VERSIONS)}")
+
+
+def case_bounds(a) -> list:
+    """(flag, value, lowest, highest) of every number of :func:`add_case_args`: the Case's own limits
+    (int32 key positions, CUDA's grid), so nothing past them reaches numpy (an OverflowError)."""
+    return [("--window-left", a.window_left, -1, MAX_KV_LEN),
+            ("--plan-window-left", a.plan_window_left, -1, MAX_KV_LEN),
+            ("--num-qo-heads", a.num_qo_heads, 1, MAX_HEADS), ("--num-kv-heads", a.num_kv_heads, 1, MAX_HEADS),
+            ("--head-dim", a.head_dim, 1, max(max(d) for d in HEAD_DIMS.values())),
+            ("--page-size", a.page_size, 1, MAX_PAGE_SIZE), ("--sm-count", a.sm_count, 1, MAX_SM_COUNT)]
 
 
 def case_from_args(a) -> Case:
@@ -165,7 +183,8 @@ def check_dense(case: Case, out: str) -> None:
 
 
 def main(a) -> int:
-    case = case_from_args(a)
+    case = case_from_args(a)  # first: its messages name what to change (window_left, the head counts)
+    check_bounds(case_bounds(a))  # then the highest of every number, which Case leaves open
     if a.dense:
         check_dense(case, a.out)
     out_file(a.out, "--out", (".npz", ".json"))  # before any work: nothing written on bad input

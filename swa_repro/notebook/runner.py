@@ -22,9 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from swa_repro.core.errors import UsageError
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_dir
 from swa_repro.notebook.checks import read_checks
+from swa_repro.notebook.params import check_parameters, parse_value
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -32,6 +33,8 @@ NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
 KERNEL_NAME = "swa-repro"
 RESERVED = ("mode", "output_dir")
+MAX_CELL_TIMEOUT = 86400
+MAX_JOBS = 64
 
 
 # ---------------------------------------------------------------- kernel side (used in notebooks)
@@ -101,7 +104,8 @@ def select_notebooks(names: list[str], nb_dir: Path) -> list[Path]:
 
 
 def parse_parameters(items: list[str]) -> dict:
-    """``k=v`` -> {k: v}; v is JSON when it parses (4, 1.5, true, [1,2], "s"), else the string."""
+    """``k=v`` -> {k: v}; v as :func:`~swa_repro.notebook.params.parse_value` reads it (JSON, True/False/None,
+    else the string)."""
 
     params = {}
     for it in items or []:
@@ -111,10 +115,7 @@ def parse_parameters(items: list[str]) -> dict:
                              "(put NOTEBOOK names before --parameters)")
         if k in RESERVED:
             raise UsageError(f"set {k} with --{k.replace('_dir', '')}, not --parameters")
-        try:
-            params[k] = json.loads(v)
-        except json.JSONDecodeError:
-            params[k] = v
+        params[k] = parse_value(k, v)
     return params
 
 
@@ -280,27 +281,36 @@ def register(sub) -> None:
                    help="live = real kernels on CUDA; model = CPU model + recordings; auto = live iff usable")
     p.add_argument("--output", default="artifacts", help="output directory (default: artifacts)")
     p.add_argument("--parameters", "-p", nargs="+", action="extend", default=[], metavar="K=V",
-                   help="extra notebook parameters; values are JSON when they parse")
+                   help="names from each notebook's parameters cell, values of its defaults' types; JSON or "
+                        "True/False/None when they parse, else a string")
     p.add_argument("--notebooks-dir", default=str(NOTEBOOKS_DIR),
                    help="where the NN_*.py notebooks are (default: the repo's notebooks/)")
-    p.add_argument("--cell-timeout", type=int, default=1800, help="seconds one cell may run (default 1800)")
+    p.add_argument("--cell-timeout", type=int, default=1800,
+                   help=f"seconds one cell may run (default 1800, at most {MAX_CELL_TIMEOUT})")
     p.add_argument("--jobs", "-j", type=int, default=default_jobs(),
-                   help=f"notebooks run at once, each in its own kernel (default {default_jobs()}: min(2, cores))")
+                   help=f"notebooks run at once, each in its own kernel (default {default_jobs()}: min(2, cores); "
+                        f"at most {MAX_JOBS})")
     p.add_argument("--list", action="store_true", help="list the notebooks and exit")
     p.set_defaults(func=main)
 
 
+def _bounds(a) -> list:
+    """(flag, value, lowest, highest) of every number: a cell may run a day; more kernels than
+    notebooks buy nothing."""
+    return [("--cell-timeout", a.cell_timeout, 1, MAX_CELL_TIMEOUT), ("--jobs", a.jobs, 1, MAX_JOBS)]
+
+
 def main(a) -> int:
+    check_bounds(_bounds(a))
     nb_dir = Path(a.notebooks_dir).resolve()
     paths = select_notebooks(a.notebooks, nb_dir)
     if a.list:
         print("\n".join(p.stem for p in paths))
         return 0
     params = parse_parameters(a.parameters)
+    check_parameters(params, paths, RESERVED)  # against each notebook's own cell, before any starts
     info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
     out = out_dir(a.output, "--output").resolve()  # a file, or a path under one: one line, nothing run
-    if a.jobs < 1:
-        raise UsageError(f"--jobs must be >= 1; got {a.jobs}")
     out.mkdir(parents=True, exist_ok=True)
     kernel = ensure_kernel()
     jobs = max(1, min(a.jobs, len(paths)))

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from swa_repro.core.errors import UsageError
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.sglang import audit_paths as ap
 from swa_repro.sglang import audit_table as at
 from swa_repro.sglang import provision
@@ -50,26 +50,34 @@ def register(sub) -> None:
                    "+ releases.json")
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
     p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
-    p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table")
+    p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
     p.set_defaults(func=main, what_if=None)
 
 
 def _paths(text):
-    if not text:
+    """``--paths`` -> names (None: not given, every path); given, at least one known path, since an
+    empty list audited everything instead of what was asked."""
+    if text is None:
         return None
     paths = [x.strip() for x in text.split(",") if x.strip()]
     bad = [x for x in paths if x not in ap.PATHS]
-    if bad:
-        raise UsageError(f"--paths: unknown {', '.join(bad)}; choose from {', '.join(ap.PATHS)}")
+    if bad or not paths:
+        what = f": unknown {', '.join(bad)}" if bad else " selects no path"
+        raise UsageError(f"--paths{what}; choose from {', '.join(ap.PATHS)}")
     return paths
+
+
+def _bounds(a) -> list:
+    """(flag, value, lowest, highest) of every number: an hour of live executions, as many releases
+    at once as a large machine's cores can audit."""
+    return [("--live-budget", a.live_budget, 1, 3600), ("--jobs", a.jobs, 1, 32)]
 
 
 def main(a) -> int:
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)
     paths = _paths(a.paths)
-    if not 0 < a.live_budget <= 3600:
-        raise UsageError(f"--live-budget {a.live_budget:g}: give seconds between 1 and 3600")
+    check_bounds(_bounds(a))
     if a.release_table:
         return _table(a)
     from swa_repro.core.mode import resolve_mode
@@ -162,13 +170,13 @@ def key_rows(r: dict) -> list[str]:
 
 def _table(a) -> int:
     versions = [v.strip() for v in a.releases.split(",") if v.strip()]
+    if not versions:  # an empty table would be written, having audited nothing
+        raise UsageError(f"--releases selects no release: give comma-separated versions, e.g. {','.join(at.REQUIRED)}")
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")
     if a.out.exists() and not a.out.is_dir():
         raise UsageError(f"--out {a.out} is a file: give a directory (default docs/audit)")
-    if a.jobs < 1:
-        raise UsageError(f"--jobs {a.jobs}: give 1 or more")
     for v in versions:  # every release checked before any is installed
         provision.parse(v)
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions)

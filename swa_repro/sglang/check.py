@@ -132,18 +132,29 @@ def register(sub) -> None:
     p = sub.add_parser("sglang-check", help="case matrix through sglang's FlashInfer backend, unpatched vs patched")
     p.add_argument("--mode", choices=("auto", "model", "live"), default="auto",
                    help="model: CPU kernel model behind sglang's code; live: real FlashInfer on CUDA")
-    p.add_argument("--cases", default="", help=f"comma-separated subset of: {', '.join(c.name for c in MATRIX)}")
+    p.add_argument("--cases", default=None, help=f"comma-separated subset of: {', '.join(c.name for c in MATRIX)} "
+                   "(default: all)")
     p.add_argument("--trace-dir", default=None, help="save every run's wrapper-call trace here (.pt) for `swa-repro replay`")
     p.add_argument("--peer", action="store_true", help="also run sglang's own attention test kit (extend cases)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=main)
 
 
-def main(a) -> int:
-    names = [n for n in a.cases.split(",") if n.strip()]
+def selected_cases(text: str | None) -> list[str]:
+    """``--cases`` -> names ([] = all when not given); given, it must name known cases, at least one:
+    an empty filter would check nothing and still exit 0."""
+    if text is None:
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = sorted(set(names) - {c.name for c in MATRIX})
-    if unknown:
-        raise UsageError(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(c.name for c in MATRIX)}")
+    if unknown or not names:
+        what = f": unknown case(s) {', '.join(unknown)}" if unknown else " selects no case"
+        raise UsageError(f"--cases{what}: choose from {', '.join(c.name for c in MATRIX)}")
+    return names
+
+
+def main(a) -> int:
+    names = selected_cases(a.cases)
     if a.trace_dir:
         out_dir(a.trace_dir, "--trace-dir")  # created when missing (Trace.save); checked before any run
     require_harness_release()

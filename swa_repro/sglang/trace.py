@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from swa_repro.core.errors import UsageError
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_file
 from swa_repro.evidence.recordings import provenance
 
@@ -273,16 +273,21 @@ def replay(trace: Trace, backend: str = "flashinfer", atol: float = 2e-2, device
 
 
 # ----------------------------------------------------------------------------- CLI
+MAX_ATOL = 10.0  # an output is a weighted average of the values (a few units): wider tells nothing
+
+
 def register(sub) -> None:
     p = sub.add_parser("replay", help="re-issue recorded sglang->FlashInfer wrapper calls on real FlashInfer (CUDA)")
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace .pt files written by `swa-repro sglang-check --trace-dir`")
-    p.add_argument("--atol", type=float, default=2e-2, help="max |replay - recorded| per output (default 2e-2, bf16)")
+    p.add_argument("--atol", type=float, default=2e-2,
+                   help=f"max |replay - recorded| per output (default 2e-2, bf16; 0..{MAX_ATOL})")
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
     p.add_argument("--out", default=None, help="also write every report, with provenance, to this .json")
     p.set_defaults(func=main)
 
 
 def main(a) -> int:
+    check_bounds([("--atol", a.atol, 0, MAX_ATOL)])  # NaN too: every comparison with it is False
     if a.out:
         out_file(a.out, "--out", (".json",))  # before loading traces or touching the GPU
     traces = []

@@ -1,0 +1,135 @@
+"""What ``swa-repro run --parameters`` may set: the names of each notebook's ``parameters`` cell,
+each typed by its default.
+
+Papermill only warns about a name the notebook lacks and injects any value as given, so a typo ran
+every notebook (exit 0) and a wrong type failed one (exit 1). Here both are one line, exit 2, for
+every selected notebook before any starts. Types come from the default literals (``ast``): int,
+float, bool, str, dict, list of ... (a tuple default too); ``None`` or an expression takes anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+
+ANY = None
+INT64 = (-2**63, 2**63 - 1)  # what numpy, and so every notebook, holds an int in
+WORDS = {"True": True, "False": False, "None": None}  # Python's spellings, as the notebooks write them
+
+
+def parse_value(name: str, text: str):
+    """JSON when it parses (4, 1.5, true, [1,2], "s"), Python's True/False/None, else the text.
+    Text that opens a list or an object but does not parse is refused: it was meant as one."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, an int past Python's digit limit, deep nesting
+        pass
+    if text in WORDS:
+        return WORDS[text]
+    if text.lstrip()[:1] in ("[", "{"):
+        raise UsageError(f"--parameters {name}={_short(text)} does not parse as JSON (a list is [1, 2]; "
+                         "a string holding brackets goes in quotes: '\"[x]\"')")
+    return text
+
+
+def infer(default):
+    """The type a default literal stands for: ANY, a type, or ``("list", element type)``."""
+    if default is None:
+        return ANY
+    if isinstance(default, (list, tuple)):
+        return ("list", _common([infer(x) for x in default]))
+    return type(default)
+
+
+def _common(types: list):
+    kinds = set(types)
+    if len(kinds) == 1:
+        return kinds.pop()
+    return float if kinds == {int, float} else ANY
+
+
+def fits(value, kind) -> bool:
+    """An int fits a float; a bool fits only a bool (JSON ``true`` is not the int 1)."""
+    if kind is ANY:
+        return True
+    if isinstance(kind, tuple):
+        return isinstance(value, list) and all(fits(x, kind[1]) for x in value)
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
+def describe(kind) -> str:
+    if kind is ANY:
+        return "any value"
+    if isinstance(kind, tuple):
+        return "a list" + ("" if kind[1] is ANY else f" of {describe(kind[1])}")
+    return kind.__name__
+
+
+def declared(source: str, where: str) -> dict:
+    """``name -> kind`` of every top-level assignment of a parameters cell's ``source``."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError as e:
+        raise UsageError(f"--parameters: the parameters cell of {where} does not parse ({e.msg}, line {e.lineno})")
+    out = {}
+    for node in body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for t in getattr(node, "targets", [getattr(node, "target", None)]):
+                if isinstance(t, ast.Name):
+                    out[t.id] = _kind_of(node.value)
+    return out
+
+
+def _kind_of(node):
+    try:
+        return infer(ast.literal_eval(node))
+    except ValueError:  # an expression: whatever it evaluates to
+        return ANY
+
+
+def notebook_parameters(path: Path) -> dict | None:
+    """``name -> kind`` of the notebook's cell tagged ``parameters`` (None: it has none), read the way
+    :func:`~swa_repro.notebook.runner.run_one` reads the notebook (jupytext)."""
+    import jupytext
+
+    for cell in jupytext.read(path).cells:
+        if "parameters" in cell.metadata.get("tags", []):
+            return declared(cell.source, path.stem)
+    return None
+
+
+def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
+    """Every ``--parameters`` name is in each notebook's parameters cell with a value of its type."""
+    for name, value in params.items():
+        _check_range(name, value)
+    for path in notebooks if params else []:
+        decl = notebook_parameters(path)
+        if decl is None:
+            raise UsageError(f"--parameters: notebook {path.stem} has no cell tagged parameters, so it takes none: "
+                             "drop --parameters or name other notebooks")
+        names = ", ".join(n for n in decl if n not in reserved)
+        for name, value in params.items():
+            if name not in decl:
+                raise UsageError(f"--parameters {name}: notebook {path.stem} has no such parameter; its parameters: "
+                                 f"{names}")
+            if not fits(value, decl[name]):
+                raise UsageError(f"--parameters {name}: notebook {path.stem} expects {describe(decl[name])}; got "
+                                 f"{_short(json.dumps(value))} ({type(value).__name__}); its parameters: {names}")
+
+
+def _check_range(name: str, value) -> None:
+    """Ints, also inside lists and objects, fit int64: past it numpy raises OverflowError mid-notebook."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for x in items:
+        _check_range(name, x)
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64[0] <= value <= INT64[1]:
+        raise UsageError(f"--parameters {name}: {_short(str(value))} is outside int64 (-2**63..2**63-1)")
+
+
+def _short(text: str, n: int = 60) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
