@@ -309,7 +309,15 @@ def test_committed_fuzz_recordings_hold_the_model(version):
     rep = build_report(runs, "model", {})
     assert rep["disagreements"] == [] and rep["failed"] == []
     assert rep["agreements"] == rep["comparisons"] > 0
-    assert rep["cases"] >= (200 if version in ("0.6.12", "0.7.2.post1") else 50)
+    big = version in ("0.6.12", "0.7.2.post1")
+    assert rep["cases"] >= (200 if big else 50)
+    cases = [Case.from_dict(e["case"]) for run in runs for e in run.doc["cases"]]
+    backends = {c.resolved_backend for c in cases}
+    assert backends == {"fa2", "fa3"}, f"{version}: real-kernel runs must cover fa2 and fa3; got {backends}"
+    assert {c.plan_window_left >= 0 for c in cases if c.resolved_backend == "fa2"} == {False, True}
+    for backend in ("fa2", "fa3"):
+        dims = {c.head_dim for c in cases if c.resolved_backend == backend}
+        assert dims >= ({64, 128, 256} if big else {128}), f"{version} {backend}: head dims {dims}"
 
 
 def test_fuzz_recording_folders_are_modelled_versions():

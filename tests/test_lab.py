@@ -309,6 +309,7 @@ def test_make_lab_config_allows_root(monkeypatch, tmp_path):
     words = shlex.split(next(ln for ln in dry.splitlines() if "/jupyter lab" in ln))
     lab_at = words.index("lab")  # ENV=... .venv/bin/jupyter lab ARGS
     _clean_jupyter_env(monkeypatch, tmp_path / "home")
+    monkeypatch.chdir(REPO)  # make runs the command from the repo root: root_dir is relative to it
     for w in words[:lab_at - 1]:
         monkeypatch.setenv(*w.split("=", 1))
     assert os.environ["JUPYTER_CONFIG_PATH"] == str(REPO / "jupyter")

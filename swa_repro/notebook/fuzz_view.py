@@ -13,8 +13,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swa_repro.core.versions import version_key
+
 HOW_TO_RECORD = ("on a CUDA machine: `swa-repro fuzz --mode live --cases 200` (or, air-gapped, "
-                 "`bash scripts/gpu_fuzz.sh 0.6.12:200 0.7.2.post1:200` with the bundles of `swa-repro bundle`), "
+                 "`bash scripts/gpu_fuzz.sh VERSION:60:fa2,fa3,auto:128` with the bundles of `swa-repro bundle`), "
                  "then commit recordings/fuzz/<version>/")
 SELFTEST_LABEL = ("PIPELINE SELF-TEST, not kernel evidence: the kernel model's own masks stand in for the kernel "
                   "(`swa-repro fuzz --mode selftest`), so agreement here only shows the fuzz machinery works")
@@ -25,6 +27,7 @@ class FuzzView:
     kind: str  # "recorded" (real-kernel runs replayed through the model) | "none"
     headline: str
     report: dict | None = None  # fuzz_report.build_report of the committed runs
+    coverage: list[dict] = field(default_factory=list)  # coverage_rows of the committed runs
     selftest: dict | None = None  # the same report of a CPU self-test, when asked for
     notes: list[str] = field(default_factory=list)
 
@@ -52,11 +55,15 @@ def fuzz_view(root=None, *, selftest_cases: int = 0, seed: int = 0) -> FuzzView:
     runs = committed_runs(where)
     if runs:
         rep = build_report(runs, "model", {"source": "committed recordings"})
-        versions = ", ".join(rep["by_version"])
+        versions = ", ".join(sorted(rep["by_version"], key=version_key))
         head = (f"real-kernel fuzz runs committed under {where} (flashinfer {versions}): {rep['cases']} cases, "
                 f"{rep['agreements']}/{rep['comparisons']} request x head comparisons agree with the kernel model, "
                 f"{rep['disagreement_count']} disagreeing requests, {rep['cases_failed']} cases failed to probe")
-        view = FuzzView("recorded", head, rep)
+        view = FuzzView("recorded", head, rep, coverage_rows(runs))
+        missing = unbacked_versions(runs)
+        if missing:
+            view.notes.append(f"no real-kernel fuzz run committed yet for flashinfer {', '.join(missing)}: "
+                              f"modelled from source alone. To make one, {HOW_TO_RECORD}.")
     else:
         view = FuzzView("none", f"NOTE: no real-kernel fuzz run is committed yet (nothing under {where}/<version>/), "
                                 f"so there is no fuzz evidence about the kernel. To make one, {HOW_TO_RECORD}.")
@@ -83,11 +90,37 @@ def selftest_report(cases: int, seed: int = 0) -> dict:
     return rep
 
 
+def coverage_rows(runs) -> list[dict]:
+    """Per flashinfer version: what its committed real-kernel runs covered and where they ran,
+    read from each run's own args and provenance."""
+    by = {}
+    for run in runs:
+        by.setdefault(run.flashinfer_version, []).append(run)
+    rows = []
+    for v, rs in sorted(by.items(), key=lambda kv: version_key(kv[0])):
+        cases = [e["case"] for r in rs for e in r.doc["cases"] if "error" not in e]
+        plans = sorted({f"{c['backend']}:{'bug' if c['plan_window_left'] < 0 else 'fix'}" for c in cases})
+        prov = [r.doc["provenance"] for r in rs]
+        rows.append({"flashinfer": v, "backends": ",".join(sorted({c["backend"] for c in cases})),
+                     "head dims": ",".join(map(str, sorted({c["head_dim"] for c in cases}))),
+                     "plans": " ".join(plans), "gpu": ", ".join(sorted({p["gpu"] for p in prov})),
+                     "date": ", ".join(sorted({p["date_utc"][:10] for p in prov}))})
+    return rows
+
+
+def unbacked_versions(runs) -> list[str]:
+    """Modelled versions with no committed real-kernel fuzz run: their model rests on source alone."""
+    from swa_repro.core.versions import FLASHINFER_VERSIONS
+
+    have = {r.flashinfer_version for r in runs}
+    return [v for v in FLASHINFER_VERSIONS if v not in have]
+
+
 def totals_rows(rep: dict) -> list[dict]:
     """One row per flashinfer version: cases, requests, request x head agreement."""
     return [{"flashinfer": v, "cases": s["cases"], "failed to probe": s["cases_failed"], "requests": s["requests"],
              "agree": f"{s['agreements']}/{s['comparisons']}", "disagreeing requests": s["disagreements"]}
-            for v, s in rep["by_version"].items()]
+            for v, s in sorted(rep["by_version"].items(), key=lambda kv: version_key(kv[0]))]
 
 
 def axes_rows(rep: dict) -> list[dict]:
@@ -106,7 +139,12 @@ def print_view(view: FuzzView) -> None:
             continue
         print(f"\n{label}:")
         show(totals_rows(rep))
+        if rep is view.report and view.coverage:
+            print()
+            show(view.coverage)
         print()
         show(axes_rows(rep), max_width=120)
         for d in rep["disagreements"][:10]:
             print(f"DISAGREE {d['version']} {d['case_name']} request {d['request']}: {d['kind']} -> {d['reproduce']}")
+    for note in view.notes:
+        print(f"\nNOTE: {note}")
