@@ -13,6 +13,7 @@ BIN     := $(VENV)/bin
 EXTRAS  ?= baseline,notebooks,dev
 OUTPUT  ?= artifacts
 MODE    ?= auto
+RUN_ARGS ?=
 # Two pytest-xdist workers, one test file each at a time (module fixtures stay once per file);
 # benchmarks/REPORT.md has the suite's time with and without.
 PYTEST_ARGS ?= -q -n 2 --dist loadfile
@@ -30,6 +31,11 @@ LAB_STATE   ?= $(VENV)/lab-state
 LAB_ENV      = JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
   JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
   MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib'
+# Compiled bytecode goes to one folder inside the venv, also where PYTHONDONTWRITEBYTECODE is set
+# (as on this project's CI image): without it every notebook kernel and test process compiled
+# torch, transformers and sglang from source again (20 s of notebook 04's 52 s; benchmarks/REPORT.md).
+export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
+unexport PYTHONDONTWRITEBYTECODE
 HASH    := $(shell (sha256sum pyproject.toml 2>/dev/null || shasum -a 256 pyproject.toml) | cut -c1-16)
 STAMP   := $(VENV)/.swa-repro-installed-$(HASH)
 
@@ -45,7 +51,7 @@ help:
 	@echo "make lab-url the running lab's URL with its token"
 
 repro: $(STAMP)
-	$(BIN)/swa-repro run --mode $(MODE) --output $(OUTPUT)
+	$(BIN)/swa-repro run --mode $(MODE) --output $(OUTPUT) $(RUN_ARGS)
 
 # pytest's own exit status is written to $$SWA_PYTEST_RC when set (.ci/run uses it: make itself
 # can only exit 2 on a failed recipe, which would hide pytest's 5 = "no tests collected").

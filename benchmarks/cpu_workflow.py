@@ -66,16 +66,19 @@ def artifact_sizes(out: Path) -> dict:
 
 
 def bench_repro(jobs: int | None) -> dict:
-    """`make repro MODE=model` (its command, into a scratch directory): wall time, per notebook."""
-    exe = Path(sys.executable).with_name("swa-repro")
+    """`make repro MODE=model` into a scratch directory, cold: an empty bytecode cache (the
+    Makefile's PYTHONPYCACHEPREFIX pointed at a new folder), as the first run after `make venv`
+    is. Wall time, per notebook."""
     with tempfile.TemporaryDirectory(prefix="swa-repro-workflow-") as tmp:
-        cmd = [str(exe), "run", "--mode", "model", "--output", tmp] + ([] if jobs is None else ["--jobs", str(jobs)])
+        cmd = ["make", "-s", "repro", "MODE=model", f"OUTPUT={tmp}/out", f"PYTHONPYCACHEPREFIX={tmp}/pycache",
+               f"VENV={Path(sys.executable).parents[1]}"] + ([] if jobs is None else [f"RUN_ARGS=--jobs {jobs}"])
         rec = timed(cmd)
-        summary = load_json(Path(tmp) / "summary.json") or {}
+        out = Path(tmp) / "out"
+        summary = load_json(out / "summary.json") or {}
         rec["notebooks"] = [{k: n.get(k) for k in ("notebook", "status", "seconds", "error")}
                             for n in summary.get("notebooks", [])]
         rec["jobs"] = jobs or _default_jobs()
-        rec["artifacts"] = artifact_sizes(Path(tmp))
+        rec["artifacts"] = artifact_sizes(out)
     return rec
 
 
@@ -92,8 +95,9 @@ def makefile_pytest_args() -> str:
 
 
 def bench_suite(args: str) -> dict:
-    """The whole suite as `make test` runs it; passed/failed counts from pytest's last line."""
-    rec = timed([sys.executable, "-m", "pytest", *shlex.split(args), "-p", "no:cacheprovider"])
+    """The whole suite through `make test` (its environment too); passed/failed counts from
+    pytest's last line."""
+    rec = timed(["make", "-s", "test", f"PYTEST_ARGS={args} -p no:cacheprovider", f"VENV={Path(sys.executable).parents[1]}"])
     last = rec["output_tail"].strip().splitlines()[-1] if rec["output_tail"].strip() else ""
     rec["pytest_args"] = args
     rec["counts"] = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last)}

@@ -4,6 +4,8 @@ issue, never re-measured, and say so)."""
 
 from __future__ import annotations
 
+import re
+
 WORKFLOW_COMMAND = "python -m benchmarks.cpu_workflow --bootstrap --suite --repro"
 REPRO_LIMIT_S, MAKE_TEST_LIMIT_S = 90.0, 300.0
 LABELS = {"bootstrap": "`make venv` from nothing (empty uv cache: every download)",
@@ -34,7 +36,7 @@ def repro_run(wf):
     if not keys:
         return None
     rec = max((_runs(wf)[k] for k in keys), key=lambda r: r.get("jobs", 1))
-    how = (f"`{rec['command'].split(' --output')[0]}`, {rec.get('jobs')} notebooks at a time, {rec.get('cpu_count')} "
+    how = (f"`{re.split(r' (?:--output|OUTPUT=)', rec['command'])[0]}`, {rec.get('jobs')} notebooks at a time, {rec.get('cpu_count')} "
            f"cores, {rec.get('date')}; load average {_load(rec)} (1 min, start -> end)")
     if _failed(rec):
         return None, f"not measured: {', '.join(_failed(rec))} failed in that run ({how})"

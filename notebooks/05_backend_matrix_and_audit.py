@@ -41,7 +41,9 @@ import pandas as pd
 from swa_repro.core.case import Case
 from swa_repro.notebook import matrix, plots, release_answer
 from swa_repro.notebook.checks import Checks
-from swa_repro.sglang import audit, audit_table, model_configs
+from swa_repro.sglang import model_configs
+from swa_repro.sglang.audit import core as audit
+from swa_repro.sglang.audit import table as audit_table
 
 checks = Checks("05_backend_matrix_and_audit", output_dir)
 save = figure_saver(output_dir)

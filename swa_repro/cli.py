@@ -19,11 +19,11 @@ COMMANDS = {
     "doctor": ("swa_repro.notebook.doctor", "what is installed, whether CUDA is usable, which mode auto picks"),
     "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe): intervals, or --dense masks"),
     "record": ("swa_repro.evidence.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
-    "bundle": ("swa_repro.evidence.bundle", "offline bundles for an air-gapped GPU machine"),
+    "bundle": ("swa_repro.evidence.bundle_cli", "offline bundles for an air-gapped GPU machine"),
     "patch": ("swa_repro.sglang.patch.cli", "status/diff/apply/revert the sglang backend fix"),
     "sglang-check": ("swa_repro.sglang.check", "sglang's real backend, unpatched vs patched, vs the reference"),
     "replay": ("swa_repro.sglang.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
-    "audit": ("swa_repro.sglang.audit_cli", "plan/forward contract audit of sglang's FlashInfer calls"),
+    "audit": ("swa_repro.sglang.audit.cli", "plan/forward contract audit of sglang's FlashInfer calls"),
     "fuzz": ("swa_repro.evidence.fuzz", "the kernel model against the real kernel on random batches (GPU) or recordings"),
 }
 

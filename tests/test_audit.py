@@ -10,9 +10,11 @@ import torch
 pytest.importorskip("sglang")
 
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.sglang import audit, audit_paths as ap, harness  # noqa: E402
+from swa_repro.sglang import harness  # noqa: E402
+from swa_repro.sglang.audit import core as audit  # noqa: E402
+from swa_repro.sglang.audit import paths as ap  # noqa: E402
 from swa_repro.sglang import patch as sglang_patch  # noqa: E402
-from swa_repro.sglang.audit_env import PAGED  # noqa: E402
+from swa_repro.sglang.audit.env import PAGED  # noqa: E402
 from swa_repro.sglang.trace import Call, Trace, encode  # noqa: E402
 
 SWA_CAP, FULL = ap.LayerConfig(8, 50.0), ap.LayerConfig(-1, 0.0)

@@ -9,8 +9,10 @@ pytest.importorskip("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.core.reference import visible  # noqa: E402
-from swa_repro.sglang import audit, audit_keys, audit_live  # noqa: E402
-from swa_repro.sglang import audit_paths as ap  # noqa: E402
+from swa_repro.sglang.audit import core as audit  # noqa: E402
+from swa_repro.sglang.audit import keys as audit_keys  # noqa: E402
+from swa_repro.sglang.audit import live as audit_live  # noqa: E402
+from swa_repro.sglang.audit import paths as ap  # noqa: E402
 
 SWA, FULL = ap.LayerConfig(8, 0.0), ap.LayerConfig(-1, 0.0)
 

@@ -36,7 +36,7 @@ def test_every_live_call_ran_and_the_key_level_prediction_matches_the_kernel(liv
 
 def test_a_dropped_soft_cap_runs_uncapped_on_the_real_kernel(live):
     """Full layers with cap 50: the output matches the *uncapped* reference and misses the capped one."""
-    from swa_repro.sglang.audit_live import ATOL
+    from swa_repro.sglang.audit.live import ATOL
 
     capped = [dr for dr in live[1]["driven"] if dr["layer"] == "full_cap50"]
     assert len(capped) == 9
@@ -66,7 +66,8 @@ def test_the_cpu_audit_derives_what_the_gpu_audit_recorded(live):
 
     if sglang.__version__ != "0.5.15.post1":
         pytest.skip("the evidence is for sglang 0.5.15.post1")
-    from swa_repro.sglang import audit, audit_table
+    from swa_repro.sglang.audit import core as audit
+    from swa_repro.sglang.audit import table as audit_table
 
     cpu = audit.run_audit().to_dict()
     gpu = live[1]

@@ -107,3 +107,64 @@ def test_checker_allows_imports_downward_and_outside():
 def test_no_module_over_400_lines():
     long = {module_name(p): n for p in package_modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def _import_graph(top_level_only: bool) -> dict[str, set[str]]:
+    """module -> the package modules it imports (``from pkg import mod`` resolved to ``pkg.mod``)."""
+    paths = {module_name(p): p for p in package_modules()}
+    graph = {}
+    for mod, path in paths.items():
+        tree = ast.parse(path.read_text())
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        base = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        deps = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                head = base[: len(base) - (node.level - 1)] if node.level else []
+                target = ".".join(head + ([node.module] if node.module else []))
+                deps |= {f"{target}.{a.name}" if f"{target}.{a.name}" in paths else target for a in node.names}
+        graph[mod] = {d for d in deps if d in paths and d != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, once each (depth-first search, the cycle from its smallest module)."""
+    found, state = set(), {}
+
+    def visit(mod, stack):
+        state[mod] = 1
+        stack.append(mod)
+        for dep in sorted(graph.get(mod, ())):
+            if state.get(dep) == 1:
+                cyc = stack[stack.index(dep):]
+                i = cyc.index(min(cyc))
+                found.add(tuple(cyc[i:] + cyc[:i]))
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[mod] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [])
+    return [list(c) for c in sorted(found)]
+
+
+def test_no_import_cycle_at_import_time():
+    """Module-level imports form no cycle: a cycle there makes import order decide what exists."""
+    assert _cycles(_import_graph(top_level_only=True)) == []
+
+
+@pytest.mark.parametrize("layer", ["core", "kernel", "evidence"])
+def test_no_import_cycle_even_through_function_level_imports(layer):
+    """In the lower layers not even a deferred import closes a cycle (issue 17 found
+    evidence.bundle <-> evidence.sglang_bundle)."""
+    graph = _import_graph(top_level_only=False)
+    sub = {m: {d for d in deps if layer_of(d) == layer} for m, deps in graph.items() if layer_of(m) == layer}
+    assert _cycles(sub) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -12,8 +12,10 @@ import pytest
 pytest.importorskip("sglang")
 
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.sglang import audit, audit_table as at, provision  # noqa: E402
-from swa_repro.sglang.audit_release import foreign_modules  # noqa: E402
+from swa_repro.sglang import provision  # noqa: E402
+from swa_repro.sglang.audit import core as audit  # noqa: E402
+from swa_repro.sglang.audit import table as at  # noqa: E402
+from swa_repro.sglang.audit.release import foreign_modules  # noqa: E402
 
 TABLE = at.TABLE_DIR / "releases.json"
 

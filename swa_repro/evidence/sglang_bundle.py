@@ -342,7 +342,7 @@ def _mib(n) -> str:
 
 
 def main(a) -> int:
-    """``swa-repro bundle --sglang [VERSION] --out DIR`` (dispatched from bundle.main)."""
+    """``swa-repro bundle --sglang [VERSION] --out DIR`` (dispatched from bundle_cli.main)."""
     out_dir(a.out, "--out")
     if Path(a.out).exists() and any(Path(a.out).iterdir()):
         raise UsageError(f"--out {a.out} exists and is not empty: give a new or empty folder")

@@ -64,7 +64,7 @@ def doctor_report() -> dict:
 def _sglang_findings() -> dict:
     """The installed backend's state (live, patch.classify) and its row of the release table."""
     try:
-        from swa_repro.sglang.audit_table import installed_summary
+        from swa_repro.sglang.audit.table import installed_summary
 
         return installed_summary()
     except Exception as e:  # never let the doctor itself crash
@@ -87,7 +87,7 @@ def _print_report(r: dict) -> None:
               f"{g.get('memory_gib')} GiB  x{g.get('count')}  driver {g.get('driver') or 'unknown'}"
               if "error" not in g else f"GPU         error: {g['error']}")
     print(f"auto picks  {r['auto_mode']['mode']}: {r['auto_mode']['reason']}")
-    from swa_repro.sglang.audit_table import summary_lines
+    from swa_repro.sglang.audit.table import summary_lines
 
     for line in summary_lines(r["sglang_findings"]):
         print(line)

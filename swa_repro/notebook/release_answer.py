@@ -5,7 +5,7 @@ and what to do, each step read off the table and the as-installed audit, never a
 
 from __future__ import annotations
 
-from swa_repro.sglang import audit_table as at
+from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.provision import parse
 
 # What to do while a class holds, beside "upgrade to the first release the table shows fixed".

@@ -1,12 +1,12 @@
 """An sglang release as an *overlay*: ``uv pip install --no-deps --target DIR sglang==X``, cached per
-release, put first on ``sys.path`` of this venv in a subprocess (``audit_release``).
+release, put first on ``sys.path`` of this venv in a subprocess (``audit.release``).
 
 Why an overlay, not an environment per release (measured on a 2-core host, issue 9): the overlay
 takes 1-4 s per release (30-132 MB, hard-linked from the shared download cache) against 95-160 s and
 ~10 GB per torch stack for a full environment, and the audit of 0.5.23 gave identical findings both
 ways: no release's backend branches on the torch or flashinfer version, and the audit replaces
 FlashInfer's wrappers with recording stand-ins, so flashinfer only has to import. Every loaded
-``sglang.*`` module must come from the overlay (checked by ``audit_release``).
+``sglang.*`` module must come from the overlay (checked by ``audit.release``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ deprecated ``forward()`` / ``forward_return_lse()`` overwrite the values afterwa
 compiled-out variant ignores them (variants.cuh:47, 72 soft cap; :88-89 window). So a parameter
 whose forward value differs from its plan value is silently not applied.
 
-The audit drives every path that plans a wrapper (``audit_paths``), then, per recorded wrapper,
+The audit drives every path that plans a wrapper (``audit.paths``), then, per recorded wrapper,
 compares each forward/run call with the plan that preceded it (and a CUDA-graph replay's plan
 with the captured forward). A finding is such a recorded difference, or a layer value that
 reached neither call ("dropped"); its effect is judged from the recorded tensors (is any visible
@@ -17,8 +17,8 @@ model. Which public reports hold is then read off the findings, never the other 
 
 The audit reads the importable sglang as it is (``run_audit()``); ``what_if="patched"`` /
 ``"unpatched"`` swap PR #31501's two methods in-process first. Another release is audited in its
-own subprocess (``audit_release``); finding classes and the release table are ``audit_table``'s,
-the command line ``audit_cli``'s.
+own subprocess (``audit.release``); finding classes and the release table are ``audit.table``'s,
+the command line ``audit.cli``'s.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import torch
 from swa_repro.core.case import Case
 from swa_repro.core.errors import CaseError, UsageError
 from swa_repro.kernel.model import simulate
-from swa_repro.sglang import audit_keys as ak
-from swa_repro.sglang import audit_paths as ap
-from swa_repro.sglang.audit_env import DECODE, PAGED
-from swa_repro.sglang.audit_keys import bind, geometry, given
+from swa_repro.sglang.audit import keys as ak
+from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit.env import DECODE, PAGED
+from swa_repro.sglang.audit.keys import bind, geometry, given
 from swa_repro.sglang.trace import PLAN_METHODS
 
 
@@ -227,10 +227,10 @@ def release_info() -> dict:
 def run_audit(what_if: str | None = None, *, paths=None, layers=None, mode: str = "model",
               live_budget_s: float | None = None, device: str | None = None, executor=None) -> AuditResult:
     """Every path x layer configuration of the importable sglang, as it is (or a what-if). Each
-    driven run gets its key-level verdict (``audit_keys``: for the layer's window and for one key
+    driven run gets its key-level verdict (``audit.keys``: for the layer's window and for one key
     less, HF's inclusive window when a model passes ``sliding_window`` unchanged); ``mode="live"``
-    also executes every call on real FlashInfer (``audit_live``) within ``live_budget_s`` (or on
-    ``executor``: ``audit_live.model_executor()`` runs the same pipeline on CPU)."""
+    also executes every call on real FlashInfer (``audit.live``) within ``live_budget_s`` (or on
+    ``executor``: ``audit.live.model_executor()`` runs the same pipeline on CPU)."""
     if what_if not in ap.WHAT_IFS:
         raise UsageError(f"what-if {what_if!r}: use patched or unpatched")
     device = device or ap.audit_device()
@@ -238,7 +238,7 @@ def run_audit(what_if: str | None = None, *, paths=None, layers=None, mode: str 
             for cfg in layers or ap.LAYER_CONFIGS]
     live, warmed, deadline = None, None, None
     if mode == "live":
-        from swa_repro.sglang import audit_live as live  # CUDA hosts only: imports flashinfer
+        from swa_repro.sglang.audit import live as live  # CUDA hosts only: imports flashinfer
 
         executor = executor or live.flashinfer_executor(device)
         deadline = None if live_budget_s is None else time.monotonic() + live_budget_s

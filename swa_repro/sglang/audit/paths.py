@@ -7,7 +7,7 @@ What runs is the importable sglang's own code (``FlashInferAttnBackend``, its in
 ``generate_attn_arg_prefill``), as it is unless a what-if swaps PR #31501's methods. The runner and
 batches come from the release's own test kit (``releases_kit``), the inputs from
 ``harness._inputs``; calls are recorded by ``trace.record_class``. What is replaced around it
-(FlashInfer and CUDA pieces, inside ``audit_env.audit_env`` only) is listed in ``audit_env``; what
+(FlashInfer and CUDA pieces, inside ``audit.env.audit_env`` only) is listed in ``audit.env``; what
 differs between sglang releases lives in ``releases``.
 """
 
@@ -22,7 +22,7 @@ import torch
 from swa_repro.core.case import Case
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang import patch as sglang_patch
-from swa_repro.sglang.audit_env import audit_env
+from swa_repro.sglang.audit.env import audit_env
 from swa_repro.sglang.trace import Trace
 
 # sglang itself is imported inside the functions that drive it: it is optional and slow to import
@@ -57,7 +57,7 @@ class PathRun:
     error: str | None = None  # a path not driven, with why
     status: str = "driven"  # driven | absent (no such path in this release) | sglang raised | harness
     device: str = "cpu"  # where sglang's tensors lived
-    snapshot: dict = field(default_factory=dict)  # the pools' token map and the batch's positions (audit_keys)
+    snapshot: dict = field(default_factory=dict)  # the pools' token map and the batch's positions (audit.keys)
 
 
 def audit_device() -> str:
@@ -82,7 +82,7 @@ def dispatch_mismatch(device: str) -> str | None:
 
 
 def snapshot(runner, batch) -> dict:
-    """What maps a wrapper's KV back to token positions (``audit_keys``): sglang's req-to-token
+    """What maps a wrapper's KV back to token positions (``audit.keys``): sglang's req-to-token
     pool (slot of each position, per request row), the batch's request rows, query positions and
     sequence lengths; CPU copies taken after the path ran."""
     return {"req_to_token": runner.req_to_token_pool.req_to_token.detach().to("cpu", torch.int64).clone(),
@@ -107,7 +107,7 @@ def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, device: str, use_page
     """The release's runner (``releases_kit``), its backend and one RadixAttention layer. Without
     ``SGLANG_FLASHINFER_USE_PAGED`` (0.5.10) the paged-only prefill is reached by deterministic
     inference (0.5.10 flashinfer_backend.py:488-490). The KV pool is filled with seeded randn, so
-    that a replay of the recorded calls on real kernels (``audit_live``) reads keys that differ."""
+    that a replay of the recorded calls on real kernels (``audit.live``) reads keys that differ."""
     from sglang.srt.layers.radix_attention import RadixAttention
 
     runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,

@@ -50,7 +50,7 @@ CLASSES = {
 
 
 def _layer_has(layer: str, parameter: str) -> bool:
-    """Layer names from ``audit_paths.LayerConfig.name``: swa8_cap50, full_cap50, swa8, full."""
+    """Layer names from ``audit.paths.LayerConfig.name``: swa8_cap50, full_cap50, swa8, full."""
     if layer == "all":
         return True
     return layer.startswith("swa") if parameter == "window_left" else "_cap" in layer
@@ -92,7 +92,7 @@ def cells(run: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- the committed table
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TABLE_DIR = ROOT / "docs" / "audit"
 REQUIRED = ("0.5.10", "0.5.12", "0.5.14", "0.5.15.post1", "0.5.16", "0.5.19", "0.5.23")
 
@@ -107,7 +107,7 @@ def row_of(doc: dict) -> dict:
 
 
 def key_cells(doc: dict) -> dict:
-    """Per path, the keys a sliding-window layer's queries really attend (``audit_keys``, window 8,
+    """Per path, the keys a sliding-window layer's queries really attend (``audit.keys``, window 8,
     with and without a cap): verdict, queries seeing keys outside the window, the most extra
     keys per query, intended keys never read, keys from other requests' slots."""
     out = {}
@@ -163,7 +163,7 @@ def build_table(versions, *, jobs: int = 1, command: str = "", note=print) -> di
     """Audit each release in its own subprocess (``jobs`` at a time) and tabulate."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from swa_repro.sglang.audit_release import audit_release
+    from swa_repro.sglang.audit.release import audit_release
 
     def one(v):
         try:
@@ -219,7 +219,7 @@ def markdown(table: dict) -> str:
               "From the same recorded calls, per path: each call's KV mapped back to token positions through "
               "sglang's req-to-token pool, the keys FlashInfer lets each query see (the window only if compiled "
               "in at plan; fa2's tile-granular start from the kernel model) against the keys the layer intends "
-              "(`swa_repro.sglang.audit_keys`). **extra**: queries that see keys outside their window (how many "
+              "(`swa_repro.sglang.audit.keys`). **extra**: queries that see keys outside their window (how many "
               "of all, the most extra keys per query); **missing**: intended keys no call lets a query see; "
               "**foreign**: keys from slots that are not the request's; **exact**: neither.", "",
               "| sglang | " + " | ".join(paths) + " |", "|---|" + "---|" * len(paths)]

@@ -4,7 +4,7 @@ installed one must stay untouched, so the child imports X's ``sglang``, checks t
 ``sglang.*`` module came from the overlay (never a module of another release), runs the audit as
 that release ships (or a what-if) and hands the result back as JSON.
 
-Child: ``python -m swa_repro.sglang.audit_release --overlay DIR --out FILE [--what-if W] [--paths P]``.
+Child: ``python -m swa_repro.sglang.audit.release --overlay DIR --out FILE [--what-if W] [--paths P]``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ def audit_release(version: str, *, what_if: str | None = None, paths=None, note=
     note(_provision_note(version, overlay, info))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "audit.json"
-        cmd = [sys.executable, "-m", "swa_repro.sglang.audit_release", "--overlay", str(overlay), "--out", str(out)]
+        cmd = [sys.executable, "-m", "swa_repro.sglang.audit.release", "--overlay", str(overlay), "--out", str(out)]
         cmd += ["--what-if", what_if] if what_if else []
         cmd += ["--paths", ",".join(paths)] if paths else []
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
+            [str(Path(__file__).resolve().parents[3]), *filter(None, [os.environ.get("PYTHONPATH")])]))
         t0 = time.monotonic()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if p.returncode != 0 or not out.is_file():
@@ -73,7 +73,8 @@ def child(overlay: Path, what_if: str | None, paths) -> dict:
 
     if foreign_modules(overlay):
         raise UsageError(f"sglang came from {sglang.__file__}, not from the overlay {overlay}")
-    from swa_repro.sglang import audit, releases
+    from swa_repro.sglang import releases
+    from swa_repro.sglang.audit import core as audit
 
     releases.ensure_sgl_kernel()
     from swa_repro.sglang import harness
@@ -98,7 +99,7 @@ def child(overlay: Path, what_if: str | None, paths) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.audit_release")
+    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.audit.release")
     p.add_argument("--overlay", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--what-if", choices=("patched", "unpatched"))

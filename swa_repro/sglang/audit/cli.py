@@ -2,12 +2,12 @@
 
 * ``swa-repro audit``: the installed sglang as it is. The first line says which release, which
   backend file it read and that file's state (unfixed / fixed / unknown, ``patch.classify``).
-* ``--sglang X``: release X's own code (``audit_release``: an overlay, a subprocess), any release
+* ``--sglang X``: release X's own code (``audit.release``: an overlay, a subprocess), any release
   from 0.5.10 on.
 * ``--patched`` / ``--unpatched`` / ``--both``: explicit what-ifs (PR #31501's two methods swapped
   in-process); their header starts ``WHAT-IF`` and their JSON carries ``"what_if"``.
 * ``--release-table``: every release in ``--releases``, one subprocess each ->
-  ``releases.md`` + ``releases.json`` (``audit_table``).
+  ``releases.md`` + ``releases.json`` (``audit.table``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.sglang import audit_paths as ap
-from swa_repro.sglang import audit_table as at
+from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
 
 REMOVED_SOURCE = ("--sglang-source was removed: it spliced another release's backend file into the installed "
@@ -81,7 +81,7 @@ def main(a) -> int:
     if a.release_table:
         return _table(a)
     from swa_repro.core.mode import resolve_mode
-    from swa_repro.sglang import audit  # lazy: torch and the kernel model, after the arguments are checked
+    from swa_repro.sglang.audit import core as audit  # lazy: torch and the kernel model, after the arguments are checked
 
     mode = resolve_mode("model" if a.sglang and a.mode == "auto" else a.mode)  # live without a GPU: one line
     if a.sglang and mode.mode == "live":
@@ -110,7 +110,7 @@ def main(a) -> int:
 def _one(version, what_if, paths, mode: str = "model", live_budget: float | None = None) -> dict:
     """One audit run as a dict: of the installed sglang in this process, or of ``version`` in a child."""
     if version:
-        from swa_repro.sglang.audit_release import audit_release
+        from swa_repro.sglang.audit.release import audit_release
 
         return audit_release(version, what_if=what_if, paths=paths, note=lambda s: print(s, file=sys.stderr))
     try:
@@ -118,7 +118,7 @@ def _one(version, what_if, paths, mode: str = "model", live_budget: float | None
     except ImportError:
         raise UsageError("the audit drives sglang's backend: install it (`pip install sglang==0.5.15.post1`) "
                          "or give --sglang VERSION") from None
-    from swa_repro.sglang import audit
+    from swa_repro.sglang.audit import core as audit
 
     d = audit.run_audit(what_if, paths=paths, mode=mode, live_budget_s=live_budget).to_dict()
     d["release"]["origin"] = "installed"
@@ -126,7 +126,7 @@ def _one(version, what_if, paths, mode: str = "model", live_budget: float | None
 
 
 def print_run(r: dict, classes: dict) -> None:
-    from swa_repro.sglang import audit
+    from swa_repro.sglang.audit import core as audit
 
     print(audit.header(r["release"], r["what_if"], r["release"].get("origin", "installed")))
     print(f"  {len(r['findings'])} findings, {len(r['driven'])} path x layer runs driven, "
@@ -151,7 +151,7 @@ def _fmt(x) -> str:
 
 def key_rows(r: dict) -> list[str]:
     """``audit.key_table`` as text: the same columns in both modes (``-``: not measured)."""
-    from swa_repro.sglang import audit
+    from swa_repro.sglang.audit import core as audit
 
     rows = [f"{'path':<24} {'layer':<11} {'keys':<9} {'queries+extra':>13} {'max extra':>9} {'missing':>7} "
             f"{'foreign':>7} | {'live wrong rows':>15} {'err':>7} {'err uncapped':>12} {'model vs kernel':>15}"]

@@ -34,7 +34,7 @@ import torch
 from swa_repro.core.case import Case
 from swa_repro.core.errors import CaseError
 from swa_repro.kernel.model import simulate
-from swa_repro.sglang.audit_env import DECODE, PAGED, RAGGED, STAND_INS
+from swa_repro.sglang.audit.env import DECODE, PAGED, RAGGED, STAND_INS
 from swa_repro.sglang.trace import PLAN_METHODS, decode
 
 FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")

@@ -1,8 +1,8 @@
 """Live verdicts: each effective call of a driven path re-issued on a kernel, its output held
-against the float64 reference over the keys the layer intends (``audit_keys``).
+against the float64 reference over the keys the layer intends (``audit.keys``).
 
 The audit records sglang's calls on recording stand-ins (the same trace on a CPU and on a GPU);
-here each effective call (``audit_keys.pairs``) is rebuilt on a fresh wrapper from its recorded
+here each effective call (``audit.keys.pairs``) is rebuilt on a fresh wrapper from its recorded
 constructor, plan and forward, and executed:
 
 * ``flashinfer_executor``: the real FlashInfer classes on CUDA (``swa-repro audit --mode live``).
@@ -13,7 +13,7 @@ constructor, plan and forward, and executed:
 
 Per call and query row: ``err_intended`` (vs the reference over the intended keys with the layer's
 cap), ``err_uncapped`` (the same keys, no cap) and ``err_predicted`` (vs the reference over the keys
-``audit_keys`` says the kernel attends, with the cap the plan compiled in): the last one is the
+``audit.keys`` says the kernel attends, with the cap the plan compiled in): the last one is the
 model held against the real kernel. A row is *wrong* when ``err_intended > atol``.
 """
 
@@ -28,8 +28,8 @@ import torch
 
 from swa_repro.core.reference import masked_attention
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
-from swa_repro.sglang.audit_env import RAGGED
-from swa_repro.sglang.audit_keys import Pair, call_keys, pairs
+from swa_repro.sglang.audit.env import RAGGED
+from swa_repro.sglang.audit.keys import Pair, call_keys, pairs
 from swa_repro.sglang.trace import _first_tensor, decode
 
 ATOL = 2e-2  # bf16 outputs against float64 (the harness's tolerance)
@@ -77,7 +77,7 @@ class CallOutcome:
     index: int  # the forward's index in the trace
     rows: int
     wrong_rows: int  # err_intended > atol
-    predicted_wrong_rows: int  # rows audit_keys says attend other keys than intended, or run with another cap
+    predicted_wrong_rows: int  # rows audit.keys says attend other keys than intended, or run with another cap
     max_err_intended: float | None
     max_err_uncapped: float | None
     max_err_predicted: float | None  # None where the model calls the rows undefined
