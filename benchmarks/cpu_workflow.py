@@ -2,7 +2,7 @@
 
     python -m benchmarks.cpu_workflow --repro             # swa-repro run --mode model (default jobs), per notebook
     python -m benchmarks.cpu_workflow --repro --jobs 1    # the same, one notebook at a time
-    python -m benchmarks.cpu_workflow --suite             # the test suite with the Makefile's PYTEST_ARGS and without -n
+    python -m benchmarks.cpu_workflow --suite             # the test suite as `make test` runs it (--serial: also without -n)
     python -m benchmarks.cpu_workflow --bootstrap         # `make venv` into a fresh venv with an EMPTY uv cache
                                                           # (downloads the whole pinned stack, ~3.5 GB: run it once)
 
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repro", action="store_true", help="time swa-repro run --mode model")
     ap.add_argument("--jobs", type=int, default=None, help="--jobs for the repro run (default: the runner's)")
-    ap.add_argument("--suite", action="store_true", help="time the suite with the Makefile's PYTEST_ARGS and with -q")
+    ap.add_argument("--suite", action="store_true", help="time the suite as `make test` runs it")
+    ap.add_argument("--serial", action="store_true", help="with --suite: also one process (-q), to show what -n saves")
     ap.add_argument("--bootstrap", action="store_true", help="time make venv from nothing (empty uv cache, ~3.5 GB)")
     ap.add_argument("--out", type=Path, default=WORKFLOW_RESULTS)
     a = ap.parse_args(argv)
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     if a.suite:
         make_args = makefile_pytest_args()
         steps.append(("suite_make", lambda: bench_suite(make_args)))
-        if make_args != "-q":
+        if a.serial and make_args != "-q":
             steps.append(("suite_serial", lambda: bench_suite("-q")))
     if not steps:
         ap.error("nothing to measure: give --repro, --suite and/or --bootstrap")
