@@ -33,7 +33,7 @@ LAB_ENV      = JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abs
   MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib'
 # Compiled bytecode goes to one folder inside the venv, also where PYTHONDONTWRITEBYTECODE is set
 # (as on this project's CI image): without it every notebook kernel and test process compiled
-# torch, transformers and sglang from source again (20 s of notebook 04's 52 s; benchmarks/REPORT.md).
+# torch, transformers and sglang from source again (cProfile: 20.9 s of notebook 04's 52 s was compile()).
 export PYTHONPYCACHEPREFIX := $(abspath $(VENV))/pycache
 unexport PYTHONDONTWRITEBYTECODE
 HASH    := $(shell (sha256sum pyproject.toml 2>/dev/null || shasum -a 256 pyproject.toml) | cut -c1-16)
