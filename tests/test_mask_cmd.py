@@ -98,3 +98,23 @@ def test_flashinfer_version_help_lists_every_modelled_version():
     [action] = [a for a in sub.choices["mask"]._actions if "--flashinfer-version" in a.option_strings]
     listed = action.help.split(": ", 1)[1].split(" | ")
     assert listed == list(FLASHINFER_VERSIONS) and len(listed) > 2
+
+
+@pytest.mark.parametrize("version", FLASHINFER_VERSIONS)
+def test_model_mode_says_what_backs_the_version(version, tmp_path, monkeypatch, capsys):
+    """`mask --mode model` names the committed real-kernel runs of the version, or says it rests
+    on the sources alone (read from the tree: a version becomes backed by committing its runs)."""
+    from swa_repro.core.versions import RECORDINGS_ROOT
+
+    runs = [p for d in (RECORDINGS_ROOT / version, RECORDINGS_ROOT / "fuzz" / version) if d.is_dir()
+            for p in d.glob("*.json") if not p.name.endswith(".report.json")]
+    p = argparse.ArgumentParser()
+    mask_cmd.register(p.add_subparsers())
+    a = p.parse_args(["mask", "--mode", "model", "--prefix-lens", "0", "--extend-lens", "40", "--num-qo-heads", "2",
+                      "--num-kv-heads", "2", "--head-dim", "128", "--window-left", "8",
+                      "--flashinfer-version", version, "--out", str(tmp_path / "m.json")])
+    assert a.func(a) == 0
+    said = json.loads(capsys.readouterr().out)["evidence"]
+    assert ("held to real-kernel recordings" in said) == bool(runs), said
+    assert ("modelled from source; no real-kernel recording" in said) == (not runs)
+    assert json.loads((tmp_path / "m.json").read_text())["provenance"]["evidence"] == said

@@ -131,7 +131,8 @@ def provenance(case: Case, mode: str) -> dict:
            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
            "command": shlex.join(["swa-repro", *sys.argv[1:]])}
     if mode == "model":
-        return {**doc, "flashinfer_modelled": case.flashinfer_version, "sm_count_modelled": case.sm_count}
+        return {**doc, "flashinfer_modelled": case.flashinfer_version, "sm_count_modelled": case.sm_count,
+                **_evidence(case, mode)}
     import torch
 
     from swa_repro.kernel.live import installed_flashinfer_version
@@ -182,6 +183,13 @@ def check_dense(case: Case, out: str) -> None:
                         "hold; drop --dense to write per-row key intervals instead")
 
 
+def _evidence(case: Case, mode: str) -> dict:
+    """Model mode: what backs the model of this flashinfer (recordings, or its sources alone)."""
+    from swa_repro.core.versions import evidence_note
+
+    return {"evidence": evidence_note(case.flashinfer_version)} if mode == "model" else {}
+
+
 def main(a) -> int:
     case = case_from_args(a)  # first: its messages name what to change (window_left, the head counts)
     check_bounds(case_bounds(a))  # then the highest of every number, which Case leaves open
@@ -199,6 +207,6 @@ def main(a) -> int:
                 "layout": "lo_i/hi_i int32 (extend_len, num_qo_heads): first/last visible key, inclusive, -1 none"}
         write_intervals(a.out, meta, interval_doc(case, reqs))
     json.dump({"mode": a.mode, "case": case.to_dict(), "out": a.out, "output": "dense" if a.dense else "intervals",
-               **summary}, sys.stdout)
+               **summary, **_evidence(case, a.mode)}, sys.stdout)
     sys.stdout.write("\n")
     return 0
