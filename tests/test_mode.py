@@ -105,3 +105,13 @@ def test_gpu_marker_skips_cleanly_without_cuda(tmp_path):
     else:
         assert r.returncode == 0 and "1 skipped" in r.stdout, r.stdout
         assert "gpu test: no CUDA device" in r.stdout or "flashinfer does not import" in r.stdout
+
+
+@pytest.mark.parametrize("installed, modelled", [("0.6.12", "0.6.12"), ("0.7.2+cu130", "0.7.2"), ("0.6.13", "0.6.12"),
+                                                 (None, "0.7.2.post1")])
+def test_doctor_says_what_backs_the_model_of_the_installed_flashinfer(installed, modelled):
+    from swa_repro.core.versions import evidence_note
+    from swa_repro.notebook.doctor import _kernel_model
+
+    km = _kernel_model(installed)
+    assert km["modelled"] == modelled and km["evidence"] == evidence_note(modelled)

@@ -57,8 +57,19 @@ def doctor_report() -> dict:
         "gpu": _gpu_info(),
         "flashinfer": flashinfer_status(),
         "auto_mode": {"mode": auto["mode"], "reason": auto["reason"]},
+        "kernel_model": _kernel_model(dist_version("flashinfer-python")),
         "sglang_findings": _sglang_findings(),
     }
+
+
+def _kernel_model(installed: str | None) -> dict:
+    """Which modelled flashinfer stands for the installed one, and what backs that model: the
+    committed real-kernel runs of it, or its sources alone (``core.versions.evidence_note``)."""
+    from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note, nearest_modelled
+
+    version = installed.split("+")[0] if installed else FLASHINFER_VERSIONS[-1]
+    modelled = version if version in FLASHINFER_VERSIONS else nearest_modelled(version)
+    return {"installed": installed, "modelled": modelled, "evidence": evidence_note(modelled)}
 
 
 def _sglang_findings() -> dict:
@@ -87,6 +98,10 @@ def _print_report(r: dict) -> None:
               f"{g.get('memory_gib')} GiB  x{g.get('count')}  driver {g.get('driver') or 'unknown'}"
               if "error" not in g else f"GPU         error: {g['error']}")
     print(f"auto picks  {r['auto_mode']['mode']}: {r['auto_mode']['reason']}")
+    km = r["kernel_model"]
+    same = km["modelled"] == (km["installed"] or "").split("+")[0]
+    print(f"model of    flashinfer {km['modelled']}" + ("" if same else f" (nearest to {km['installed'] or 'none installed'})")
+          + f": {km['evidence']}")
     from swa_repro.sglang.audit.table import summary_lines
 
     for line in summary_lines(r["sglang_findings"]):
