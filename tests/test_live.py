@@ -177,3 +177,23 @@ def test_runner_and_probe_wiring_on_fake_flashinfer(fake_fi, plan_w, backend):
         assert text.startswith("AssertionError") and "assert window_left == self._window_left" in text
     else:
         fresh.run(layout.q, layout.k_cache, layout.v_cache, api="run")
+
+
+@pytest.mark.parametrize("suffixes", [None, {("equal", "full"): "_pkv_equal", ("independent", "paged"): "_pkv_ind"}])
+def test_jit_library_bytes_counts_suffixed_builds(tmp_path, monkeypatch, suffixes):
+    """0.7.2+ build an fa2 module under its uri plus a stride-mode suffix; those count, and a
+    longer uri that merely starts with this one (fa3's ``..._sm90``) does not."""
+    jit_env = pytest.importorskip("flashinfer.jit.env")
+    modules = pytest.importorskip("flashinfer.jit.attention.modules")
+    from swa_repro.kernel.live import jit_library_bytes
+
+    monkeypatch.setattr(jit_env, "FLASHINFER_JIT_DIR", tmp_path)
+    if suffixes is None:
+        monkeypatch.delattr(modules, "_BATCH_PREFILL_MODULE_URI_SUFFIX", raising=False)
+    else:
+        monkeypatch.setattr(modules, "_BATCH_PREFILL_MODULE_URI_SUFFIX", suffixes, raising=False)
+    names = {"m": 10, "m_sm90": 1000} | ({"m_pkv_equal": 200, "m_pkv_ind": 3000} if suffixes else {})
+    for name, size in names.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.so").write_bytes(b"x" * size)
+    assert jit_library_bytes(["m", "absent"]) == {"m": 10 + (200 + 3000 if suffixes else 0)}

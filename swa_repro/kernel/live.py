@@ -122,12 +122,23 @@ def jit_build_env() -> dict:
 
 
 def jit_library_bytes(uris) -> dict:
-    """``{uri: bytes}`` of each built module's shared library, at ``JitSpec.jit_library_path``
-    (jit/core.py:237-238 in 0.6.7.post2, :344-345 in 0.6.18): what carrying it between calls costs."""
+    """``{uri: bytes}`` of each built module's shared libraries, at ``JitSpec.jit_library_path``
+    (jit/core.py:237-238 in 0.6.7.post2, :344-345 in 0.6.18): what carrying them between calls
+    costs. From 0.7.2 an fa2 module is built under its uri plus a stride-mode suffix
+    (jit/attention/modules.py:174-185 in 0.7.2.post1), so every suffixed name counts as well."""
     from flashinfer.jit import env as jit_env
 
-    paths = {u: Path(jit_env.FLASHINFER_JIT_DIR) / u / f"{u}.so" for u in uris}
-    return {u: p.stat().st_size for u, p in paths.items() if p.is_file()}
+    try:
+        from flashinfer.jit.attention import modules
+    except ImportError:
+        modules = None
+    suffixes = dict.fromkeys(("", *getattr(modules, "_BATCH_PREFILL_MODULE_URI_SUFFIX", {}).values()))
+    root, out = Path(jit_env.FLASHINFER_JIT_DIR), {}
+    for u in uris:
+        sizes = [p.stat().st_size for s in suffixes if (p := root / f"{u}{s}" / f"{u}{s}.so").is_file()]
+        if sizes:
+            out[u] = sum(sizes)
+    return out
 
 
 @contextlib.contextmanager
