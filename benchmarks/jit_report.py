@@ -44,15 +44,16 @@ def calls(logs=LOGS) -> list[dict]:
 
 
 def library_mib(fuzz_root=LOGS.parent) -> dict:
-    """``{version: (libraries found, MiB)}`` of the built modules' shared libraries, from the
-    recordings (``jit_library_bytes`` finds only those at ``JitSpec.jit_library_path``)."""
+    """``{version: (libraries found, MiB)}`` of the built modules' shared libraries, as each
+    recording's ``jit_library_bytes`` found them when it was made."""
+    from swa_repro.evidence.fuzz_store import find_runs
+
     out = {}
-    for p in sorted(Path(fuzz_root).glob("[0-9]*/*.json")):
-        if ".report." in p.name:
-            continue
-        sizes = json.loads(p.read_text()).get("jit_prebuild", {}).get("library_bytes") or {}
-        if sizes:
-            out[p.parent.name] = (len(sizes), sum(sizes.values()) / 2**20)
+    for d in sorted(Path(fuzz_root).glob("[0-9]*")):
+        for p in find_runs(d):
+            sizes = json.loads(p.read_text()).get("jit_prebuild", {}).get("library_bytes") or {}
+            if sizes:
+                out[d.name] = (len(sizes), sum(sizes.values()) / 2**20)
     return out
 
 

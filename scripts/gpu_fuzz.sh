@@ -62,11 +62,10 @@ sys.exit(0 if ok else "error: flashinfer did not come from the bundle")
 EOF
 }
 
-fuzz_cmd() {  # TIMEOUT_S (0: none) VERSION, then fuzz's own flags
-  local t=$1 v=$2; shift 2
-  mkdir -p ".fi_jit/$v"
-  env PYTHONPATH="$ROOT:/tmp/site-$v" FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit/$v" PYTHONUNBUFFERED=1 \
-    timeout --signal=INT --kill-after=20 "$t" "$PY" -m swa_repro.cli fuzz --mode live ${ARGS[$v]} "$@"
+fuzz_argv() {  # VERSION -> FUZZ: the environment and command line of that version's `fuzz --mode live`
+  mkdir -p ".fi_jit/$1"
+  FUZZ=(env PYTHONPATH="$ROOT:/tmp/site-$1" FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit/$1" PYTHONUNBUFFERED=1
+        "$PY" -m swa_repro.cli fuzz --mode live ${ARGS[$1]})
 }
 
 start_prebuild() {  # VERSION: install, then build its modules in a session of its own (niced), which
@@ -74,9 +73,8 @@ start_prebuild() {  # VERSION: install, then build its modules in a session of i
   echo "-- $v: install ($(( $(date +%s) - START ))s)"
   install_one "$v" || return 2
   PRE_T0[$v]=$(date +%s)
-  mkdir -p ".fi_jit/$v"
-  setsid nice -n 10 env PYTHONPATH="$ROOT:/tmp/site-$v" FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit/$v" PYTHONUNBUFFERED=1 \
-    "$PY" -m swa_repro.cli fuzz --mode live ${ARGS[$v]} --prebuild-only --jit-workers 64 --jit-jobs "$JIT_JOBS" \
+  fuzz_argv "$v"
+  setsid nice -n 10 "${FUZZ[@]}" --prebuild-only --jit-workers 64 --jit-jobs "$JIT_JOBS" \
     >"$LOGDIR/prebuild-$v-$STAMP.log" 2>&1 </dev/null &
   PRE_PID[$v]=$!
 }
@@ -117,7 +115,8 @@ wait_prebuild() {  # VERSION TIMEOUT_S -> 0 when every module built
     share=$(( $(left) - 15 ))
     if [ "$share" -lt 30 ]; then echo "-- $v: fuzz skipped, ${share}s left"; VERDICT[$v]="not fuzzed"; RC=1; continue; fi
     echo "-- $v: fuzz ${ARGS[$v]} (budget ${share}s)"
-    fuzz_cmd "$share" "$v" --budget-s $(( share - 25 )) --out "recordings/fuzz/$v" 2>&1 \
+    fuzz_argv "$v"
+    timeout --signal=INT --kill-after=20 "$share" "${FUZZ[@]}" --budget-s $(( share - 25 )) --out "recordings/fuzz/$v" 2>&1 \
       | tee "$LOGDIR/fuzz-$v-$STAMP.log" | grep -v '^fuzz_s'
     r=${PIPESTATUS[0]}; echo "-- $v fuzz exit $r"; [ $r -eq 0 ] || RC=1
     VERDICT[$v]=$([ $r -eq 0 ] && echo "agrees" || echo "exit $r")

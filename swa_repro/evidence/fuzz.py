@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from swa_repro.core.case import FLASHINFER_VERSIONS, Case
-from swa_repro.core.errors import UsageError
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_dir
 from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
@@ -184,9 +184,7 @@ def _check(a) -> None:
     a.max_len, a.max_tokens, a.max_batch = (x if x is not None else d for x, d in zip((a.max_len, a.max_tokens, a.max_batch), lim))
     fc.check_args(a.cases, a.backends, a.head_dims, a.max_len, a.max_tokens, a.max_batch)
     a.plans = fc.parse_plans(a.plans, a.backends)
-    for flag, value, lo, hi in _bounds(a):
-        if value is not None and not lo <= value <= hi:
-            raise UsageError(f"{flag} must be in {lo}..{hi}; got {value}")
+    check_bounds(_bounds(a))
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
     if a.out:
@@ -247,9 +245,9 @@ def _prebuild(cases, workers: int, jobs: int | None) -> dict:
     children, so ``RUSAGE_CHILDREN`` counts them), the build settings and each library's size."""
     from swa_repro.kernel.live import jit_build_env, jit_library_bytes, module_key, prebuild_modules
 
-    t, c = time.perf_counter(), _children_cpu_s()
+    t, cpu0 = time.perf_counter(), _children_cpu_s()
     mods = prebuild_modules([module_key(c) for c in cases], workers=workers, jobs=jobs)
-    return {"seconds_total": round(time.perf_counter() - t, 1), "cpu_seconds": round(_children_cpu_s() - c, 1),
+    return {"seconds_total": round(time.perf_counter() - t, 1), "cpu_seconds": round(_children_cpu_s() - cpu0, 1),
             "workers": workers, "jobs": jobs, "env": jit_build_env(), "modules": mods, "library_bytes": jit_library_bytes(mods)}
 
 

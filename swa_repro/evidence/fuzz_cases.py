@@ -136,6 +136,11 @@ def for_device(cases, *, flashinfer_version: str, sm_count: int, arch) -> list[C
     return [c.with_(flashinfer_version=flashinfer_version, sm_count=int(sm_count), arch=tuple(arch)) for c in cases]
 
 
+def plan_variant(case: Case) -> str:
+    """bug: planned without ``window_left`` (sglang <= 0.5.15.post1's paged path); fix: with it."""
+    return "bug" if case.plan_window_left < 0 else "fix"
+
+
 def window_class(case: Case) -> str:
     if case.window_left == 0:
         return "0"
@@ -148,7 +153,7 @@ def axis_values(case: Case) -> dict:
     backend = case.backend if case.backend != "auto" else f"auto->{case.resolved_backend}"
     return {"backend": backend, "head_dim": case.head_dim, "group": case.group_size, "page_size": case.page_size,
             "window_class": window_class(case), "split_kv_allowed": not case.disable_split_kv,
-            "plan_variant": "bug" if case.plan_window_left < 0 else "fix", "batch_size": case.batch_size,
+            "plan_variant": plan_variant(case), "batch_size": case.batch_size,
             "max_kv": "<=128" if kv <= 128 else "<=1024" if kv <= 1024 else ">1024"}
 
 

@@ -27,7 +27,7 @@ from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseErro
 from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core.outputs import out_file
-from swa_repro.core.versions import FLASHINFER_VERSIONS
+from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note
 
 FORMAT = "swa-repro-mask-intervals/1"
 # --dense: one bool per (query, key) cell over all requests; 2**30 cells is a 1 GiB mask (one 32k
@@ -185,8 +185,6 @@ def check_dense(case: Case, out: str) -> None:
 
 def _evidence(case: Case, mode: str) -> dict:
     """Model mode: what backs the model of this flashinfer (recordings, or its sources alone)."""
-    from swa_repro.core.versions import evidence_note
-
     return {"evidence": evidence_note(case.flashinfer_version)} if mode == "model" else {}
 
 

@@ -67,9 +67,10 @@ def _kernel_model(installed: str | None) -> dict:
     committed real-kernel runs of it, or its sources alone (``core.versions.evidence_note``)."""
     from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note, nearest_modelled
 
-    version = installed.split("+")[0] if installed else FLASHINFER_VERSIONS[-1]
-    modelled = version if version in FLASHINFER_VERSIONS else nearest_modelled(version)
-    return {"installed": installed, "modelled": modelled, "evidence": evidence_note(modelled)}
+    version = installed.split("+")[0] if installed else None
+    modelled = version if version in FLASHINFER_VERSIONS else nearest_modelled(version or FLASHINFER_VERSIONS[-1])
+    return {"installed": installed, "modelled": modelled, "exact": modelled == version,
+            "evidence": evidence_note(modelled)}
 
 
 def _sglang_findings() -> dict:
@@ -99,8 +100,7 @@ def _print_report(r: dict) -> None:
               if "error" not in g else f"GPU         error: {g['error']}")
     print(f"auto picks  {r['auto_mode']['mode']}: {r['auto_mode']['reason']}")
     km = r["kernel_model"]
-    same = km["modelled"] == (km["installed"] or "").split("+")[0]
-    print(f"model of    flashinfer {km['modelled']}" + ("" if same else f" (nearest to {km['installed'] or 'none installed'})")
+    print(f"model of    flashinfer {km['modelled']}" + ("" if km["exact"] else f" (nearest to {km['installed'] or 'none installed'})")
           + f": {km['evidence']}")
     from swa_repro.sglang.audit.table import summary_lines
 

@@ -13,7 +13,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swa_repro.core.versions import version_key
+from swa_repro.core.case import Case
+from swa_repro.core.versions import FLASHINFER_VERSIONS, version_key
+from swa_repro.evidence import fuzz_cases as fc
 
 HOW_TO_RECORD = ("on a CUDA machine: `swa-repro fuzz --mode live --cases 200` (or, air-gapped, "
                  "`bash scripts/gpu_fuzz.sh VERSION:60:fa2,fa3,auto:128` with the bundles of `swa-repro bundle`), "
@@ -75,9 +77,7 @@ def fuzz_view(root=None, *, selftest_cases: int = 0, seed: int = 0) -> FuzzView:
 def selftest_report(cases: int, seed: int = 0) -> dict:
     """``swa-repro fuzz --mode selftest`` in memory: CPU, the model standing in for the kernel;
     the run goes through storage and back (a temp dir), exactly as a live run does."""
-    from swa_repro.core.case import Case
     from swa_repro.evidence import fuzz as fz
-    from swa_repro.evidence import fuzz_cases as fc
 
     max_len, max_tokens, max_batch = fz.LIMITS["selftest"]
     drawn = fc.generate(seed, cases, max_len=max_len, max_tokens=max_tokens, max_batch=max_batch)
@@ -98,11 +98,11 @@ def coverage_rows(runs) -> list[dict]:
         by.setdefault(run.flashinfer_version, []).append(run)
     rows = []
     for v, rs in sorted(by.items(), key=lambda kv: version_key(kv[0])):
-        cases = [e["case"] for r in rs for e in r.doc["cases"] if "error" not in e]
-        plans = sorted({f"{c['backend']}:{'bug' if c['plan_window_left'] < 0 else 'fix'}" for c in cases})
+        cases = [Case.from_dict(e["case"]) for r in rs for e in r.doc["cases"] if "error" not in e]
+        plans = sorted({f"{c.backend}:{fc.plan_variant(c)}" for c in cases})
         prov = [r.doc["provenance"] for r in rs]
-        rows.append({"flashinfer": v, "backends": ",".join(sorted({c["backend"] for c in cases})),
-                     "head dims": ",".join(map(str, sorted({c["head_dim"] for c in cases}))),
+        rows.append({"flashinfer": v, "backends": ",".join(sorted({c.backend for c in cases})),
+                     "head dims": ",".join(map(str, sorted({c.head_dim for c in cases}))),
                      "plans": " ".join(plans), "gpu": ", ".join(sorted({p["gpu"] for p in prov})),
                      "date": ", ".join(sorted({p["date_utc"][:10] for p in prov}))})
     return rows
@@ -110,8 +110,6 @@ def coverage_rows(runs) -> list[dict]:
 
 def unbacked_versions(runs) -> list[str]:
     """Modelled versions with no committed real-kernel fuzz run: their model rests on source alone."""
-    from swa_repro.core.versions import FLASHINFER_VERSIONS
-
     have = {r.flashinfer_version for r in runs}
     return [v for v in FLASHINFER_VERSIONS if v not in have]
 

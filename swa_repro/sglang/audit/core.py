@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+
 import numpy as np
 import torch
 
-from swa_repro.core.case import Case
-from swa_repro.core.errors import CaseError, UsageError
+from swa_repro.core.errors import UsageError
 from swa_repro.kernel.model import simulate
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.env import DECODE, PAGED
-from swa_repro.sglang.audit.keys import bind, geometry, given
+from swa_repro.sglang.audit.keys import bind, geometry, given, plan_case
 from swa_repro.sglang.trace import PLAN_METHODS
 
 
@@ -115,15 +115,8 @@ def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -
 def kernel_model_of(plan: dict, window: int, backend: str) -> dict | None:
     """Kernel-model status of a causal paged prefill planned without the window (page-size-1
     layout as recorded; fa2/fa3 as the wrapper was built; GPU: H200)."""
-    qo, kv = geometry(PAGED, plan)
-    live = [i for i, n in enumerate(qo) if n > 0]
-    try:
-        case = Case(prefix_lens=tuple(kv[i] - qo[i] for i in live), extend_lens=tuple(qo[i] for i in live),
-                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
-                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=window,
-                    plan_window_left=int(plan["window_left"]), backend=backend if backend in ("fa2", "fa3") else "auto",
-                    flashinfer_version="0.6.12")
-    except CaseError:
+    case, _ = plan_case(plan, geometry(PAGED, plan), window, backend if backend in ("fa2", "fa3") else "auto")
+    if case is None:
         return None
     r = simulate(case)
     return {"statuses": r.statuses, "max_extra_keys_per_query": max(int(q.extra_keys().max()) for q in r.requests)}

@@ -174,18 +174,27 @@ def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, r
     return vis
 
 
+def plan_case(plan: dict, geo, window: int, backend: str, **extra) -> tuple[Case | None, list[int]]:
+    """The kernel model's Case for a recorded paged prefill plan, run with ``window``: the batch as
+    planned (its requests with queries, ``live``), heads, page size and plan window; flashinfer
+    0.6.12's model. None when the plan is no Case the model takes."""
+    live = [i for i, n in enumerate(geo[0]) if n > 0]
+    try:
+        return Case(prefix_lens=tuple(geo[1][i] - geo[0][i] for i in live), extend_lens=tuple(geo[0][i] for i in live),
+                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
+                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=window,
+                    plan_window_left=int(plan["window_left"]), backend=backend, flashinfer_version="0.6.12",
+                    **extra), live
+    except CaseError:
+        return None, live
+
+
 def _fa2_leak(plan: dict, qo: int, kv: int, w: int, hq: int, req: int, geo) -> np.ndarray | None:
     """The kernel model of a paged fa2 prefill planned without the window, run with ``w``
     (CTA-granular start, prefill.cuh): the batch as planned, this request's per-head masks."""
-    live = [i for i, n in enumerate(geo[0]) if n > 0]
-    try:
-        case = Case(prefix_lens=tuple(geo[1][i] - geo[0][i] for i in live), extend_lens=tuple(geo[0][i] for i in live),
-                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
-                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=w,
-                    plan_window_left=int(plan["window_left"]), backend="fa2",
-                    fixed_split_size=-1 if plan.get("fixed_split_size") is None else int(plan["fixed_split_size"]),
-                    disable_split_kv=bool(plan.get("disable_split_kv")), flashinfer_version="0.6.12")
-    except CaseError:
+    case, live = plan_case(plan, geo, w, "fa2", disable_split_kv=bool(plan.get("disable_split_kv")),
+                           fixed_split_size=-1 if plan.get("fixed_split_size") is None else int(plan["fixed_split_size"]))
+    if case is None:
         return None
     rm = simulate(case).requests[live.index(req)]
     if rm.status == "undefined":
