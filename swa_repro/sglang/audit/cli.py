@@ -39,6 +39,8 @@ def register(sub) -> None:
                    help="WHAT-IF: with PR #31501's fix removed in-process")
     g.add_argument("--both", dest="what_if", action="store_const", const=["unpatched", "patched"],
                    help="both what-ifs")
+    p.add_argument("--fix", metavar="NAME[,NAME]|all", help="audit --sglang VERSION with these `swa-repro patch "
+                   "--fix` fixes applied (a patched copy of its overlay; nothing installed changes)")
     p.add_argument("--mode", choices=("auto", "model", "live"), default="auto",
                    help="live: also execute every driven call on real FlashInfer (CUDA) and measure its effect "
                    "against the float64 reference; auto (default): live where CUDA and flashinfer are usable")
@@ -78,6 +80,7 @@ def main(a) -> int:
         raise UsageError(REMOVED_SOURCE)
     paths = _paths(a.paths)
     check_bounds(_bounds(a))
+    fixes = _fixes(a)
     if a.release_table:
         return _table(a)
     from swa_repro.core.mode import resolve_mode
@@ -87,7 +90,7 @@ def main(a) -> int:
     if a.sglang and mode.mode == "live":
         raise UsageError("--sglang audits another release in a CPU subprocess: drop --mode live, or install that "
                          "release and run `swa-repro audit --mode live` there")
-    runs = [_one(a.sglang, w, paths, mode.mode, a.live_budget) for w in (a.what_if or [None])]
+    runs = [_one(a.sglang, w, paths, mode.mode, a.live_budget, fixes) for w in (a.what_if or [None])]
     doc = {"sglang": runs[0]["release"]["sglang"], "what_if": runs[0]["what_if"] if len(runs) == 1 else None,
            "mode": mode.mode, "mode_why": mode.reason, "runs": runs, "classes": [at.cells(r) for r in runs],
            "incomplete": [audit.incomplete(r) for r in runs]}
@@ -107,12 +110,29 @@ def main(a) -> int:
     return 0
 
 
-def _one(version, what_if, paths, mode: str = "model", live_budget: float | None = None) -> dict:
+def _fixes(a):
+    """``--fix`` -> fix names (None: not given). It patches a copy of a release's overlay, so it
+    needs ``--sglang``; the what-ifs swap PR #31501 in memory and would mix with it."""
+    if a.fix is None:
+        return None
+    from swa_repro.sglang.fix import parse_names
+
+    names = parse_names(a.fix)
+    if not a.sglang and not a.release_table:
+        raise UsageError("--fix audits a patched copy of a release: add --sglang VERSION, or patch the installed "
+                         "file (`swa-repro patch apply --fix ... --in-place`) and audit it as installed")
+    if a.what_if:
+        raise UsageError("--fix goes without --patched/--unpatched/--both: it already fixes the file")
+    return names
+
+
+def _one(version, what_if, paths, mode: str = "model", live_budget: float | None = None, fixes=None) -> dict:
     """One audit run as a dict: of the installed sglang in this process, or of ``version`` in a child."""
     if version:
         from swa_repro.sglang.audit.release import audit_release
 
-        return audit_release(version, what_if=what_if, paths=paths, note=lambda s: print(s, file=sys.stderr))
+        return audit_release(version, what_if=what_if, paths=paths, fixes=fixes,
+                             note=lambda s: print(s, file=sys.stderr))
     try:
         import sglang  # noqa: F401  (lazy: optional and slow to import; after the arguments are checked)
     except ImportError:
@@ -172,6 +192,9 @@ def _table(a) -> int:
     versions = [v.strip() for v in a.releases.split(",") if v.strip()]
     if not versions:  # an empty table would be written, having audited nothing
         raise UsageError(f"--releases selects no release: give comma-separated versions, e.g. {','.join(at.REQUIRED)}")
+    fixes = _fixes(a)
+    if fixes and a.out == at.TABLE_DIR:
+        a.out = at.TABLE_DIR / "fixed"
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")
@@ -179,8 +202,9 @@ def _table(a) -> int:
         raise UsageError(f"--out {a.out} is a file: give a directory (default docs/audit)")
     for v in versions:  # every release checked before any is installed
         provision.parse(v)
-    cmd = "swa-repro audit --release-table --releases " + ",".join(versions)
-    table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
+    cmd = "swa-repro audit --release-table --releases " + ",".join(versions) + (f" --fix {a.fix}" if fixes else "")
+    table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
+                           fixes=fixes)
     md, js = at.write_table(table, a.out)
     print(f"wrote {md} and {js}")
     return 0

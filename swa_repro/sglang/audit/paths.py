@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -117,11 +118,25 @@ def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, device: str, use_page
     for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
         buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
     runner.sliding_window_size = cfg.window_left if cfg.window_left >= 0 else None
+    model_cap(runner, cfg.logit_cap)
     releases.newer_release_attrs(runner)
     backend = fb.FlashInferAttnBackend(runner)
     layer = RadixAttention(case.num_qo_heads, case.head_dim, case.head_dim ** -0.5, case.num_kv_heads, layer_id=0,
                            logit_cap=cfg.logit_cap, sliding_window_size=cfg.window_left)
     return runner, backend, layer
+
+
+def model_cap(runner, cap: float) -> None:
+    """The model config says what its layers' ``logit_cap`` is, as Gemma-2's does
+    (``hf_text_config.attn_logit_softcapping``; gemma2.py gives it to every RadixAttention), so a
+    backend that plans with the model's cap (``fix.fixes`` soft_cap_*) finds it. sglang as it ships
+    never reads it: the audit of a release as it ships is unchanged."""
+    mc = runner.model_config
+    cfg = getattr(mc, "hf_text_config", None)
+    if cfg is None:
+        cfg = types.SimpleNamespace()
+        mc.hf_text_config = cfg
+    cfg.attn_logit_softcapping = cap if cap else None
 
 
 def _run_layer(backend, layer, batch, n_tokens: int, case: Case, cfg: LayerConfig, device: str):

@@ -22,13 +22,21 @@ from swa_repro.core.errors import UsageError
 
 
 # ----------------------------------------------------------------------------- parent
-def audit_release(version: str, *, what_if: str | None = None, paths=None, note=print) -> dict:
+def audit_release(version: str, *, what_if: str | None = None, paths=None, fixes=None, note=print) -> dict:
     """Provision release ``version`` and audit it in a child; its document (see :func:`child`).
-    ``note``: where progress lines go (the first import of a release compiles it: a minute or more)."""
+    ``fixes``: audit the release with these ``swa-repro patch --fix`` fixes applied
+    (``fix.overlay``). ``note``: where progress lines go (the first import of a release compiles
+    it: a minute or more)."""
     from swa_repro.sglang.provision import provision
 
     overlay, info = provision(version)
     note(_provision_note(version, overlay, info))
+    fixed = None
+    if fixes:
+        from swa_repro.sglang.fix.overlay import fixed_overlay
+
+        overlay, fixed = fixed_overlay(version, fixes, overlay)
+        note(f"sglang {version}: with --fix {','.join(fixes)} ({overlay})")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "audit.json"
         cmd = [sys.executable, "-m", "swa_repro.sglang.audit.release", "--overlay", str(overlay), "--out", str(out)]
@@ -43,6 +51,8 @@ def audit_release(version: str, *, what_if: str | None = None, paths=None, note=
             raise UsageError(f"auditing sglang {version} failed: {last[-1] if last else f'exit {p.returncode}'}")
         doc = json.loads(out.read_text())
     doc["release"].update(overlay_info=info, child_seconds=round(time.monotonic() - t0, 1))
+    if fixed:
+        doc["release"]["fixes"] = fixed
     return doc
 
 

@@ -1,0 +1,350 @@
+"""One source edit per finding class (``audit.table.CLASSES``), for sglang 0.5.14-0.5.23's
+``srt/layers/attention/flashinfer_backend.py``.
+
+FlashInfer picks its compiled module at ``plan()``: ``window_left >= 0`` compiles the per-element
+window mask in, ``logits_soft_cap > 0`` the tanh cap (flashinfer 0.7.2 prefill.py ``plan``; the
+deprecated ``forward()`` only overwrites ``_window_left`` / ``_logits_soft_cap``, prefill.py:3969-3970).
+Each fix makes the plan carry what the layer asks for, on its paths only; every other call keeps
+its arguments. Line numbers below are 0.5.23's.
+
+* ``paged_only_window``: PR #31501 (``patch.edit.transform``; 0.5.16 shipped it).
+* ``ragged_no_prefix_window`` / ``ragged_prefix_window``: the one ragged wrapper is shared by
+  sliding-window and full layers (:523, planned twice in ``update_sliding_window``, :2077, the full
+  layers' plan last), so a window cannot be planned into it. The fix gives the sliding-window
+  layers their own ragged wrapper planned with ``window_left`` (``_ragged_wrapper``); a runtime
+  ``window_left=-1`` on a window-compiled module is *not* full attention on sm90 (fa3 skips tiles
+  from ``window_left``: hopper/utils.cuh:38-46) nor under split-KV (the chunk size comes from the
+  planned window: scheduler.cuh:632), so full layers keep the shared wrapper, planned as before.
+  The no-prefix forward (:1464) also passes the layer's window (it passed none, so ``forward()``
+  reset ``_window_left`` to -1).
+* ``eagle_verify_window``: wrapper 0 was planned over the first ``min(seq, window)`` keys (EAGLE's
+  ``generate_attn_arg_prefill`` takes no ``kv_start_idx``, :2281) under a tree mask laid out for
+  the whole sequence. The fix keeps wrapper 0's keys and mask whole, like wrapper 1's, and plans the
+  window in: FlashInfer ANDs the window with the custom mask per element (variants.cuh:80-90).
+* ``dflash_verify_window``: DFlash trims with ``kv_start_idx`` (:2268) request-granularly; the fix
+  plans the window in so the cut is per element.
+* ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the model's attention soft cap
+  (``hf_text_config.attn_logit_softcapping``, what gemma2.py gives its layers as ``logit_cap``),
+  read once per indices updater. A ``fast_prefill_plan`` replay (:180) takes no cap and keeps the
+  captured module; ``fast_decode_plan`` takes it (flashinfer decode.py ``fast_decode_plan``).
+* ``soft_cap_cuda_graph``: both of the above. Capture plans go through the same
+  ``call_begin_forward``; replays never re-pick the module (the live audit's note, ``audit.live``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from swa_repro.sglang.fix.source import Edit, Source, calls_on, keyword
+from swa_repro.sglang.patch.classify import classify as classify_31501
+from swa_repro.sglang.patch.edit import transform as transform_31501
+
+BACKEND, PREFILL, DECODE = "FlashInferAttnBackend", "FlashInferIndicesUpdaterPrefill", "FlashInferIndicesUpdaterDecode"
+USW, CBF = "update_sliding_window", "call_begin_forward"
+SWA_RAGGED = "prefill_wrapper_ragged_swa"
+CAP_HELPER = "_plan_logits_soft_cap"
+
+
+class Unknown(Exception):
+    """The file's structure is not the one the fix was written against (why in the message)."""
+
+
+@dataclass(frozen=True)
+class State:
+    state: str  # needed | applied | unknown
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Fix:
+    name: str
+    summary: str
+    requires: tuple = ()
+    needs_fixed_31501: bool = False  # the window plumbing of PR #31501 (call_begin_forward's window_left)
+    edits: object = field(default=None, repr=False)  # Source -> list[Edit] ([] when applied)
+
+
+def _need(node, what: str):
+    if node is None:
+        raise Unknown(f"no {what}")
+    return node
+
+
+# ----------------------------------------------------------------------------- shared anchors
+def _usw_call(src: Source):
+    usw = _need(src.method(PREFILL, USW), f"{PREFILL}.{USW}")
+    calls = calls_on(usw, "self", (CBF,))
+    if len(calls) != 1:
+        raise Unknown(f"{PREFILL}.{USW} makes {len(calls)} self.{CBF}(...) calls, expected 1")
+    loop = next((n for n in ast.walk(usw) if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
+                 and any(c is calls[0] for c in ast.walk(n))), None)
+    return usw, calls[0], _need(loop, f"wrapper loop around self.{CBF} in {USW}").target.id
+
+
+def _ragged_plan(src: Source):
+    cbf = _need(src.method(PREFILL, CBF), f"{PREFILL}.{CBF}")
+    calls = calls_on(cbf, "wrapper_ragged")
+    if len(calls) != 1:
+        raise Unknown(f"{PREFILL}.{CBF} makes {len(calls)} wrapper_ragged.begin_forward calls, expected 1")
+    return cbf, calls[0]
+
+
+def _paged_plan(src: Source):
+    cbf = _need(src.method(PREFILL, CBF), f"{PREFILL}.{CBF}")
+    calls = calls_on(cbf, "wrapper_paged")
+    if len(calls) != 1:
+        raise Unknown(f"{PREFILL}.{CBF} makes {len(calls)} wrapper_paged.begin_forward calls, expected 1")
+    return cbf, calls[0]
+
+
+def _stmt_holding(fn, call):
+    return next(s for s in ast.walk(fn) if isinstance(s, ast.Expr) and s.value is call)
+
+
+def _assign_to(fn, attr: str):
+    """``self.<attr> = ...`` directly in ``fn``'s body."""
+    return next((s for s in fn.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+                 and ast.unparse(s.targets[0]) == f"self.{attr}"), None)
+
+
+def _has_31501_plumbing(src: Source) -> bool:
+    return classify_31501(src.text).state == "fixed"
+
+
+# ----------------------------------------------------------------------------- paged-only window
+def _paged_only(src: Source):
+    s = classify_31501(src.text)
+    if s.state == "fixed":
+        return []
+    if s.state != "unfixed":
+        raise Unknown("; ".join(s.reasons))
+    new = transform_31501(src.text, "fixed")
+    return [Edit(0, len(src.text), new)]
+
+
+# ----------------------------------------------------------------------------- ragged windows
+def _ragged_common(src: Source) -> list[Edit]:
+    """The sliding-window layers' own ragged wrapper: created next to the shared one, planned with
+    the window for wrapper 0 in ``update_sliding_window``, and chosen per layer (``_ragged_wrapper``)."""
+    edits = []
+    init = _need(src.method(BACKEND, "__init__"), f"{BACKEND}.__init__")
+    made = _need(_assign_to(init, "prefill_wrapper_ragged") or next(
+        (s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
+         and ast.unparse(s.targets[0]) == "self.prefill_wrapper_ragged"), None),
+        "self.prefill_wrapper_ragged = ... in the backend's __init__")
+    if not (isinstance(made.value, ast.Call) and ast.unparse(made.value.func) == "BatchPrefillWithRaggedKVCacheWrapper"):
+        raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
+    if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
+        args = ", ".join([src.seg(a) for a in made.value.args] + [src.seg(k) for k in made.value.keywords])
+        edits.append(src.insert_lines_after(made, [
+            "# the sliding-window layers' own ragged wrapper: plan() compiles window_left in, and the",
+            "# shared one above stays planned for the full-attention layers",
+            f"self.{SWA_RAGGED} = None",
+            "if model_runner.sliding_window_size is not None:",
+            f"    self.{SWA_RAGGED} = BatchPrefillWithRaggedKVCacheWrapper(",
+            f"        {args}",
+            "    )"]))
+    idx = _need(src.method(BACKEND, "_get_wrapper_idx"), f"{BACKEND}._get_wrapper_idx")
+    if src.method(BACKEND, "_ragged_wrapper") is None:
+        edits.append(src.insert_lines_after(idx, [
+            "",
+            "def _ragged_wrapper(self, layer: RadixAttention):",
+            '    """The ragged wrapper planned for this layer: its window is compiled in at plan()."""',
+            f"    if self.{SWA_RAGGED} is not None and self._get_wrapper_idx(layer) == 0:",
+            f"        return self.{SWA_RAGGED}",
+            "    return self.prefill_wrapper_ragged"], indent=src.indent_of(idx)))
+    usw, call, loop = _usw_call(src)
+    first = call.args[0] if call.args else None
+    if first is None or ast.unparse(first) != "self.prefill_wrapper_ragged":
+        if first is not None and SWA_RAGGED in ast.unparse(first):
+            pass  # already planned per layer kind
+        else:
+            raise Unknown(f"{USW} does not pass self.prefill_wrapper_ragged first to {CBF}")
+    else:
+        edits.append(src.replace(first, f"(\n{src.indent_of(first)}    self.attn_backend.{SWA_RAGGED}\n"
+                                        f"{src.indent_of(first)}    if {loop} == 0\n"
+                                        f"{src.indent_of(first)}    else self.prefill_wrapper_ragged\n"
+                                        f"{src.indent_of(first)})"))
+    if keyword(call, "ragged_window_left") is None:
+        edits.append(src.add_keyword(call, f"ragged_window_left=(self.sliding_window_size if {loop} == 0 else -1)"))
+    cbf, ragged = _ragged_plan(src)
+    if "ragged_window_left" not in [a.arg for a in cbf.args.args]:
+        edits.append(src.add_parameter(cbf, "ragged_window_left: int = -1"))
+    if keyword(ragged, "window_left") is None:
+        edits.append(src.add_keyword(ragged, "window_left=ragged_window_left"))
+    return edits
+
+
+def _forward_extend_ragged_calls(src: Source):
+    fe = _need(src.method(BACKEND, "forward_extend"), f"{BACKEND}.forward_extend")
+    plain = [c for c in ast.walk(fe) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+             and c.func.attr in ("forward", "forward_return_lse")
+             and ast.unparse(c.func.value) in ("self.prefill_wrapper_ragged", "self._ragged_wrapper(layer)")]
+    by = {}
+    for c in plain:
+        by.setdefault(c.func.attr, []).append(c)
+    if len(by.get("forward", [])) != 1 or len(by.get("forward_return_lse", [])) != 1:
+        raise Unknown("forward_extend does not make one ragged forward() (no prefix) and one "
+                      "forward_return_lse() (with prefix)")
+    return by["forward"][0], by["forward_return_lse"][0]
+
+
+def _ragged_no_prefix(src: Source):
+    fwd, _ = _forward_extend_ragged_calls(src)
+    if ast.unparse(fwd.func.value) == "self._ragged_wrapper(layer)" and keyword(fwd, "window_left"):
+        return []
+    edits = _ragged_common(src)
+    edits.append(src.replace(fwd.func.value, "self._ragged_wrapper(layer)"))
+    if keyword(fwd, "window_left") is None:
+        edits.append(src.add_keyword(fwd, "window_left=layer.sliding_window_size"))
+    return edits
+
+
+def _ragged_prefix(src: Source):
+    _, lse = _forward_extend_ragged_calls(src)
+    if ast.unparse(lse.func.value) == "self._ragged_wrapper(layer)":
+        return []
+    if keyword(lse, "window_left") is None:
+        raise Unknown("the ragged forward_return_lse() passes no window_left")
+    return _ragged_common(src) + [src.replace(lse.func.value, "self._ragged_wrapper(layer)")]
+
+
+# ----------------------------------------------------------------------------- spec-verify windows
+def _window_gate(src: Source):
+    """``window_left=(W if (wrapper_id == 0 and not use_ragged and spec_info is None) else -1)`` in
+    update_sliding_window's call (PR #31501), and its ``spec_info is None`` test."""
+    usw, call, loop = _usw_call(src)
+    kw = keyword(call, "window_left")
+    if kw is None:
+        raise Unknown(f"{USW} passes no window_left (PR #31501's plumbing): fix paged_only_window first")
+    test = next((n for n in ast.walk(kw.value) if isinstance(n, ast.Compare) and ast.unparse(n) == "spec_info is None"),
+                None)
+    if test is None:
+        raise Unknown(f"{USW}'s window_left is not gated on `spec_info is None`")
+    parent = next((n for n in ast.walk(kw.value) if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)
+                   and any(v is test for v in n.values)), None)
+    return usw, loop, test, parent
+
+
+def _spec_type(kind: str) -> str:
+    return f"spec_info.spec_input_type == SpecInputType.{kind}"
+
+
+def _gate_edit(src: Source, kind: str):
+    """``spec_info is None`` -> ``(spec_info is None or spec_info.spec_input_type in {...})``, the
+    set growing by one verify kind per fix."""
+    usw, loop, test, parent = _window_gate(src)
+    if parent is not None:
+        kinds = next((v for v in parent.values if isinstance(v, ast.Compare) and isinstance(v.ops[0], ast.In)
+                      and isinstance(v.comparators[0], ast.Set)), None)
+        if kinds is None:
+            raise Unknown(f"{USW}'s window gate is `spec_info is None or ...` of an unknown form")
+        if f"SpecInputType.{kind}" in [ast.unparse(e) for e in kinds.comparators[0].elts]:
+            return []
+        last = kinds.comparators[0].elts[-1]
+        return [src.replace(last, f"{src.seg(last)}, SpecInputType.{kind}")]
+    return [src.replace(test, f"(spec_info is None or spec_info.spec_input_type in {{SpecInputType.{kind}}})")]
+
+
+def _dflash(src: Source):
+    if "DFLASH_VERIFY" not in src.text:
+        raise Unknown("this release has no DFlash verify (SpecInputType.DFLASH_VERIFY)")
+    return _gate_edit(src, "DFLASH_VERIFY")
+
+
+def _eagle(src: Source):
+    edits = _gate_edit(src, "EAGLE_VERIFY")
+    usw, loop, _, _ = _window_gate(src)
+    branch = next((n for n in ast.walk(usw) if isinstance(n, ast.If) and ast.unparse(n.test) == f"{loop} == 0"), None)
+    branch = _need(branch, f"`if {loop} == 0:` branch in {USW}")
+    marker = f"{_spec_type('EAGLE_VERIFY')}"
+    if not any(marker in ast.unparse(s) for s in branch.body):
+        edits.append(src.insert_lines_after(branch.body[-1], [
+            f"if spec_info is not None and {marker}:",
+            "    # EAGLE's kv indices start at each request's first token and its tree mask spans the",
+            "    # whole sequence: keep both whole, as for wrapper 1, and let the planned window cut",
+            "    paged_kernel_lens, paged_kernel_lens_sum, kv_start_idx = seq_lens, seq_lens_sum, None"],
+            indent=src.indent_of(branch.body[0])))
+    return edits
+
+
+# ----------------------------------------------------------------------------- soft cap
+def _cap_helper(src: Source) -> list[Edit]:
+    if src.func(CAP_HELPER) is not None:
+        return []
+    anchor = _need(src.cls(DECODE), f"class {DECODE}")
+    return [src.insert_lines_before(anchor, [
+        f"def {CAP_HELPER}(model_runner) -> float:",
+        '    """The attention logits soft cap to plan with: FlashInfer compiles it in at plan(), and a',
+        "    cap passed only to forward() is never applied. Read from the model config, where the",
+        '    layers take their logit_cap from (gemma2.py: config.attn_logit_softcapping)."""',
+        '    config = getattr(model_runner.model_config, "hf_text_config", None)',
+        '    cap = getattr(config, "attn_logit_softcapping", None)',
+        "    return float(cap) if cap is not None and cap > 0 else 0.0",
+        "",
+        ""], indent="")]
+
+
+def _cap_attr(src: Source, cls: str) -> list[Edit]:
+    init = _need(src.method(cls, "__init__"), f"{cls}.__init__")
+    if _assign_to(init, "logits_soft_cap") is not None:
+        return []
+    after = _need(_assign_to(init, "sliding_window_size"), f"self.sliding_window_size = ... in {cls}.__init__")
+    return [src.insert_lines_after(after, [f"self.logits_soft_cap = {CAP_HELPER}(model_runner)"])]
+
+
+def _soft_cap_prefill(src: Source):
+    cbf, ragged = _ragged_plan(src)
+    _, paged = _paged_plan(src)
+    splat = next((k for k in paged.keywords if k.arg is None), None)
+    if splat is None or ast.unparse(splat.value) != "paged_plan_kwargs":
+        raise Unknown("the paged plan call takes no **paged_plan_kwargs")
+    done = keyword(ragged, "logits_soft_cap") is not None
+    paged_done = '"logits_soft_cap"' in src.seg(cbf) or "'logits_soft_cap'" in src.seg(cbf)
+    if done and paged_done:
+        return []
+    edits = _cap_helper(src) + _cap_attr(src, PREFILL)
+    if not done:
+        edits.append(src.add_keyword(ragged, "logits_soft_cap=self.logits_soft_cap"))
+    if not paged_done:
+        fast = "uses_fast_prefill" if any(isinstance(n, ast.Name) and n.id == "uses_fast_prefill"
+                                          for n in ast.walk(cbf)) else None
+        if fast is None:
+            raise Unknown(f"{PREFILL}.{CBF} has no uses_fast_prefill")
+        edits.append(src.insert_lines_before(_stmt_holding(cbf, paged), [
+            f"if self.logits_soft_cap > 0 and not {fast}:",
+            "    # plan() compiles the cap in; a fast_prefill_plan replay keeps the captured module",
+            '    paged_plan_kwargs["logits_soft_cap"] = self.logits_soft_cap']))
+    return edits
+
+
+def _soft_cap_decode(src: Source):
+    cbf = _need(src.method(DECODE, CBF), f"{DECODE}.{CBF}")
+    calls = calls_on(cbf, "wrapper")
+    if not calls:
+        raise Unknown(f"{DECODE}.{CBF} makes no wrapper.begin_forward call")
+    todo = [c for c in calls if keyword(c, "logits_soft_cap") is None]
+    if not todo:
+        return []
+    return _cap_helper(src) + _cap_attr(src, DECODE) + [
+        src.add_keyword(c, "logits_soft_cap=self.logits_soft_cap") for c in todo]
+
+
+# ----------------------------------------------------------------------------- the registry
+FIXES = {f.name: f for f in (
+    Fix("paged_only_window", "plan the paged-only sliding-window wrapper with window_left (PR #31501)",
+        edits=_paged_only),
+    Fix("ragged_no_prefix_window", "a ragged wrapper of the sliding-window layers' own, planned with "
+        "window_left; the no-prefix forward passes the layer's window", edits=_ragged_no_prefix),
+    Fix("ragged_prefix_window", "the same wrapper for the with-prefix ragged forward", edits=_ragged_prefix),
+    Fix("eagle_verify_window", "EAGLE verify: wrapper 0 keeps the whole sequence and its tree mask, "
+        "and plans window_left", needs_fixed_31501=True, edits=_eagle),
+    Fix("dflash_verify_window", "DFlash verify: plan window_left", needs_fixed_31501=True, edits=_dflash),
+    Fix("soft_cap_prefill", "ragged and paged prefill plans carry the model's logits soft cap",
+        edits=_soft_cap_prefill),
+    Fix("soft_cap_decode", "decode plans carry the model's logits soft cap", edits=_soft_cap_decode),
+    Fix("soft_cap_cuda_graph", "CUDA-graph capture plans carry the cap (soft_cap_prefill + soft_cap_decode)",
+        requires=("soft_cap_prefill", "soft_cap_decode"), edits=lambda src: []),
+)}
+ORDER = tuple(FIXES)  # paged_only_window first: the spec-verify fixes edit the gate it adds

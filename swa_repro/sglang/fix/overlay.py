@@ -1,0 +1,55 @@
+"""A release's overlay with the fixes applied, for ``swa-repro audit --sglang X --fix NAMES``.
+
+A hard-linked copy of the release's own overlay (``provision``) in which only
+``sglang/srt/layers/attention/flashinfer_backend.py`` is replaced by its fixed text: every other
+module is that release's, byte for byte, and the overlay as shipped is never written to (the
+replaced file is unlinked first, which breaks its link). Cached per release, fixes and fix code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from swa_repro.sglang.patch.classify import REL_PATH
+
+MARKER = ".swa-repro-fixed.json"
+
+
+def code_key(names) -> str:
+    """Changes with the fix names and with the code that makes the edits."""
+    h = hashlib.sha256(",".join(names).encode())
+    here = Path(__file__).resolve().parent
+    for f in sorted([*here.glob("*.py"), *(here.parent / "patch").glob("*.py")]):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
+    """``overlay`` (release ``version`` as shipped) with ``names`` applied; ``(dir, info)``."""
+    from swa_repro.sglang.fix import apply_fixes
+    from swa_repro.sglang.patch.files import sha256_hex
+
+    dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
+    if (dst / MARKER).is_file():
+        return dst, json.loads((dst / MARKER).read_text())
+    partial = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    src = overlay / "sglang" / REL_PATH
+    original = src.read_bytes()
+    fixed = apply_fixes(original.decode(), names).encode()  # refuses before anything is copied
+    shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    target = partial / "sglang" / REL_PATH
+    target.unlink()  # break the hard link: the shipped overlay keeps its file
+    target.write_bytes(fixed)
+    info = {"sglang": version, "fixes": list(names), "file": f"sglang/{REL_PATH}",
+            "original_sha256": sha256_hex(original), "fixed_sha256": sha256_hex(fixed), "overlay": str(overlay)}
+    (partial / MARKER).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(dst, ignore_errors=True)
+    partial.rename(dst)
+    return dst, info
