@@ -227,6 +227,9 @@ def _window_gate(src: Source):
     return usw, loop, test, parent
 
 
+SPEC_KINDS = ("EAGLE_VERIFY", "DFLASH_VERIFY")
+
+
 def _spec_type(kind: str) -> str:
     return f"spec_info.spec_input_type == SpecInputType.{kind}"
 
@@ -240,10 +243,12 @@ def _gate_edit(src: Source, kind: str):
                       and isinstance(v.comparators[0], ast.Set)), None)
         if kinds is None:
             raise Unknown(f"{USW}'s window gate is `spec_info is None or ...` of an unknown form")
-        if f"SpecInputType.{kind}" in [ast.unparse(e) for e in kinds.comparators[0].elts]:
+        have = [ast.unparse(e) for e in kinds.comparators[0].elts]
+        if f"SpecInputType.{kind}" in have:
             return []
-        last = kinds.comparators[0].elts[-1]
-        return [src.replace(last, f"{src.seg(last)}, SpecInputType.{kind}")]
+        order = [f"SpecInputType.{k}" for k in SPEC_KINDS]  # one text whichever fix came first
+        both = sorted(have + [f"SpecInputType.{kind}"], key=lambda k: order.index(k) if k in order else len(order))
+        return [src.replace(kinds.comparators[0], "{" + ", ".join(both) + "}")]
     return [src.replace(test, f"(spec_info is None or spec_info.spec_input_type in {{SpecInputType.{kind}}})")]
 
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import swa_repro.sglang.patch as patch_pkg
+from swa_repro.sglang import fix
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang.patch.classify import classify
 from swa_repro.sglang.patch.edit import transform, unified_diff
@@ -26,6 +27,8 @@ def register(sub):
                    "with a backup (`revert` restores it)")
     p.add_argument("--reverse", action="store_true", help="diff/apply: fixed -> unfixed, to "
                    "show the bug on sglang >= 0.5.16")
+    p.add_argument("--fix", metavar="NAME[,NAME]|all", help="status/diff/apply: the fixes for every finding "
+                   "class of sglang 0.5.14-0.5.23 instead of PR #31501 alone: " + ", ".join(fix.ORDER))
     p.set_defaults(func=run)
 
 
@@ -36,12 +39,17 @@ def run(args) -> int:
         raise UsageError("--out / --in-place go with `apply`")
     if args.reverse and args.action not in ("diff", "apply"):
         raise UsageError("--reverse goes with `diff` or `apply`")
+    names = fix.parse_names(args.fix) if args.fix is not None else None
+    if names and args.reverse:
+        raise UsageError("--reverse goes without --fix: `swa-repro patch revert` restores a file patched in place")
     path = args.source if args.source else installed_path()
     if not path.is_file():
         raise UsageError(f"--source {path}: no such file")
     if args.action == "revert":
         print(revert_in_place(path))
         return 0
+    if names:
+        return _run_fixes(args, path, names)
     text = path.read_bytes().decode()
     s = classify(text)
     if args.action == "status":
@@ -69,10 +77,45 @@ def run(args) -> int:
         sys.stdout.write(diff)
         raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
                          "(patch the file, with a backup)")
-    if args.out.resolve() == path.resolve():
-        raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-    if not args.out.parent.is_dir():
-        raise UsageError(f"--out {args.out}: directory {args.out.parent} does not exist")
+    _check_out(args.out, path)
     atomic_write(args.out, new.encode(), like=path)
     print(f"wrote {args.out} ({s.state} -> {target}); {path} unchanged")
     return 0
+
+
+def _run_fixes(args, path: Path, names) -> int:
+    """``--fix``: the same actions and safety as PR #31501's patch, for the chosen fixes."""
+    text = path.read_bytes().decode()
+    states = fix.states(text, names)
+    if args.action == "status":
+        for n, st in states.items():
+            print(f"{n}: {st.state}" + (f" ({st.why})" if st.why else ""))
+        return 0
+    label = f"--fix {','.join(names)}"
+    done = lambda t: all(s.state == "applied" for s in fix.states(t, names).values())  # noqa: E731
+    if args.in_place:
+        print(apply_in_place(path, edit=lambda t: fix.apply_fixes(t, names), label=label, done=done))
+        return 0
+    new = fix.apply_fixes(text, names)  # refuses a structure it does not know
+    if new == text:
+        print(f"swa-repro patch: {path} already has {label}; nothing to do", file=sys.stderr)
+        return 0
+    diff = unified_diff(text, new, str(path).lstrip("/"))
+    if args.action == "diff":
+        sys.stdout.write(diff)
+        return 0
+    if args.out is None:
+        sys.stdout.write(diff)
+        raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
+                         "(patch the file, with a backup)")
+    _check_out(args.out, path)
+    atomic_write(args.out, new.encode(), like=path)
+    print(f"wrote {args.out} ({label}); {path} unchanged")
+    return 0
+
+
+def _check_out(out: Path, path: Path) -> None:
+    if out.resolve() == path.resolve():
+        raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")

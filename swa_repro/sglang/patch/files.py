@@ -70,16 +70,23 @@ def atomic_write(path: Path, data: bytes, like: Path | None = None):
         raise
 
 
-def apply_in_place(path: Path, target="fixed") -> str:
-    """Patch ``path`` in place to ``target`` with a backup; returns a one-line message."""
+def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=None) -> str:
+    """Patch ``path`` in place with a backup; returns a one-line message. By default to PR #31501's
+    ``target`` state; ``edit`` (text -> text), ``label`` (what it makes, e.g. ``--fix all``) and
+    ``done`` (text -> already so?) patch it with anything else (``swa-repro patch --fix``)."""
     data = path.read_bytes()
     text = data.decode()
-    state = classify(text).state
+    if edit is None:
+        state = classify(text).state
+        label, already = target, state == target
+        edit = lambda t: transform(t, target)  # noqa: E731 - refuses unknown
+    else:
+        state, already = "as found", done(text)
     bak, meta = backup_paths(path)
     info = json.loads(meta.read_text()) if meta.exists() else None
     if info and sha256_hex(data) == info["patched_sha256"]:
-        if state == target:
-            return f"already {target} (patched by swa-repro; `swa-repro patch revert` restores it)"
+        if already:
+            return f"already {label} (patched by swa-repro; `swa-repro patch revert` restores it)"
         raise PatchError(f"{path} was patched to {info['patched_state']} by swa-repro; run "
                          "`swa-repro patch revert` first; nothing was changed")
     if info and sha256_hex(data) != info["original_sha256"]:
@@ -87,9 +94,9 @@ def apply_in_place(path: Path, target="fixed") -> str:
                          f"is neither the original {info['original_sha256'][:12]} nor the "
                          f"patched {info['patched_sha256'][:12]}); nothing was changed. If sglang "
                          f"was reinstalled, delete {bak} and {meta} and try again")
-    if state == target:
-        return f"already {target}; nothing written"
-    new = transform(text, target).encode()  # refuses unknown
+    if already:
+        return f"already {label}; nothing written"
+    new = edit(text).encode()
     why = _read_only_reason(path)
     if why:
         raise PatchError(f"{why}; nothing was changed. Write a patched copy with `--out FILE`, "
@@ -99,10 +106,10 @@ def apply_in_place(path: Path, target="fixed") -> str:
         raise PatchError(f"backup {bak} did not verify; nothing was changed")
     atomic_write(meta, (json.dumps({
         "file": str(path), "original_sha256": sha256_hex(data), "original_state": state,
-        "patched_sha256": sha256_hex(new), "patched_state": target,
+        "patched_sha256": sha256_hex(new), "patched_state": label,
         "tool": "swa-repro patch apply --in-place"}, indent=1) + "\n").encode(), like=path)
     atomic_write(path, new, like=path)
-    return f"patched {path} ({state} -> {target}); backup {bak}; `swa-repro patch revert` undoes it"
+    return f"patched {path} ({state} -> {label}); backup {bak}; `swa-repro patch revert` undoes it"
 
 
 def revert_in_place(path: Path) -> str:
