@@ -43,44 +43,8 @@ NB_OUT="${NB_OUT:-artifacts/live}"
 mkdir -p "$ART"
 LOG="$ART/gpu_sglang-$(date -u +%Y%m%dT%H%M%SZ).log"
 
-has() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
-run() { echo "+ $*" >&2; [ -n "${DRY_RUN:-}" ] || "$@"; }
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-
-install_bundles() {
-  if [ ! -f "$FI_BUNDLE/install.sh" ]; then
-    echo "error: $FI_BUNDLE/install.sh not found; make it here: swa-repro bundle --flashinfer $FI_VERSION --out .bundle/fi-$FI_VERSION"
-    return 2
-  fi
-  if [ ! -f "$SG_BUNDLE/install.sh" ]; then
-    echo "error: $SG_BUNDLE/install.sh not found; make it here: swa-repro bundle --sglang $SGLANG_VERSION --out .bundle/sglang-$SGLANG_VERSION"
-    return 2
-  fi
-  run rm -rf "$SITE" || return 2
-  run env PYTHON="$PY" bash "$FI_BUNDLE/install.sh" "$SITE" || { echo "error: the flashinfer bundle did not install"; return 2; }
-  if [ -f "$NB_BUNDLE/install.sh" ]; then
-    run env PYTHON="$PY" bash "$NB_BUNDLE/install.sh" "$SITE" || { echo "error: the notebooks bundle did not install"; return 2; }
-  else
-    echo "note: no $NB_BUNDLE: the notebooks step will fail (swa-repro bundle --notebooks --out .bundle/notebooks)"
-  fi
-  run env PYTHON="$PY" bash "$SG_BUNDLE/install.sh" "$SITE" || { echo "error: the sglang bundle did not install"; return 2; }
-}
-
-verify_site() {
-  # flashinfer, sglang and the sgl_kernel stub must all come from $SITE
-  FI_VERSION="$FI_VERSION" SGLANG_VERSION="$SGLANG_VERSION" SITE="$SITE" run "$PY" - <<'EOF'
-import os, sys, torch, flashinfer, sglang, sgl_kernel
-site = os.path.realpath(os.environ["SITE"]) + "/"
-print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
-      "| flashinfer", flashinfer.__version__, "| sglang", sglang.__version__, "|", sgl_kernel.provenance()["replaces"])
-print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NONE")
-for mod, want in ((flashinfer, os.environ["FI_VERSION"]), (sglang, os.environ["SGLANG_VERSION"])):
-    if not os.path.realpath(mod.__file__).startswith(site) or mod.__version__ != want:
-        sys.exit(f"error: {mod.__name__} {mod.__version__} from {mod.__file__}, not {want} from {site}")
-if not getattr(sgl_kernel, "__swa_repro_stub__", False):
-    sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
-EOF
-}
+# has, run, left, install_bundles, verify_site
+. "$ROOT/scripts/lib_gpu.sh"
 
 {
   echo "== gpu_sglang steps=$STEPS flashinfer=$FI_VERSION sglang=$SGLANG_VERSION site=$SITE (budget ${BUDGET_S}s)"

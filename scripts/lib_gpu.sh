@@ -1,0 +1,51 @@
+# Shell functions shared by scripts/gpu_sglang.sh and scripts/gpu_fix.sh: sourced, never run.
+# The caller sets STEPS, START, BUDGET_S, ROOT, PY, FI_VERSION, SGLANG_VERSION, FI_BUNDLE, SG_BUNDLE,
+# NB_BUNDLE (empty: no notebooks bundle wanted) and SITE; DRY_RUN=1 prints each command instead of
+# running it; CMD_LOG, when set, is a file every command run() runs is also appended to; RUN_FD, when
+# set, the file descriptor run() shows each command on (default 2: stderr, redirected with the command).
+
+has() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+run() {
+  echo "+ $*" >&"${RUN_FD:-2}"
+  [ -z "${CMD_LOG:-}" ] || echo "$*" >> "$CMD_LOG"
+  [ -n "${DRY_RUN:-}" ] || "$@"
+}
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+install_bundles() {  # [SITE]: a fresh site from the flashinfer bundle, the notebooks bundle, then sglang's
+  local site="${1:-$SITE}"
+  if [ ! -f "$FI_BUNDLE/install.sh" ]; then
+    echo "error: $FI_BUNDLE/install.sh not found; make it here: swa-repro bundle --flashinfer $FI_VERSION --out .bundle/fi-$FI_VERSION"
+    return 2
+  fi
+  if [ ! -f "$SG_BUNDLE/install.sh" ]; then
+    echo "error: $SG_BUNDLE/install.sh not found; make it here: swa-repro bundle --sglang $SGLANG_VERSION --out .bundle/sglang-$SGLANG_VERSION"
+    return 2
+  fi
+  run rm -rf "$site" || return 2
+  run env PYTHON="$PY" bash "$FI_BUNDLE/install.sh" "$site" || { echo "error: the flashinfer bundle did not install"; return 2; }
+  if [ -z "${NB_BUNDLE:-}" ]; then
+    :  # the caller runs no notebooks
+  elif [ -f "$NB_BUNDLE/install.sh" ]; then
+    run env PYTHON="$PY" bash "$NB_BUNDLE/install.sh" "$site" || { echo "error: the notebooks bundle did not install"; return 2; }
+  else
+    echo "note: no $NB_BUNDLE: the notebooks step will fail (swa-repro bundle --notebooks --out .bundle/notebooks)"
+  fi
+  run env PYTHON="$PY" bash "$SG_BUNDLE/install.sh" "$site" || { echo "error: the sglang bundle did not install"; return 2; }
+}
+
+verify_site() {  # [SITE]: flashinfer, sglang and the sgl_kernel stub must all come from it
+  local site="${1:-$SITE}"
+  PYTHONPATH="$ROOT:$site" FI_VERSION="$FI_VERSION" SGLANG_VERSION="$SGLANG_VERSION" SITE="$site" run "$PY" - <<'EOF'
+import os, sys, torch, flashinfer, sglang, sgl_kernel
+site = os.path.realpath(os.environ["SITE"]) + "/"
+print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| flashinfer", flashinfer.__version__, "| sglang", sglang.__version__, "|", sgl_kernel.provenance()["replaces"])
+print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NONE")
+for mod, want in ((flashinfer, os.environ["FI_VERSION"]), (sglang, os.environ["SGLANG_VERSION"])):
+    if not os.path.realpath(mod.__file__).startswith(site) or mod.__version__ != want:
+        sys.exit(f"error: {mod.__name__} {mod.__version__} from {mod.__file__}, not {want} from {site}")
+if not getattr(sgl_kernel, "__swa_repro_stub__", False):
+    sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
+EOF
+}

@@ -1,0 +1,202 @@
+"""``scripts/gpu_fix.sh``'s control flow, without a GPU: a stand-in ``python3`` plays the site check,
+``swa-repro audit --mode live`` (it reads the backend file of the site on its PYTHONPATH late, after
+the patch step has run), ``swa-repro patch``, ``sglang-check --kit-only`` and the upstream unittest;
+stand-in bundles install a site holding one backend file. So the step order, which site each command
+ran against, the budget cut-offs and what comes back are checked here before device time is spent."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO
+
+BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
+
+MOCK_PY = r"""#!/usr/bin/env bash
+site=${PYTHONPATH##*:}
+f="$site/sglang/srt/layers/attention/flashinfer_backend.py"
+ev() { echo "$* $(date +%s.%N)" >> "$EVENTS"; }
+case "$1" in
+  -) cat >/dev/null; ev "verify $site"; [ -f "$f" ] || { echo "error: no sglang in $site"; exit 1; }
+     echo "  stand-in: flashinfer, sglang, sgl_kernel from $site";;
+  -c) echo "2.11.0+stand-in cuda 13.0";;
+  -m)
+    shift 2  # -m swa_repro.cli
+    case "$1 $2" in
+      "audit "*)
+        ev "audit-start $site $*"; sleep "${AUDIT_SLEEP:-1}"
+        grep -q PATCHED "$f" && p=true || p=false   # read late: after the patch step
+        echo "{\"release\": {\"backend_file\": \"$f\", \"patched\": $p}}"
+        echo "stand-in audit of $site" >&2; ev "audit-end $site";;
+      "patch apply")
+        ev "patch-apply $site $*"; [ -z "${PATCH_FAIL:-}" ] || { echo "error: stand-in patch failed"; exit 1; }
+        cp "$f" "$f.swa-repro.orig"; echo "PATCHED" >> "$f"; echo "patched $f";;
+      "patch status")
+        ev "patch-status $site $*"; grep -q PATCHED "$f" && echo "window_left: applied" || echo "window_left: needed";;
+      "sglang-check "*)
+        ev "kit $site $*"
+        [ -z "${NO_KIT:-}" ] || { echo "swa-repro: error: unrecognized arguments: --kit-only" >&2; exit 2; }
+        echo '{"kit": "stand-in"}';;
+    esac;;
+  *.py)
+    ev "regress $site $1"
+    if grep -q PATCHED "$f"; then echo "OK"; exit 0; else echo "FAILED (failures=1)"; exit 1; fi;;
+esac
+"""
+
+FI_INSTALL = 'mkdir -p "$1"; echo "install-fi $1 $(date +%s.%N)" >> "$EVENTS"\n'
+SG_INSTALL = ('mkdir -p "$1/sglang/srt/layers/attention"; echo "# shipped" > "$1/' + BACKEND + '"\n'
+              'echo "install-sglang $1 $(date +%s.%N)" >> "$EVENTS"\n')
+
+
+@pytest.fixture
+def rig(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for s in ("gpu_fix.sh", "lib_gpu.sh"):
+        shutil.copy(REPO / "scripts" / s, repo / "scripts")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    py = bin_ / "python3"
+    py.write_text(MOCK_PY)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    for name, text in (("fi-0.7.2", FI_INSTALL), ("sglang-0.5.23", SG_INSTALL)):
+        (repo / ".bundle" / name).mkdir(parents=True)
+        (repo / ".bundle" / name / "install.sh").write_text(text)
+    sites = {"shipped": tmp_path / "site-shipped", "fixed": tmp_path / "site-fixed"}
+
+    def run(steps=None, regress_file=True, **env_extra):
+        test = repo / "docs" / "upstream" / "test_flashinfer_plan_time_params.py"
+        if regress_file:
+            test.parent.mkdir(parents=True, exist_ok=True)
+            test.write_text("# stand-in\n")
+        elif test.exists():
+            test.unlink()
+        out = tmp_path / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        events = tmp_path / "events"
+        events.unlink(missing_ok=True)
+        env = {**os.environ, "OUT": str(out), "EVENTS": str(events), "SITE": str(sites["shipped"]),
+               "SITE_FIXED": str(sites["fixed"]), "ART": str(tmp_path / "art"), "KILL_AFTER_S": "1",
+               "PATH": f"{bin_}:{os.environ['PATH']}", **{k: str(v) for k, v in env_extra.items()}}
+        env.pop("PYTHON", None)  # the script's default, python3: the stand-in, first on PATH
+        t0 = time.monotonic()
+        r = subprocess.run(["bash", "scripts/gpu_fix.sh", *([steps] if steps else [])], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=60)
+        r.wall = time.monotonic() - t0
+        ev = [line.split() for line in events.read_text().splitlines()] if events.exists() else []
+        return r, out, ev
+    run.sites = sites
+    return run
+
+
+def _t(ev, kind, site):
+    return next(float(e[-1]) for e in ev if e[0] == kind and e[1] == str(site))
+
+
+def test_all_steps_in_order_each_on_its_own_site(rig):
+    r, out, ev = rig()
+    assert r.returncode == 0, r.stdout + r.stderr
+    shipped, fixed = rig.sites["shipped"], rig.sites["fixed"]
+    kinds = [e[0] for e in ev]
+    # install: the flashinfer bundle, then sglang's, into the shipped site; the fixed site is its copy
+    assert kinds[:2] == ["install-fi", "install-sglang"] and ev[0][1] == ev[1][1] == str(shipped)
+    assert sorted(e[1] for e in ev if e[0] == "verify") == sorted([str(shipped), str(fixed)])
+    # patch and patch status only on the fixed site, after the before audit started and before the after one
+    assert [e[1] for e in ev if e[0].startswith("patch-")] == [str(fixed)] * 2
+    assert next(e for e in ev if e[0] == "patch-apply")[2:6] == ["patch", "apply", "--fix", "all"]
+    assert "--in-place" in next(e for e in ev if e[0] == "patch-apply")
+    assert _t(ev, "patch-apply", fixed) < _t(ev, "audit-start", fixed)
+    # the two audits overlap (before in the background, started first; after in the foreground), and the
+    # before audit runs while the fixed site is patched: it reads its file after the patch (below)
+    assert _t(ev, "audit-start", fixed) < _t(ev, "audit-end", shipped)
+    assert _t(ev, "audit-start", shipped) < _t(ev, "audit-end", fixed)
+    assert _t(ev, "patch-apply", fixed) < _t(ev, "audit-end", shipped)
+    audits = [e for e in ev if e[0] == "audit-start"]
+    assert len(audits) == 2 and all(e[2:7] == ["audit", "--mode", "live", "--json", "--live-budget"] for e in audits)
+    # the kit runs on the fixed site after both audits; regress on the shipped site, then on the fixed one
+    assert [e[1] for e in ev if e[0] == "kit"] == [str(fixed)]
+    assert _t(ev, "kit", fixed) > max(_t(ev, "audit-end", shipped), _t(ev, "audit-end", fixed))
+    assert "--kit-only" in next(e for e in ev if e[0] == "kit")
+    assert [e[1] for e in ev if e[0] == "regress"] == [str(shipped), str(fixed)]
+    assert kinds.index("regress") > kinds.index("kit")
+    # the before audit read the shipped file although the patch ran meanwhile; the after one the patched file
+    before = json.loads(lzma.decompress((out / "audit-live-before.json.xz").read_bytes()))["release"]
+    after = json.loads(lzma.decompress((out / "audit-live-after.json.xz").read_bytes()))["release"]
+    assert before == {"backend_file": f"{shipped}/{BACKEND}", "patched": False}
+    assert after == {"backend_file": f"{fixed}/{BACKEND}", "patched": True}
+    assert (shipped / BACKEND).read_text() == "# shipped\n" and not list((shipped / BACKEND).parent.glob("*.orig"))
+    regress = (out / "regress.log").read_text()
+    assert "== regress shipped: FAIL, as expected" in regress and "== regress fixed: PASS, as expected" in regress
+    # what comes back: at most 8 flat files
+    got = sorted(p.name for p in out.iterdir())
+    assert len(got) <= 8 and all((out / n).is_file() for n in got)
+    assert {"gpu.txt", "audit-live-before.json.xz", "audit-live-after.json.xz", "kit-after.json", "regress.log",
+            "fix.diff", "site-listing.txt"} <= set(got)
+    assert len([n for n in got if n.startswith("gpu_fix-") and n.endswith(".log")]) == 1
+    assert "+PATCHED" in (out / "fix.diff").read_text()
+    gpu = (out / "gpu.txt").read_text()
+    assert "git rev-parse HEAD:" in gpu and "date -u:" in gpu and "torch: 2.11.0+stand-in" in gpu
+    assert f"PYTHONPATH={fixed} timeout" in gpu and "patch apply --fix all --in-place" in gpu
+    log = r.stdout
+    assert "sha256" in log and "window_left: applied" in log and "exit status 0" in log.splitlines()[-1]
+
+
+def test_budget_cut_offs(rig):
+    # too little left for any audit (and then for the kit and regress): each skipped and said so, exit 1
+    r, out, ev = rig(BUDGET_S=3)
+    assert r.returncode == 1
+    for step in ("before", "after", "kit", "regress shipped", "regress fixed"):
+        assert f"== {step}: skipped, " in r.stdout, step
+    assert not [e for e in ev if e[0] in ("audit-start", "kit", "regress")]
+    assert "patch-apply" in [e[0] for e in ev]
+    # audits that outlast their share are stopped by their timeout; the kit gets what is left: too little
+    r, out, ev = rig(BUDGET_S=9, RESERVE_S=4, AUDIT_MARGIN_S=2, MIN_LIVE_S=1, AUDIT_SLEEP=30)
+    assert r.returncode == 1 and r.wall < 20, r.stdout  # the skipped kit and regress last
+    assert "--live-budget 3" in " ".join(next(e for e in ev if e[0] == "audit-start"))
+    assert "== after: exit status 124" in r.stdout and "== before: exit status 124" in r.stdout
+    assert "== kit: skipped, " in r.stdout and not [e for e in ev if e[0] in ("audit-end", "kit")]
+
+
+def test_missing_bundle_is_one_error_line_and_exit_2(rig, tmp_path):
+    shutil.rmtree(tmp_path / "repo" / ".bundle" / "sglang-0.5.23")
+    r, out, ev = rig()
+    assert r.returncode == 2
+    errors = [line for line in r.stdout.splitlines() if "error" in line]
+    assert errors == [f"error: {tmp_path}/repo/.bundle/sglang-0.5.23/install.sh not found; make it here: "
+                      "swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23"]
+    assert ev == [] and len(list(out.iterdir())) <= 8
+
+
+def test_failed_patch_skips_what_needs_it_and_absent_kit_or_test_is_logged(rig):
+    r, out, ev = rig(PATCH_FAIL=1)
+    assert r.returncode == 1
+    assert [e[1] for e in ev if e[0] == "audit-start"] == [str(rig.sites["shipped"])]  # before still measured
+    for step in ("after", "kit", "regress fixed"):
+        assert f"== {step}: skipped, {rig.sites['fixed']} is not patched" in r.stdout
+    assert "== regress shipped: FAIL, as expected" in r.stdout
+    r, out, ev = rig("install,patch,kit,regress", regress_file=False, NO_KIT=1)
+    assert r.returncode == 2
+    assert "unrecognized arguments: --kit-only" in r.stdout and "== kit: exit status 2" in r.stdout
+    assert "== regress: skipped, no docs/upstream/test_flashinfer_plan_time_params.py" in r.stdout
+    assert not [e for e in ev if e[0] in ("audit-start", "regress")]
+
+
+def test_dry_run_prints_and_runs_nothing(rig):
+    r, out, ev = rig(DRY_RUN=1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ev == [] and list(out.iterdir()) == []
+    s = r.stdout
+    assert s.index("fi-0.7.2/install.sh") < s.index("sglang-0.5.23/install.sh") < s.index("+ cp -a")
+    assert f"{rig.sites['fixed']} python3 -m swa_repro.cli patch apply" in s
+    assert "sglang-check --mode live --kit-only --json" in s
+    assert f"PYTHONPATH={rig.sites['shipped']} timeout" in s and "test_flashinfer_plan_time_params.py" in s
