@@ -25,8 +25,8 @@ from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import out_dir
 from swa_repro.core.mode import resolve_mode
 from swa_repro.sglang import patch as sglang_patch
-from swa_repro.sglang.harness import (reaches_past_window, require_harness_release, run_case, sglang_env, sglang_info,
-                                      swa_forward_index)
+from swa_repro.sglang.harness import (HARNESS_RELEASES, reaches_past_window, require_harness_release, run_case,
+                                      sglang_env, sglang_info, swa_forward_index)
 from swa_repro.sglang.trace import Trace
 
 # sglang's attention test kit is imported inside the functions that use it: sglang is optional and
@@ -136,6 +136,12 @@ def register(sub) -> None:
                    "(default: all)")
     p.add_argument("--trace-dir", default=None, help="save every run's wrapper-call trace here (.pt) for `swa-repro replay`")
     p.add_argument("--peer", action="store_true", help="also run sglang's own attention test kit (extend cases)")
+    p.add_argument("--kit-only", action="store_true",
+                   help="only sglang's own attention kit (extend+decode cases), on sglang as it is on disk (0.5.13+)")
+    p.add_argument("--sglang", default=None, metavar="VERSION",
+                   help="with --kit-only: run release VERSION's kit and code in a child (its overlay)")
+    p.add_argument("--fix", default=None, metavar="NAMES",
+                   help="with --kit-only --sglang: that release with these `swa-repro patch --fix` fixes (all or names)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=main)
 
@@ -154,6 +160,13 @@ def selected_cases(text: str | None) -> list[str]:
 
 
 def main(a) -> int:
+    if a.kit_only:
+        from swa_repro.sglang import kit
+
+        return kit.main(a)
+    if a.sglang or a.fix is not None:
+        raise UsageError("--sglang/--fix go with --kit-only (the matrix drives the installed "
+                         f"{', '.join(HARNESS_RELEASES)}); for other releases use `swa-repro audit --sglang`")
     names = selected_cases(a.cases)
     if a.trace_dir:
         out_dir(a.trace_dir, "--trace-dir")  # created when missing (Trace.save); checked before any run

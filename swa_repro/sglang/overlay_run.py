@@ -1,0 +1,113 @@
+"""Run a module of this package against release X's own code: a child process with X's overlay
+(``provision``, or ``fix.overlay.fixed_overlay`` with ``--fix``) first on ``sys.path``.
+
+One interpreter cannot hold two sglang releases and the installed one must stay untouched, so the
+parent provisions, the child (``python -m MODULE --overlay DIR --out FILE ...``) imports X's
+``sglang``, checks every loaded ``sglang.*`` module came from the overlay (:func:`foreign_modules`)
+and writes a JSON document. Used by ``audit --sglang`` (``audit.release``) and
+``sglang-check --kit-only --sglang`` (``sglang.kit``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+
+
+# ----------------------------------------------------------------------------- parent
+def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running it") -> tuple[Path, dict, dict | None]:
+    """``(overlay, provision info, fix info or None)``: the release as shipped, or with ``fixes``."""
+    from swa_repro.sglang.provision import provision
+
+    overlay, info = provision(version)
+    how = "cached" if info["cached"] else f"installed in {info['install_seconds']} s"
+    note(f"sglang {version}: overlay {overlay} ({how}); {doing} in a subprocess "
+         "(the first import of a release compiles it: a minute or more)")
+    fixed = None
+    if fixes:
+        from swa_repro.sglang.fix.overlay import fixed_overlay
+
+        overlay, fixed = fixed_overlay(version, fixes, overlay)
+        note(f"sglang {version}: with --fix {','.join(fixes)} ({overlay})")
+    return overlay, info, fixed
+
+
+def run_child(module: str, overlay: Path, args: list[str], what: str) -> tuple[dict, float]:
+    """``python -m module --overlay overlay --out F *args`` -> (its JSON document, seconds); a
+    failed child is one UsageError line (its last stderr line)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, "-m", module, "--overlay", str(overlay), "--out", str(out), *args]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if p.returncode != 0 or not out.is_file():
+            last = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            raise UsageError(f"{what} failed: {last[-1] if last else f'exit {p.returncode}'}")
+        return json.loads(out.read_text()), round(time.monotonic() - t0, 1)
+
+
+# ----------------------------------------------------------------------------- child
+def foreign_modules(overlay: Path) -> list[str]:
+    """Loaded ``sglang`` / ``sglang.*`` modules whose file is not under ``overlay``."""
+    root = str(overlay.resolve())
+    return sorted(k for k, m in list(sys.modules.items())
+                  if (k == "sglang" or k.startswith("sglang.")) and getattr(m, "__file__", None)
+                  and not str(Path(m.__file__).resolve()).startswith(root))
+
+
+def import_release(overlay: Path):
+    """Quiet warnings/logging, import the overlay's ``sglang`` (first on ``sys.path``) and refuse
+    one from elsewhere; the sgl_kernel placeholder where it cannot load (``releases``)."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    import sglang
+
+    if foreign_modules(overlay):
+        raise UsageError(f"sglang came from {sglang.__file__}, not from the overlay {overlay}")
+    from swa_repro.sglang import releases
+
+    releases.ensure_sgl_kernel()
+    return sglang
+
+
+def check_no_foreign(overlay: Path) -> int:
+    """After the run: every loaded sglang module is the overlay's; how many there are."""
+    bad = foreign_modules(overlay)
+    if bad:
+        raise UsageError(f"{len(bad)} sglang modules did not come from the overlay (e.g. {bad[0]})")
+    return sum(1 for k in sys.modules if k == "sglang" or k.startswith("sglang."))
+
+
+def child_parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {prog}")
+    p.add_argument("--overlay", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def child_main(parser: argparse.ArgumentParser, run, argv=None) -> int:
+    """Parse, put the overlay first on ``sys.path`` (before anything imports sglang), ``run(overlay,
+    args)`` -> document written to ``--out``; any error is one stderr line for the parent, exit 2."""
+    a = parser.parse_args(argv)
+    overlay = a.overlay.resolve()
+    sys.path.insert(0, str(overlay))
+    try:
+        doc = run(overlay, a)
+    except Exception as e:  # one line for the parent, never a traceback
+        print(f"{type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        return 2
+    a.out.write_text(json.dumps(doc, default=str))
+    return 0
