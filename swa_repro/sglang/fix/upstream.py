@@ -1,0 +1,296 @@
+"""``python -m swa_repro.sglang.fix.upstream --out docs/upstream``: the fixes as an sglang maintainer
+would take them, against sglang 0.5.23's own file.
+
+Writes one unified diff per finding class (``apply_fixes(text, (name,))`` on the overlay's file,
+paths as in sglang's repository), ``all.diff``, and a README whose line numbers are found in that
+file, whose audit cells come from CPU audits of 0.5.23 as shipped and with each fix
+(``audit.release.audit_release``), and whose live section comes from a committed H200 recording
+when there is one. Nothing in it is typed by hand, so it is regenerated, never edited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import lzma
+from pathlib import Path
+
+from swa_repro.sglang.audit import table as at
+from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, parse_names, states
+from swa_repro.sglang.patch.classify import REL_PATH
+
+VERSION = "0.5.23"
+REPO_PATH = f"python/sglang/{REL_PATH}"
+ROOT = Path(__file__).resolve().parents[3]
+LIVE = ROOT / "recordings" / "sglang-live" / f"fix-{VERSION}"
+TEST = "test_flashinfer_plan_time_params.py"
+
+
+def source(version: str = VERSION) -> str:
+    from swa_repro.sglang.provision import provision
+
+    overlay, _ = provision(version)
+    return (overlay / "sglang" / REL_PATH).read_text()
+
+
+def unified(old: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        f"a/{REPO_PATH}", f"b/{REPO_PATH}"))
+
+
+def diffs(text: str) -> dict[str, str | None]:
+    """name -> diff against ``text`` (None: nothing of its own to change); plus ``all``."""
+    st = states(text)
+    out = {n: None if st[n].state == "applied" or FIXES[n].requires else unified(text, apply_fixes(text, (n,)))
+           for n in ORDER}
+    out["all"] = unified(text, apply_fixes(text, ORDER))
+    return out
+
+
+def plus_side(text: str, diff: str) -> str:
+    """``text`` with ``diff`` applied, hunk by hunk, every context and removed line checked (what
+    ``patch -p1`` would do to the file, without fuzz)."""
+    old, new, i = text.splitlines(keepends=True), [], 0
+    lines = diff.splitlines(keepends=True)
+    for k, ln in enumerate(lines):
+        if ln.startswith("@@"):
+            start = int(ln.split()[1].split(",")[0][1:]) - 1 if ln.split()[1] != "-0,0" else 0
+            new += old[i:start]
+            i = start
+        elif ln.startswith((" ", "-")) and not ln.startswith("--- "):
+            if old[i] != ln[1:]:
+                raise ValueError(f"diff line {k + 1} does not match the file at line {i + 1}")
+            if ln[0] == " ":
+                new.append(old[i])
+            i += 1
+        elif ln.startswith("+") and not ln.startswith("+++ "):
+            new.append(ln[1:])
+    return "".join(new + old[i:])
+
+
+# ----------------------------------------------------------------------------- file:line in 0.5.23
+def line_of(text: str, needle: str, after: str | None = None, nth: int = 1) -> int:
+    """1-based line of the ``nth`` line holding ``needle`` after the first holding ``after``."""
+    lines = text.splitlines()
+    start = 0 if after is None else next(i for i, ln in enumerate(lines) if after in ln)
+    hits = [i + 1 for i, ln in enumerate(lines[start:], start) if needle in ln]
+    if len(hits) < nth:
+        raise LookupError(f"{needle!r} after {after!r}: not in this file (regenerate against the right release)")
+    return hits[nth - 1]
+
+
+def problems(text: str) -> dict[str, str]:
+    """Each class's problem in this file, its lines found by anchors (so a moved line fails loudly)."""
+    L = lambda *a, **k: f"`flashinfer_backend.py:{line_of(text, *a, **k)}`"  # noqa: E731
+    pre_cbf = "class FlashInferIndicesUpdaterPrefill"
+    ragged_plan = L("wrapper_ragged.begin_forward(", pre_cbf)
+    usw_call = L("self.call_begin_forward(", pre_cbf, nth=2)
+    gate = L("if (wrapper_id == 0 and not use_ragged and spec_info is None)")
+    paged_window = L('paged_plan_kwargs["window_left"] = window_left')
+    return {
+        "paged_only_window": f"The paged-only path plans wrapper 0 with the layer's window ({paged_window}).",
+        "ragged_no_prefix_window": (
+            f"One ragged wrapper (`self.prefill_wrapper_ragged`, created at {L('self.prefill_wrapper_ragged = ')}) "
+            f"serves sliding-window and full layers. `update_sliding_window` plans it once per wrapper id "
+            f"({usw_call}), the full layers' plan last, and its plan ({ragged_plan}) never gets a "
+            f"`window_left`, so the compiled kernel has no window mask. The no-prefix `forward()` "
+            f"({L('self.prefill_wrapper_ragged.forward(', 'def forward_extend')}) passes no window either: "
+            "every query attends all earlier tokens of the extend."),
+        "ragged_prefix_window": (
+            f"The with-prefix `forward_return_lse()` ({L('self.prefill_wrapper_ragged.forward_return_lse(', 'def forward_extend')}) "
+            f"passes `window_left=layer.sliding_window_size`, but on the same wrapper planned without a window "
+            f"({ragged_plan}) that only sets `_window_left`: the new tokens attend each other unwindowed "
+            "(the paged prefix part is windowed by its custom mask and is exact)."),
+        "eagle_verify_window": (
+            f"EAGLE verify plans wrapper 0 over the first `min(seq, window)` keys "
+            f"({L('paged_kernel_lens = torch.minimum(', 'class FlashInferIndicesUpdaterPrefill')}; its "
+            f"`generate_attn_arg_prefill` takes no `kv_start_idx`, {L('spec_info.generate_attn_arg_prefill(', pre_cbf, nth=2)}) "
+            f"under a tree mask laid out for the whole sequence, and the window gate ({gate}) "
+            "keeps `window_left` out of verify plans."),
+        "dflash_verify_window": (
+            f"DFlash verify trims wrapper 0's keys per request (`kv_start_idx`, {L('kv_start_idx=kv_start_idx,', 'spec_input_type == SpecInputType.DFLASH_VERIFY:')}) "
+            f"but the window gate ({gate}) plans no "
+            "`window_left`, so queries early in the draft see keys past their window."),
+        "soft_cap_prefill": (
+            f"`forward_extend` reads `layer.logit_cap` ({L('logits_soft_cap = layer.logit_cap', 'def forward_extend')}) "
+            f"and passes it only to `forward()` / `forward_return_lse()`; neither the ragged plan ({ragged_plan}) "
+            f"nor the paged plan ({L('wrapper_paged.begin_forward(', pre_cbf)}) gets `logits_soft_cap`, so the "
+            "kernel compiled has no tanh cap."),
+        "soft_cap_decode": (
+            f"`forward_decode` passes `logits_soft_cap=layer.logit_cap` ({L('logits_soft_cap=layer.logit_cap', 'def forward_decode')}) "
+            f"to `forward()` only; the decode plans ({L('wrapper.begin_forward(', 'class FlashInferIndicesUpdaterDecode', nth=1)}, "
+            f"{L('wrapper.begin_forward(', 'class FlashInferIndicesUpdaterDecode', nth=2)}) get none."),
+        "soft_cap_cuda_graph": (
+            "CUDA-graph capture plans go through the same `call_begin_forward` methods as eager plans, and a "
+            f"replay (`fast_decode_plan`, `fast_prefill_plan` at {L('def fast_prefill_plan(')}) never re-picks the "
+            "captured module: the cap is lost in every graph for the same reasons as above."),
+    }
+
+
+DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
+    "ragged_no_prefix_window": "The full layers keep the shared wrapper, planned as before: a runtime "
+    "`window_left=-1` on a window-compiled kernel is not full attention everywhere (fa3 on sm90 skips KV tiles "
+    "from the planned window, and split-KV sizes its chunks from it), so one wrapper cannot serve both kinds.",
+    "ragged_prefix_window": "Same wrapper as `ragged_no_prefix_window` (the two diffs share those hunks; "
+    "`all.diff` has them once).",
+    "eagle_verify_window": "Wrapper 0 keeps the whole sequence and its tree mask, like wrapper 1, and the window "
+    "is planned in: FlashInfer applies the window and the custom mask together, per element.",
+    "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
+    "keys a query sees.",
+    "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
+    "layers as `logit_cap`), read once per indices updater; a `fast_prefill_plan` replay takes no cap and "
+    "keeps the module captured with it.",
+    "soft_cap_decode": "The cap comes from the same helper as `soft_cap_prefill`; `fast_decode_plan` replays "
+    "take it too.",
+}
+
+
+# ----------------------------------------------------------------------------- audits
+def audits(version: str = VERSION, note=print) -> dict:
+    """CPU audits of ``version``: as shipped (every path) and, per class with a fix of its own to
+    apply, with it (that class's paths); ``all`` with every fix."""
+    from swa_repro.sglang.audit.release import audit_release
+
+    text = source(version)
+    st = states(text)
+    out = {"shipped": audit_release(version, note=note)}
+    for name in ORDER:
+        if st[name].state != "applied":
+            out[name] = audit_release(version, paths=list(at.CLASSES[name].paths), fixes=parse_names(name), note=note)
+    out["all"] = audit_release(version, fixes=ORDER, note=note)
+    return out
+
+
+def cell_text(doc: dict, name: str) -> str:
+    c = at.cell(doc, name)
+    keys = at.key_cells(doc)
+    paths = "; ".join(f"{p}: {at.key_text(keys.get(p))}" for p in at.CLASSES[name].paths)
+    return f"**{c['state']}** (keys a window-8 layer's queries attend: {paths})"
+
+
+# ----------------------------------------------------------------------------- live (H200)
+def load_live(path: Path) -> dict | None:
+    return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
+
+
+def live_lines(before: dict | None, after: dict | None) -> list[str]:
+    """Per path x layer, the real kernel's wrong rows and max error before and after the fixes."""
+    if before is None or after is None:
+        return [f"Not yet run. On an H200 with sglang {VERSION} and its flashinfer pin installed, record "
+                f"`swa-repro audit --mode live --json` as shipped and after applying `all.diff` (`swa-repro patch "
+                f"apply --fix all --in-place`), as {LIVE.relative_to(ROOT)}/audit-live-before.json.xz and "
+                "audit-live-after.json.xz (`bash scripts/gpu_fix.sh` does all of it), then regenerate this file. "
+                f"The regression test ({TEST}) is run there as well."]
+    from swa_repro.sglang.audit.core import key_table
+
+    def rows(doc):
+        return {(t["path"], t["layer"]): t for t in key_table(doc["runs"][0])}
+
+    def fmt(t):
+        if t is None or t["live_rows"] is None:
+            return "not run" if t and t["live_errors"] else "-"
+        err = "-" if t["max_err"] is None else f"{t['max_err']:.3g}"
+        return f"{t['live_wrong_rows']}/{t['live_rows']} wrong, max err {err}"
+
+    b, a = rows(before), rows(after)
+    rel = before["runs"][0]["release"]
+    out = [f"Recorded on {before['runs'][0].get('device', 'cuda')} (sglang {rel['sglang']}); "
+           "rows: the real kernel's output rows off the float64 reference.", "",
+           "| path | layer | before | after |", "|---|---|---|---|"]
+    out += [f"| {p} | {ly} | {fmt(b.get((p, ly)))} | {fmt(a.get((p, ly)))} |" for p, ly in sorted({*b, *a})]
+    return out
+
+
+# ----------------------------------------------------------------------------- README
+def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None) -> str:
+    st, probs = states(text), problems(text)
+    shipped = runs["shipped"]
+    lines = [
+        f"# FlashInfer plan-time parameters in sglang {VERSION}'s attention backend",
+        "",
+        "Do not edit: regenerate. (`python -m swa_repro.sglang.fix.upstream --out docs/upstream`)",
+        "",
+        f"Generated by `{prov['command']}` on {prov['date']} (swa-repro {prov['swa_repro_commit']}; sglang "
+        f"{VERSION}, whose flashinfer pin is {prov['flashinfer_pin']}; the CPU audits ran with flashinfer "
+        f"{prov['base_flashinfer']}'s call contract, torch {prov['torch']}).",
+        "",
+        "FlashInfer picks the compiled attention kernel at `plan()`: `window_left >= 0` selects the one with the "
+        "per-element sliding-window mask, `logits_soft_cap > 0` the one with the tanh cap. The deprecated "
+        "`forward()` / `forward_return_lse()` only overwrite `_window_left` / `_logits_soft_cap` on the wrapper, "
+        "which the kernel planned without them ignores. sglang's FlashInfer backend passes a layer's window and "
+        "cap to `forward()` on several paths but not to the `plan()` before it, so those layers silently run "
+        f"without them. Line numbers are `python/sglang/{REL_PATH}` of sglang {VERSION}.",
+        "",
+        f"`all.diff` applies every fix (`git apply docs/upstream/all.diff` in an sglang checkout at {VERSION}); "
+        f"each `<finding>.diff` applies alone. `{TEST}` is a regression test in the style of sglang's attention "
+        f"test kit: it fails on {VERSION} as shipped and passes with `all.diff` (CUDA; "
+        f"`python {TEST}`).",
+        "",
+        "Audit cells: `swa-repro audit --sglang 0.5.23 [--fix NAME]` on a CPU (sglang's own code with recording "
+        "FlashInfer stand-ins): **holds** (the layer's parameter reaches `forward()` but not `plan()`, with a "
+        "visible effect), **fixed** (it reaches `plan()`), **absent**, **not driven**. Keys: per path, whether "
+        "each query of the window-8 layer attends exactly its window (**extra**: queries seeing keys outside it).",
+        "",
+        "| finding | as shipped | with its fix | with all.diff |",
+        "|---|---|---|---|",
+    ]
+    for n in ORDER:
+        mine = runs.get(n)
+        lines.append(f"| {at.CLASSES[n].title} | {at.cell(shipped, n)['state']} | "
+                     f"{at.cell(mine, n)['state'] if mine else '(nothing to apply)'} | {at.cell(runs['all'], n)['state']} |")
+    for n in ORDER:
+        f = FIXES[n]
+        lines += ["", f"## {n}: {at.CLASSES[n].title}", "", f"**Problem.** {probs[n]}", ""]
+        if st[n].state == "applied":
+            lines.append(f"**Fix.** Nothing to do in {VERSION}: already fixed upstream (PR #31501). No diff.")
+        elif f.requires:
+            lines.append(f"**Fix.** No diff of its own: it is {' + '.join(f'`{r}.diff`' for r in f.requires)} "
+                         "(captures plan through the same code; a `fast_decode_plan` replay takes the cap, a "
+                         "`fast_prefill_plan` replay keeps the module captured with it).")
+        else:
+            added = ds[n].count("\n+") - 1
+            lines.append(f"**Fix** (`{n}.diff`, {added} line{'' if added == 1 else 's'} added): {f.summary}. "
+                         f"{DETAIL.get(n, '')}".rstrip())
+        lines += ["", f"- audit as shipped: {cell_text(shipped, n)}"]
+        if n in runs:
+            lines.append(f"- audit with `--fix {n}`: {cell_text(runs[n], n)}")
+        lines.append(f"- audit with all fixes: {cell_text(runs['all'], n)}")
+    lines += ["", "## Live on an H200", "", *live_lines(before, after)]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, *, command: str, note=print) -> list[Path]:
+    from swa_repro.sglang.provision import provision
+
+    text = source()
+    ds = diffs(text)
+    runs = audits(note=note)
+    prov = at.provenance(command, list(runs.values()))
+    prov["flashinfer_pin"] = provision(VERSION)[1].get("flashinfer_pin")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, d in ds.items():
+        p = out / f"{name}.diff"
+        if d is None:
+            p.unlink(missing_ok=True)
+            continue
+        p.write_text(d)
+        written.append(p)
+    md = out / "README.md"
+    md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
+                         load_live(LIVE / "audit-live-after.json.xz")))
+    return written + [md]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.fix.upstream", description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "upstream")
+    a = p.parse_args(argv)
+    for f in write(a.out, command="python -m swa_repro.sglang.fix.upstream --out " + str(a.out)):
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""docs/upstream/test_flashinfer_plan_time_params.py on a CPU, to check its logic without a GPU.
+
+The test file imports only sglang and torch, so it runs here unchanged in a child with a release's
+overlay first on ``sys.path`` (``run_child``): its ``DEVICE`` set to ``cpu``, the audit's CPU
+replacements around the backend (``audit.env.audit_env``: device="cuda" buffers on the CPU, the
+kv-indices port, ``merge_state``) and, in place of the three FlashInfer wrappers, stand-ins that
+keep FlashInfer's plan-time contract and compute exact attention: the window mask and the tanh cap
+are applied only when ``plan()`` asked for them (``window_left >= 0``, ``logits_soft_cap > 0``),
+with the values ``forward()`` last set, as the compiled kernels do.
+
+Child: ``python -m swa_repro.sglang.fix.upstream_cpu OVERLAY TEST_FILE OUT_JSON``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
+from swa_repro.kernel.wrappers import unpack_paged_kv_cache
+
+
+def attend(q, k, v, *, sm_scale, causal, window, cap, mask=None):
+    """float64 attention of one request, FlashInfer's conventions: query i sits at key position
+    ``m - n + i``; ``mask`` (n*m, flattened) replaces causality; LSE in base 2."""
+    n, hq = q.shape[:2]
+    m, hk = k.shape[:2]
+    g = hq // hk
+    s = torch.einsum("nhd,mhd->hnm", q.double(), k.double().repeat_interleave(g, 1)) * sm_scale
+    if cap > 0:
+        s = cap * torch.tanh(s / cap)
+    i = torch.arange(n).view(-1, 1) + (m - n)
+    j = torch.arange(m).view(1, -1)
+    vis = mask.reshape(n, m).bool().cpu() if mask is not None else (j <= i if causal else torch.ones(n, m, dtype=torch.bool))
+    if window >= 0:
+        vis = vis & (j >= i - window)
+    s = s.masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, -1)  # (h, n)
+    p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+    o = torch.einsum("hnm,mhd->nhd", p, v.double().repeat_interleave(g, 1))
+    return o, (lse / math.log(2)).T
+
+
+class _PlanTime:
+    """What the compiled module applies: the window / cap only if plan() selected them."""
+
+    def _keep_plan(self, a):
+        self._module_window = int(a.window_left) >= 0
+        self._module_cap = (a.logits_soft_cap or 0.0) > 0
+
+    def _params(self, q):
+        sm = self._sm_scale if self._sm_scale is not None else q.shape[-1] ** -0.5
+        return dict(sm_scale=sm, window=int(self._window_left) if self._module_window else -1,
+                    cap=float(self._logits_soft_cap or 0.0) if self._module_cap else 0.0)
+
+    @staticmethod
+    def _out(q, parts, return_lse):
+        o = torch.cat([p[0] for p in parts]).to(q.dtype).to(q.device)
+        lse = torch.cat([p[1] for p in parts]).float().to(q.device)
+        return (o, lse) if return_lse else o
+
+
+class PlanTimePaged(_PlanTime, PagedPrefillSignature):
+    def _plan(self, a):
+        self._keep_plan(a)
+        self._qo, self._kv = a.qo_indptr.cpu().long(), a.paged_kv_indptr.cpu().long()
+        self._idx, self._mask = a.paged_kv_indices.cpu().long(), a.custom_mask
+
+    def _run(self, a):
+        self._run_window(a.window_left)
+        k_cache, v_cache = unpack_paged_kv_cache(a.paged_kv_cache)
+        k_cache, v_cache = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+        parts, off = [], 0
+        for r in range(len(self._qo) - 1):
+            qa, qb, ka, kb = (int(x) for x in (self._qo[r], self._qo[r + 1], self._kv[r], self._kv[r + 1]))
+            ids = self._idx[ka:kb].to(k_cache.device)
+            mask = None
+            if self._mask is not None:
+                mask, off = self._mask[off: off + (qb - qa) * (kb - ka)], off + (qb - qa) * (kb - ka)
+            parts.append(attend(a.q[qa:qb], k_cache[ids], v_cache[ids], causal=self._causal, mask=mask,
+                                **self._params(a.q)))
+        return self._out(a.q, parts, a.return_lse)
+
+
+class PlanTimeRagged(_PlanTime, RaggedPrefillSignature):
+    def _plan(self, a):
+        if a.custom_mask is not None:
+            raise NotImplementedError("ragged custom masks are not modelled")
+        self._keep_plan(a)
+        self._qo, self._kv = a.qo_indptr.cpu().long(), a.kv_indptr.cpu().long()
+
+    def _run(self, a):
+        parts = []
+        for r in range(len(self._qo) - 1):
+            qa, qb, ka, kb = (int(x) for x in (self._qo[r], self._qo[r + 1], self._kv[r], self._kv[r + 1]))
+            parts.append(attend(a.q[qa:qb], a.k[ka:kb], a.v[ka:kb], causal=self._causal, **self._params(a.q)))
+        return self._out(a.q, parts, a.return_lse)
+
+
+class PlanTimeDecode(_PlanTime, DecodeSignature):
+    def _plan(self, a):
+        self._keep_plan(a)
+        self._kv, self._idx = a.indptr.cpu().long(), a.indices.cpu().long()
+
+    def _run(self, a):
+        self._run_window(a.window_left)
+        k_cache, v_cache = unpack_paged_kv_cache(a.paged_kv_cache)
+        k_cache, v_cache = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+        parts = []
+        for r in range(len(self._kv) - 1):
+            ids = self._idx[int(self._kv[r]): int(self._kv[r + 1])].to(k_cache.device)
+            parts.append(attend(a.q[r: r + 1], k_cache[ids], v_cache[ids], causal=True, **self._params(a.q)))
+        return self._out(a.q, parts, a.return_lse)
+
+
+def run_cases(test_file: Path) -> dict:
+    """Every case of ``test_file`` -> ``pass`` / ``fail: ...`` / ``error: ...``, on the CPU."""
+    import importlib.util
+
+    from swa_repro.sglang import harness, releases
+    from swa_repro.sglang.audit import env
+    from swa_repro.sglang.trace import Trace
+
+    releases.ensure_sgl_kernel()
+    spec = importlib.util.spec_from_file_location("upstream_regression", test_file)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.DEVICE = "cpu"
+    fb = harness.backend_module()
+    stand_ins = dict(zip(harness.WRAPPER_NAMES, (PlanTimePaged, PlanTimeRagged, PlanTimeDecode)))
+    suite = unittest.defaultTestLoader.loadTestsFromModule(mod)
+    out = {t.id().rsplit(".", 1)[-1]: "pass" for t in _flatten(suite)}  # a run empties the suite
+    result = unittest.TestResult()
+    with mock.patch.dict(env.STAND_INS, stand_ins), env.audit_env(Trace(), fb, use_paged=False, device="cpu"):
+        suite.run(result)
+    for kind, items in (("fail", result.failures), ("error", result.errors)):
+        for t, tb in items:
+            out[t.id().rsplit(".", 1)[-1]] = f"{kind}: {tb.strip().splitlines()[-1][:300]}"
+    for t, why in result.skipped:
+        out[t.id().rsplit(".", 1)[-1]] = f"skipped: {why}"
+    return out
+
+
+def _flatten(suite):
+    for t in suite:
+        yield from (_flatten(t) if isinstance(t, unittest.TestSuite) else [t])
+
+
+def main(argv=None) -> int:
+    overlay, test_file, out = (Path(x) for x in (argv or sys.argv[1:]))
+    sys.path.insert(0, str(overlay.resolve()))  # before anything imports sglang
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    out.write_text(json.dumps(run_cases(test_file), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""docs/upstream: the committed diffs are what the generator makes of sglang 0.5.23's file and apply
+to it; the regression test's logic holds on a CPU (fails as shipped where it should, passes fixed)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swa_repro.sglang.fix import ORDER, apply_fixes
+from swa_repro.sglang.fix import upstream as up
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "upstream"
+TEST_FILE = DOCS / up.TEST
+
+
+@pytest.fixture(scope="module")
+def text():
+    from swa_repro.sglang.provision import provision
+
+    try:
+        overlay, _ = provision(up.VERSION)
+    except Exception as e:  # no cached overlay and no package index
+        pytest.skip(f"cannot provision sglang=={up.VERSION}: {e}")
+    return (overlay / "sglang" / up.REL_PATH).read_text()
+
+
+def test_committed_diffs_are_regenerated(text):
+    made = up.diffs(text)
+    for name, d in made.items():
+        p = DOCS / f"{name}.diff"
+        if d is None:
+            assert not p.exists(), f"{p.name}: nothing to change in {up.VERSION}, but a diff is committed"
+        else:
+            assert p.read_text() == d, f"{p.name} is stale: run python -m swa_repro.sglang.fix.upstream"
+    assert made["paged_only_window"] is None and made["soft_cap_cuda_graph"] is None
+    readme = (DOCS / "README.md").read_text()
+    assert "Do not edit: regenerate." in readme and "already fixed upstream (PR #31501)" in readme
+
+
+@pytest.mark.parametrize("name", [*ORDER, "all"])
+def test_each_diff_applies_to_the_release_file(text, name):
+    p = DOCS / f"{name}.diff"
+    if not p.exists():
+        pytest.skip(f"no diff for {name}")
+    d = p.read_text()
+    assert d.startswith(f"--- a/{up.REPO_PATH}\n+++ b/{up.REPO_PATH}\n")
+    want = apply_fixes(text, ORDER if name == "all" else (name,))
+    assert up.plus_side(text, d) == want
+    ast.parse(want)
+
+
+def test_plus_side_refuses_a_diff_of_another_file(text):
+    d = (DOCS / "all.diff").read_text()
+    removed = next(ln[1:] for ln in d.splitlines(keepends=True)[2:] if ln.startswith("-"))
+    assert removed in text
+    with pytest.raises(ValueError):
+        up.plus_side(text.replace(removed, removed.rstrip("\n") + "  # edited\n", 1), d)
+
+
+def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
+    tree = ast.parse(TEST_FILE.read_text())
+    roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert roots - {"sglang", "torch", "flashinfer"} <= set(sys.stdlib_module_names)
+    assert "swa_repro" not in TEST_FILE.read_text()
+
+
+def test_live_section_renders_a_recording():
+    doc = json.loads((REPO / "recordings/sglang-live/audit-live-sglang-0.5.15.post1-flashinfer-0.6.12.json").read_text())
+    lines = up.live_lines(doc, doc)
+    assert lines[2].startswith("| path | layer | before | after |")
+    assert any("wrong, max err" in ln for ln in lines[4:])
+    assert up.live_lines(None, None)[0].startswith("Not yet run.")
+
+
+def _cases(overlay: Path, tmp_path: Path) -> dict:
+    out = tmp_path / f"{overlay.name}.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    p = subprocess.run([sys.executable, "-m", "swa_repro.sglang.fix.upstream_cpu", str(overlay), str(TEST_FILE),
+                        str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert p.returncode == 0 and out.is_file(), p.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_regression_test_on_cpu_fails_shipped_passes_fixed(text, tmp_path):
+    """The regression test's own cases, on a CPU (upstream_cpu: plan-time stand-ins for FlashInfer):
+    as shipped, every ragged window case and every soft-cap case fails, the paths 0.5.23 already
+    windows pass; with every fix, all pass."""
+    from swa_repro.sglang.fix.overlay import fixed_overlay
+    from swa_repro.sglang.provision import provision
+
+    overlay, _ = provision(up.VERSION)
+    shipped = _cases(overlay, tmp_path)
+    failing = {n for n, r in shipped.items() if r.startswith("fail:")}
+    assert failing == {n for n in shipped if n.startswith("test_ragged") or "soft_cap" in n}, shipped
+    assert {shipped["test_paged_window"], shipped["test_decode_window"]} == {"pass"}, shipped
+    fixed = _cases(fixed_overlay(up.VERSION, ORDER, overlay)[0], tmp_path)
+    assert set(fixed) == set(shipped) and set(fixed.values()) == {"pass"}, fixed
