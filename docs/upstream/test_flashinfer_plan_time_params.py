@@ -33,7 +33,7 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
 )
 
 DEVICE = "cuda"
-DTYPE = torch.float16
+DTYPE = torch.bfloat16  # as swa-repro's live audit: the two share their compiled FlashInfer modules
 WINDOW = 8  # window_left: keys i - 8 .. i are visible to the query at position i
 CAP = 50.0
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM = 4, 2, 64

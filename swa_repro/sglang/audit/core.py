@@ -209,12 +209,17 @@ def release_info() -> dict:
 
     from swa_repro.sglang import harness, patch
 
+    from swa_repro.sglang import fix
+
     path = harness.backend_module().__file__
+    fixes = {}
     try:
-        state = patch.classify(open(path).read()).state
+        text = open(path).read()
+        state = patch.classify(text).state
+        fixes = {n: s.state for n, s in fix.states(text).items()}  # `swa-repro patch --fix` (0.5.14+)
     except Exception as e:  # a file the classifier cannot read is "unknown", said why
         state = f"unknown ({type(e).__name__})"
-    return {"sglang": sglang.__version__, "backend_file": str(path), "state": state}
+    return {"sglang": sglang.__version__, "backend_file": str(path), "state": state, "fix_states": fixes}
 
 
 def run_audit(what_if: str | None = None, *, paths=None, layers=None, mode: str = "model",

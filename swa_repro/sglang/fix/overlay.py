@@ -23,7 +23,8 @@ def code_key(names) -> str:
     """Changes with the fix names and with the code that makes the edits."""
     h = hashlib.sha256(",".join(names).encode())
     here = Path(__file__).resolve().parent
-    for f in sorted([*here.glob("*.py"), *(here.parent / "patch").glob("*.py")]):
+    code = [here / n for n in ("__init__.py", "fixes.py", "source.py")] + sorted((here.parent / "patch").glob("*.py"))
+    for f in code:
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
 
