@@ -20,7 +20,9 @@
 # upstream fix (PR #31501) as a diff, the fix applied **in memory only** (the installed file is
 # not touched), and the `plan()` arguments sglang's own code issues before and after, read off a
 # trace of every wrapper call. On CUDA the wrappers are the real FlashInfer ones; without CUDA
-# they are the CPU kernel model behind the same calls (the first output says which).
+# they are the CPU kernel model behind the same calls (the first output says which). Last, the
+# fixes for every finding class, on the release you choose: its file's state per fix, each
+# fix's diff, and how to apply them for real.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
@@ -35,6 +37,10 @@ num_qo_heads = None
 num_kv_heads = None
 head_dim = None
 page_size = None
+# the section "Choose the fixes for the release you run": that release's own backend file (its cached
+# overlay, installed from the package index on first use) and the `swa-repro patch --fix` fixes for it
+sglang_release = "0.5.23"
+fixes = "all"  # all, or a comma list of swa_repro.sglang.fix.ORDER names
 
 # %%
 from swa_repro.notebook.runner import announce_mode, output_path
@@ -146,5 +152,59 @@ checks.expect(before.passed == (not H.reaches_past_window(case)),
 checks.expect(after.passed, "patched matches the exact reference", max_abs_err=after.max_abs_err)
 checks.expect(H.file_digest() == digest_before, "the installed backend file is byte-for-byte unchanged");
 
+# %% [markdown]
+# ## Choose the fixes for the release you run
+#
+# PR #31501 is one of eight finding classes (`docs/audit/releases.md`); `swa-repro patch --fix`
+# has one source edit per class, written against sglang 0.5.14-0.5.23. This section reads the
+# backend file of the release you run (`sglang_release`: that release's own package, not the
+# installed one) and, from its structure, each fix's state in it: `needed`, `applied` (the
+# release ships it) or `unknown` (not a structure the fix knows). Nothing is written. A release
+# that cannot be had (no network, no cached copy) or that the fixes refuse: one line, and the
+# rest of the section skips.
+
 # %%
+from swa_repro.notebook import fix_view as FV
+from swa_repro.notebook.show import show
+from swa_repro.sglang import fix as F
+
+release = FV.load_release(sglang_release, fixes)
+print(release.line)
+
+# %%
+if release.text:
+    show(FV.state_rows(release))
+
+# %% [markdown]
+# Each chosen fix as its own diff: the file with the fixes before it applied, then with it too
+# (one line of context), so a diff shows only what that fix edits.
+
+# %%
+if release.fixed:
+    steps = FV.step_diffs(release)
+    print("\n\n".join(FV.diff_text(name, diff) for name, diff in steps))
+
+# %%
+if release.fixed:
+    shipped, fixed = F.states(release.text, release.names), F.states(release.fixed)
+    checks.expect(all(s.state != "unknown" for s in shipped.values()), "every chosen fix knows the release's file",
+                  states={n: s.state for n, s in shipped.items()})
+    checks.expect(all(fixed[n].state == "applied" for n in release.names), "with the chosen fixes, each reads applied")
+    checks.expect(all(bool(diff) == (shipped[n].state == "needed" and not F.FIXES[n].requires) for n, diff in steps),
+                  "a fix edits the file exactly when the release needs it (a composite fix: through its parts)")
+
+# %% [markdown]
+# ## Applying them for real
+#
+# The same fixes, written to a file: `--out FILE` writes a fixed copy, `--in-place` edits the
+# installed file and keeps a backup for `swa-repro patch revert`. `swa-repro audit --sglang X
+# --fix NAMES` asks the audit's questions of the fixed release (notebook 04 shows it).
+
+# %%
+if release.fixed:
+    print("\n".join(FV.apply_commands(release, where["sglang"])))
+
+# %%
+if release.text:
+    checks.expect(FV.file_unchanged(release), "the release's backend file is unchanged")
 checks.close()

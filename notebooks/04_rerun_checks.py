@@ -19,7 +19,8 @@
 # output is held to the exact float64 reference on the full sequences. Expectation, from
 # geometry alone: unpatched fails exactly the cases where some query's KV (sglang hands each
 # request its last `W + extend_len` keys) holds a key outside its window; patched passes all.
-# Then the effective mask of a failing case, and sglang's own attention test kit as a peer suite.
+# Then the effective mask of a failing case, sglang's own attention test kit as a peer suite, and
+# every finding class's check on a chosen release, as shipped and with the chosen fixes.
 # With `save_traces = True` every run's wrapper calls are saved as traces (~120 MB), so
 # `swa-repro replay` can re-issue them on a GPU.
 
@@ -30,6 +31,10 @@ cases = []  # names from swa_repro.sglang.check.MATRIX; empty: all
 failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
 save_traces = False  # True: every wrapper call under <output_dir>/traces/ (~120 MB), for `swa-repro replay`
+# the section "Rerun every finding's check after the fixes": that release audited as shipped and
+# with these `swa-repro patch --fix` fixes (its cached overlay, installed from the package index on first use)
+sglang_release = "0.5.23"
+fixes = "all"  # all, or a comma list of swa_repro.sglang.fix.ORDER names
 
 # %%
 from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
@@ -99,6 +104,62 @@ if peer_rows:
                 checks.expect(r["passed"] == r["expected_pass"],
                               f"kit {r['case']} ({state}): {'passes' if r['expected_pass'] else 'fails'} as expected",
                               error=r.get("error"))
+
+# %% [markdown]
+# ## Rerun every finding's check after the fixes
+#
+# The matrix above asks one finding class (#31501) of the installed release. The audit asks all
+# eight of a release's own code (`swa-repro audit --sglang X`, from its recorded wrapper calls,
+# on CPU in either mode, ~25 s a run): here the release `sglang_release` as shipped, then with
+# `fixes` applied to a copy of it (`--fix`). Per class: holds / fixed / absent / not driven; per
+# path: whether a sliding-window layer's queries attend exactly their window. A release that
+# cannot be had (no network, no cached copy) or that the fixes refuse: one line, and it skips.
+
+# %%
+from swa_repro.notebook import fix_view as FV
+from swa_repro.notebook.show import show
+
+release = FV.load_release(sglang_release, fixes)
+audits = FV.audit_pair(release) if release.fixed else None
+print(release.skipped or f"sglang {release.version}: audited as shipped and with --fix {','.join(release.names)}")
+
+# %%
+if audits:
+    classes = FV.class_rows(*audits, release.names)
+    show(classes, max_width=90)
+
+# %% [markdown]
+# The same runs, key by key: a cell says how many queries see keys outside their window (and
+# the most extra keys one sees), and intended keys no call lets a query see.
+
+# %%
+if audits:
+    keys = FV.key_rows(*audits)
+    show(keys)
+    plots.publish(FV.keys_figure(keys, f"sglang {release.version}: sliding-window layer, as shipped and with "
+                                       "the fixes"), "04_rerun_checks_fix_keys", save)
+
+# %% [markdown]
+# Each chosen fix's class must read fixed (or absent: the release has none of its paths), each
+# other class as shipped (a fix edits its own paths only), and every path a chosen window fix is
+# about, or that was exact already, must be exact after.
+
+# %%
+if audits:
+    for r in classes:
+        if r.chosen:
+            checks.expect(r.after in ("fixed", "absent"), f"{r.finding}: {r.after} with the fixes (was {r.before})",
+                          evidence=r.evidence)
+    checks.expect(all(r.after == r.before for r in classes if not r.chosen), "every class not chosen reads as shipped",
+                  changed=[r.finding for r in classes if not r.chosen and r.after != r.before])
+    for k in keys:
+        if FV.held_exact(k, release.names):
+            checks.expect(k.after_verdict == "exact", f"{k.path}: sliding-window keys {k.after} with the fixes "
+                          f"(was {k.before})")
+    left = [k.path for k in keys if not FV.held_exact(k, release.names)]
+    print(f"not held to exact (their fixes were not chosen): {', '.join(left)}" if left else "")
+    checks.expect(audits[1]["release"]["fixes"]["fixes"] == list(release.names),
+                  "the second audit ran on the release with exactly the chosen fixes");
 
 # %% [markdown]
 # ## Replaying these traces on a GPU
