@@ -71,7 +71,7 @@ def test_stub_records_lookups_and_raises_on_call(stub):
 
 # ----------------------------------------------------------------------------- sglang-check and the stub
 def _check_args(**kw):
-    return types.SimpleNamespace(**{"cases": None, "trace_dir": None, "mode": "model", "peer": False, "json": True} | kw)
+    return types.SimpleNamespace(**{"cases": None, "trace_dir": None, "mode": "model", "peer": False, "json": True, "kit_only": False, "sglang": None, "fix": None} | kw)
 
 
 @pytest.fixture
