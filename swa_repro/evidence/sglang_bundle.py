@@ -71,6 +71,10 @@ CHAIN = {
     "openai": ("sglang", "2.6.1", "sglang/srt/entrypoints/openai/protocol.py:36 <- sglang/srt/server_args.py:49"),
     "sniffio": ("openai", "1.3.1", "openai/_utils/_utils.py:23"),
     "distro": ("openai", "1.9.0", "openai/_base_client.py:36"),
+    "fastapi": ("sglang", "0.165.0", "sglang/srt/distributed/gated_launch.py:9 <- srt/distributed/bootstrap.py:13 "
+                                    "(0.5.23; measured there, the same way, on 2026-12-04)"),
+    "opentelemetry-api": ("fastapi", "1.45.2", "fastapi/telemetry/_api.py:9 (fastapi 0.165)"),
+    "uvicorn": ("sglang", "0.55.0", "sglang/srt/distributed/gated_launch.py:8 (0.5.23)"),
     "starlette": ("sglang", "1.10.0", "sglang/srt/utils/common.py:90 (a dependency of sglang's fastapi)"),
     "dill": ("sglang", "0.4.1", "sglang/srt/sampling/custom_logit_processor.py:7 <- srt/configs/deepseek_ocr.py:19"),
     "partial-json-parser": ("sglang", "0.2.1.1.post7", "sglang/srt/function_call/base_format_detector.py:7"),
@@ -82,7 +86,7 @@ CHAIN = {
 }
 # carried although sglang's Requires-Dist does not name it: (parent named instead, why)
 INDIRECT = {"starlette": ("fastapi", "sglang imports starlette directly (srt/utils/common.py:90) but requires it "
-                                     "only through fastapi, which the path never imports (not carried)"),
+                                     "only through fastapi (carried since 0.5.23's path imports it)"),
             "dill": ("datasets", "sglang imports dill directly (srt/sampling/custom_logit_processor.py:7) but requires "
                                  "it only through datasets, which the path never imports (not carried)")}
 
