@@ -30,6 +30,10 @@
 #             runs niced in the background from the patch on, until the time left less RESERVE_S
 #   565-575 s the files to $OUT
 # With a warm JIT (.fi_jit, .sgl_jit kept on a warm machine) the audits end in about a minute each.
+# Measured cold on 2026-12-04 (recordings/sglang-live/fix-0.5.23/README.md): all steps at once do not
+# fit: the shipped audit's 9 modules built in 239-360 s while the fixed audit's and the kit's built
+# beside them, and the fixed audit hit its timeout. The shipped audit is recorded; run
+# `install,patch,after,regress` in one call and `kit` in the next, on the warm machine.
 # A step the time left cannot hold is skipped and said so; the exit status is then 1.
 # If $OUT is set (the device runner's return folder), at most 8 flat files land there: the log, gpu.txt,
 # audit-live-before.json.xz, audit-live-after.json.xz, kit-after.json, regress.log, fix.diff,

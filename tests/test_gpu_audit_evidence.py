@@ -74,3 +74,43 @@ def test_the_cpu_audit_derives_what_the_gpu_audit_recorded(live):
     key = lambda d: {(x["path"], x["layer"]): (x["key_verdict"], x["keys"]) for x in d["driven"]}  # noqa: E731
     assert key(cpu) == key(gpu)
     assert audit_table.cells(cpu) == audit_table.cells(gpu)
+
+
+# ----------------------------------------------------------------------------- sglang 0.5.23 as shipped (#18)
+FIX = LIVE / "fix-0.5.23"
+
+
+@pytest.fixture(scope="module")
+def live23():
+    import lzma
+
+    d = json.loads(lzma.decompress((FIX / "audit-live-before.json.xz").read_bytes()))
+    return d, d["runs"][0]
+
+
+def test_0523_as_shipped_ran_every_run_live_and_the_model_agrees(live23):
+    d, r = live23
+    assert d["mode"] == "live" and r["device"] == "cuda" and r["release"]["sglang"] == "0.5.23"
+    assert set(r["release"]["fix_states"].values()) == {"applied", "needed"}  # the file as shipped
+    assert len(r["driven"]) == 36 and r["not_driven"] == [] and d["incomplete"] == [[]]
+    for dr in r["driven"]:
+        lv = dr["live"]
+        assert lv["executed"] == lv["calls"] > 0 and not lv["errors"], dr["path"]
+        assert lv["model_agrees"] is True, (dr["path"], dr["layer"])
+        assert (lv["wrong_rows"] > 0) == (lv["predicted_wrong_rows"] > 0), (dr["path"], dr["layer"])
+
+
+def test_0523_every_finding_class_holds_on_the_real_kernel(live23):
+    """Each class the CPU release table says holds in 0.5.23 shows wrong rows on the H200, and the
+    sliding-window keys the CPU table reads per path are the ones read live (same recorded calls)."""
+    from swa_repro.sglang.audit import table
+
+    d, r = live23
+    row = table.committed_row("0.5.23")
+    assert {k: c["state"] for k, c in d["classes"][0].items()} == {k: c["state"] for k, c in row["cells"].items()}
+    assert table.key_cells(r) == row["keys"]
+    for key, c in d["classes"][0].items():
+        if c["state"] == "holds":
+            cls = table.CLASSES[key]
+            wrong = [dr for dr in r["driven"] if dr["path"] in cls.paths and dr["live"]["wrong_rows"] > 0]
+            assert wrong, key

@@ -176,7 +176,7 @@ def load_live(path: Path) -> dict | None:
 
 def live_lines(before: dict | None, after: dict | None) -> list[str]:
     """Per path x layer, the real kernel's wrong rows and max error before and after the fixes."""
-    if before is None or after is None:
+    if before is None:
         return [f"Not yet run. On an H200 with sglang {VERSION} and its flashinfer pin installed, record "
                 f"`swa-repro audit --mode live --json` as shipped and after applying `all.diff` (`swa-repro patch "
                 f"apply --fix all --in-place`), as {LIVE.relative_to(ROOT)}/audit-live-before.json.xz and "
@@ -193,12 +193,18 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
         err = "-" if t["max_err"] is None else f"{t['max_err']:.3g}"
         return f"{t['live_wrong_rows']}/{t['live_rows']} wrong, max err {err}"
 
-    b, a = rows(before), rows(after)
+    b, a = rows(before), rows(after) if after is not None else {}
     rel = before["runs"][0]["release"]
-    out = [f"Recorded on {before['runs'][0].get('device', 'cuda')} (sglang {rel['sglang']}); "
-           "rows: the real kernel's output rows off the float64 reference.", "",
-           "| path | layer | before | after |", "|---|---|---|---|"]
-    out += [f"| {p} | {ly} | {fmt(b.get((p, ly)))} | {fmt(a.get((p, ly)))} |" for p, ly in sorted({*b, *a})]
+    out = [f"Recorded on {before['runs'][0].get('device', 'cuda')} (sglang {rel['sglang']}; "
+           f"{LIVE.relative_to(ROOT)}/README.md has the machine and the command); rows: the real kernel's "
+           "output rows off the float64 reference over the keys the layer intends, with its cap.", ""]
+    if after is None:
+        out += [f"**After the fixes: not recorded yet.** No `audit-live-after.json.xz` in {LIVE.relative_to(ROOT)}: "
+                "the CPU audit above is the only verdict on the fixed file so far. Record it with "
+                "`bash scripts/gpu_fix.sh install,patch,after,regress` on an H200, then regenerate this file.", ""]
+    out += ["| path | layer | as shipped | with all.diff |", "|---|---|---|---|"]
+    out += [f"| {p} | {ly} | {fmt(b.get((p, ly)))} | {fmt(a.get((p, ly))) if after is not None else 'not recorded'} |"
+            for p, ly in sorted({*b, *a})]
     return out
 
 
@@ -224,8 +230,9 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None)
         "",
         f"`all.diff` applies every fix (`git apply docs/upstream/all.diff` in an sglang checkout at {VERSION}); "
         f"each `<finding>.diff` applies alone. `{TEST}` is a regression test in the style of sglang's attention "
-        f"test kit: it fails on {VERSION} as shipped and passes with `all.diff` (CUDA; "
-        f"`python {TEST}`).",
+        f"test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers replaced by swa-repro's CPU model of them "
+        f"(`tests/test_upstream.py`) it fails on {VERSION} as shipped and passes with `all.diff`; its CUDA run is "
+        "in the live section below when recorded.",
         "",
         "Audit cells: `swa-repro audit --sglang 0.5.23 [--fix NAME]` on a CPU (sglang's own code with recording "
         "FlashInfer stand-ins): **holds** (the layer's parameter reaches `forward()` but not `plan()`, with a "
