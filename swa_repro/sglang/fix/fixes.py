@@ -82,20 +82,21 @@ def _usw_call(src: Source):
     return usw, calls[0], _need(loop, f"wrapper loop around self.{CBF} in {USW}").target.id
 
 
-def _ragged_plan(src: Source):
+def _plan_of(src: Source, wrapper: str):
+    """``(call_begin_forward, its one <wrapper>.begin_forward call)`` of the prefill updater."""
     cbf = _need(src.method(PREFILL, CBF), f"{PREFILL}.{CBF}")
-    calls = calls_on(cbf, "wrapper_ragged")
+    calls = calls_on(cbf, wrapper)
     if len(calls) != 1:
-        raise Unknown(f"{PREFILL}.{CBF} makes {len(calls)} wrapper_ragged.begin_forward calls, expected 1")
+        raise Unknown(f"{PREFILL}.{CBF} makes {len(calls)} {wrapper}.begin_forward calls, expected 1")
     return cbf, calls[0]
+
+
+def _ragged_plan(src: Source):
+    return _plan_of(src, "wrapper_ragged")
 
 
 def _paged_plan(src: Source):
-    cbf = _need(src.method(PREFILL, CBF), f"{PREFILL}.{CBF}")
-    calls = calls_on(cbf, "wrapper_paged")
-    if len(calls) != 1:
-        raise Unknown(f"{PREFILL}.{CBF} makes {len(calls)} wrapper_paged.begin_forward calls, expected 1")
-    return cbf, calls[0]
+    return _plan_of(src, "wrapper_paged")
 
 
 def _stmt_holding(fn, call):

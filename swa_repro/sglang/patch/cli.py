@@ -66,21 +66,7 @@ def run(args) -> int:
         print(apply_in_place(path, target))
         return 0
     new = transform(text, target)  # refuses unknown
-    if new == text:
-        print(f"swa-repro patch: {path} is already {target}; nothing to do", file=sys.stderr)
-        return 0
-    diff = unified_diff(text, new, str(path).lstrip("/"))
-    if args.action == "diff":
-        sys.stdout.write(diff)
-        return 0
-    if args.out is None:
-        sys.stdout.write(diff)
-        raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
-                         "(patch the file, with a backup)")
-    _check_out(args.out, path)
-    atomic_write(args.out, new.encode(), like=path)
-    print(f"wrote {args.out} ({s.state} -> {target}); {path} unchanged")
-    return 0
+    return _diff_or_copy(args, path, text, new, f"is already {target}", f"{s.state} -> {target}")
 
 
 def _run_fixes(args, path: Path, names) -> int:
@@ -97,8 +83,13 @@ def _run_fixes(args, path: Path, names) -> int:
         print(apply_in_place(path, edit=lambda t: fix.apply_fixes(t, names), label=label, done=done))
         return 0
     new = fix.apply_fixes(text, names)  # refuses a structure it does not know
+    return _diff_or_copy(args, path, text, new, f"already has {label}", label)
+
+
+def _diff_or_copy(args, path: Path, text: str, new: str, same: str, what: str) -> int:
+    """``diff``: the unified diff; ``apply --out FILE``: the patched copy (``path`` untouched)."""
     if new == text:
-        print(f"swa-repro patch: {path} already has {label}; nothing to do", file=sys.stderr)
+        print(f"swa-repro patch: {path} {same}; nothing to do", file=sys.stderr)
         return 0
     diff = unified_diff(text, new, str(path).lstrip("/"))
     if args.action == "diff":
@@ -108,14 +99,10 @@ def _run_fixes(args, path: Path, names) -> int:
         sys.stdout.write(diff)
         raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
                          "(patch the file, with a backup)")
-    _check_out(args.out, path)
-    atomic_write(args.out, new.encode(), like=path)
-    print(f"wrote {args.out} ({label}); {path} unchanged")
-    return 0
-
-
-def _check_out(out: Path, path: Path) -> None:
-    if out.resolve() == path.resolve():
+    if args.out.resolve() == path.resolve():
         raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    if not args.out.parent.is_dir():
+        raise UsageError(f"--out {args.out}: directory {args.out.parent} does not exist")
+    atomic_write(args.out, new.encode(), like=path)
+    print(f"wrote {args.out} ({what}); {path} unchanged")
+    return 0
