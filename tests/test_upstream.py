@@ -75,8 +75,12 @@ def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
 def test_live_section_renders_a_recording():
     doc = json.loads((REPO / "recordings/sglang-live/audit-live-sglang-0.5.15.post1-flashinfer-0.6.12.json").read_text())
     lines = up.live_lines(doc, doc)
-    assert lines[2].startswith("| path | layer | before | after |")
-    assert any("wrong, max err" in ln for ln in lines[4:])
+    assert lines[2].startswith("| path | layer | as shipped | with all.diff |")
+    rows = [ln for ln in lines[4:] if ln.startswith("| ")]
+    assert len(rows) == 36 and all(ln.count("wrong, max err") == 2 for ln in rows)
+    alone = up.live_lines(doc, None)  # the fixed file's run not recorded: said, and its column says so
+    assert any("not recorded yet" in ln for ln in alone)
+    assert all(ln.endswith("| not recorded |") for ln in alone if ln.startswith("| ") and "wrong" in ln)
     assert up.live_lines(None, None)[0].startswith("Not yet run.")
 
 
