@@ -66,8 +66,9 @@ def test_notebook_runs_in_model_mode(tmp_path, name, params):
     assert r["status"] == "ok", r["error"]
     assert r["mode"] == "model" and r["checks_failed"] == 0 and r["checks_passed"] >= 8
     assert "Mode: model" in (tmp_path / f"{name}.html").read_text()
-    if name.startswith("04"):
-        assert len(r["figures"]) == 2
+    if name.startswith("04"):  # the two mask figures and the fixes' key heatmap
+        assert sorted(f.rsplit("_", 2)[-2] + "_" + f.rsplit("_", 2)[-1] for f in r["figures"]) == [
+            "fix_keys.png", "patched_masks.png", "unpatched_masks.png"]
         assert len(list((tmp_path / "traces").glob("*.pt"))) == 2 * 3  # 2 cases x 2 states + deterministic x 2
 
 
