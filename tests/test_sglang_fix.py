@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,7 @@ from swa_repro.sglang import fix
 from swa_repro.sglang.fix.source import Source, apply_edits
 
 pytestmark = pytest.mark.network
+ROOT = Path(__file__).resolve().parents[1]
 
 RELEASES = ["0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
             "0.5.22", "0.5.23"]
@@ -184,7 +186,18 @@ def audit(version, *extra):
     return json.loads(p.stdout)
 
 
-@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_committed_fixed_table_reads_every_release_fixed():
+    """docs/audit/fixed/ (`audit --release-table --fix all`, 0.5.14-0.5.23): every class fixed or
+    absent, every sliding-window path's keys exact; the test below re-derives one release live."""
+    table = json.loads((ROOT / "docs" / "audit" / "fixed" / "releases.json").read_text())
+    assert table["fixes"] == list(fix.ORDER)
+    assert [r["sglang"] for r in table["rows"]] == RELEASES
+    for r in table["rows"]:
+        assert {c["state"] for c in r["cells"].values()} <= {"fixed", "absent"}, r["sglang"]
+        assert r["keys"] and {k["verdict"] for k in r["keys"].values()} == {"exact"}, r["sglang"]
+
+
+@pytest.mark.parametrize("version", ["0.5.23"])
 def test_audit_of_the_fixed_release(version):
     shipped, fixed = audit(version), audit(version, "--fix", "all")
     assert "holds" in {c["state"] for c in shipped["classes"][0].values()}
