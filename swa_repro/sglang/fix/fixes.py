@@ -29,6 +29,10 @@ its arguments. Line numbers below are 0.5.23's.
   captured module; ``fast_decode_plan`` takes it (flashinfer decode.py ``fast_decode_plan``).
 * ``soft_cap_cuda_graph``: both of the above. Capture plans go through the same
   ``call_begin_forward``; replays never re-pick the module (the live audit's note, ``audit.live``).
+
+Limits: a model whose layers cap without the config key (grok.py's fallback of 30) plans uncapped, as
+before. With the sliding-window KV pool, EAGLE's whole-sequence indices for wrapper 0 also name slots
+outside the window: the planned window masks them, but they are read.
 """
 
 from __future__ import annotations
