@@ -263,6 +263,15 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None)
         if n in runs:
             lines.append(f"- audit with `--fix {n}`: {cell_text(runs[n], n)}")
         lines.append(f"- audit with all fixes: {cell_text(runs['all'], n)}")
+    lines += ["", "## Limits", "",
+              "- The soft cap is read from the model config (`hf_text_config.attn_logit_softcapping`), where "
+              "gemma2.py takes its layers' `logit_cap` from; a model whose layers cap without that key (grok.py's "
+              "fallback of 30) still plans uncapped.",
+              "- EAGLE verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name slots "
+              "outside the window. The planned window masks them, but the kernel reads them, and verify reads the "
+              "whole sequence on the sliding-window layers (the cost of exact keys without re-slicing the tree mask).",
+              "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
+              "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
     lines += ["", "## Live on an H200", "", *live_lines(before, after)]
     return "\n".join(lines) + "\n"
 
