@@ -88,6 +88,11 @@ share() {  # N -> 1/N of the time left less COPY_S
   echo $(( ($(left) - COPY_S) / $1 ))
 }
 sha() { [ -f "$1" ] && sha256sum "$1" | cut -c1-64 || echo "(no file)"; }
+live_audit() {  # SITE NAME TIMEOUT: swa-repro audit --mode live on SITE -> audit-live-NAME.json (.err)
+  run env PYTHONPATH="$ROOT:$1" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m swa_repro.cli \
+    audit --mode live --json --live-budget $(( $3 - AUDIT_MARGIN_S )) \
+    > "$(out_or_null "audit-live-$2.json")" 2> "$ART/audit-live-$2.err"
+}
 backend_of() {  # JSON -> the backend_file the audit read
   grep -o '"backend_file": *"[^"]*"' "$1" 2>/dev/null | head -n 1
 }
@@ -120,9 +125,7 @@ backend_of() {  # JSON -> the backend_file the audit read
       echo "== before: skipped, $(left)s left"; RC=1
     else
       echo "== before: audit --mode live on $SITE (shipped; background, timeout ${T}s) > audit-live-before.json"
-      run env PYTHONPATH="$ROOT:$SITE" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" "$PY" -m swa_repro.cli \
-        audit --mode live --json --live-budget $(( T - AUDIT_MARGIN_S )) \
-        > "$(out_or_null audit-live-before.json)" 2> "$ART/audit-live-before.err" &
+      live_audit "$SITE" before "$T" &
       BEFORE_PID=$!
       note "(in the background; stdout > audit-live-before.json, stderr > audit-live-before.err)"
     fi
@@ -177,9 +180,7 @@ backend_of() {  # JSON -> the backend_file the audit read
       echo "== after: skipped, $(left)s left"; RC=1
     else
       echo "== after: audit --mode live on $SITE_FIXED (patched; timeout ${T}s) > audit-live-after.json"
-      run env PYTHONPATH="$ROOT:$SITE_FIXED" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" "$PY" -m swa_repro.cli \
-        audit --mode live --json --live-budget $(( T - AUDIT_MARGIN_S )) \
-        > "$(out_or_null audit-live-after.json)" 2> "$ART/audit-live-after.err"
+      live_audit "$SITE_FIXED" after "$T"
       A=$?; note "(stdout > audit-live-after.json, stderr > audit-live-after.err)"
       echo "== after: exit status $A after $(elapsed)s $(backend_of "$ART/audit-live-after.json")"
       tail -n 30 "$ART/audit-live-after.err"; [ "$A" -ne 0 ] && RC=$A

@@ -70,7 +70,7 @@ def apply_fixes(text: str, names) -> str:
             continue
         fix = FIXES[name]
         src = Source(text)
-        if fix.needs_fixed_31501 and name != "paged_only_window" and FIXES["paged_only_window"].edits(src):
+        if fix.needs_fixed_31501 and FIXES["paged_only_window"].edits(src):
             raise PatchError(f"--fix {name} needs PR #31501's window plumbing, which this file lacks: "
                              f"add paged_only_window (--fix paged_only_window,{name}); nothing was written")
         try:

@@ -113,10 +113,6 @@ def _assign_to(fn, attr: str):
                  and ast.unparse(s.targets[0]) == f"self.{attr}"), None)
 
 
-def _has_31501_plumbing(src: Source) -> bool:
-    return classify_31501(src.text).state == "fixed"
-
-
 # ----------------------------------------------------------------------------- paged-only window
 def _paged_only(src: Source):
     s = classify_31501(src.text)
@@ -134,10 +130,9 @@ def _ragged_common(src: Source) -> list[Edit]:
     the window for wrapper 0 in ``update_sliding_window``, and chosen per layer (``_ragged_wrapper``)."""
     edits = []
     init = _need(src.method(BACKEND, "__init__"), f"{BACKEND}.__init__")
-    made = _need(_assign_to(init, "prefill_wrapper_ragged") or next(
-        (s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
-         and ast.unparse(s.targets[0]) == "self.prefill_wrapper_ragged"), None),
-        "self.prefill_wrapper_ragged = ... in the backend's __init__")
+    made = _need(next((s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                       and ast.unparse(s.targets[0]) == "self.prefill_wrapper_ragged"), None),
+                 "self.prefill_wrapper_ragged = ... in the backend's __init__")
     if not (isinstance(made.value, ast.Call) and ast.unparse(made.value.func) == "BatchPrefillWithRaggedKVCacheWrapper"):
         raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
     if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
@@ -160,17 +155,14 @@ def _ragged_common(src: Source) -> list[Edit]:
             f"        return self.{SWA_RAGGED}",
             "    return self.prefill_wrapper_ragged"], indent=src.indent_of(idx)))
     usw, call, loop = _usw_call(src)
-    first = call.args[0] if call.args else None
-    if first is None or ast.unparse(first) != "self.prefill_wrapper_ragged":
-        if first is not None and SWA_RAGGED in ast.unparse(first):
-            pass  # already planned per layer kind
-        else:
-            raise Unknown(f"{USW} does not pass self.prefill_wrapper_ragged first to {CBF}")
-    else:
-        edits.append(src.replace(first, f"(\n{src.indent_of(first)}    self.attn_backend.{SWA_RAGGED}\n"
-                                        f"{src.indent_of(first)}    if {loop} == 0\n"
-                                        f"{src.indent_of(first)}    else self.prefill_wrapper_ragged\n"
-                                        f"{src.indent_of(first)})"))
+    first = ast.unparse(call.args[0]) if call.args else ""
+    if first != "self.prefill_wrapper_ragged" and SWA_RAGGED not in first:  # not as shipped, nor fixed
+        raise Unknown(f"{USW} does not pass self.prefill_wrapper_ragged first to {CBF}")
+    if first == "self.prefill_wrapper_ragged":
+        arg = call.args[0]
+        ind = src.indent_of(arg)
+        edits.append(src.replace(arg, f"(\n{ind}    self.attn_backend.{SWA_RAGGED}\n{ind}    if {loop} == 0\n"
+                                      f"{ind}    else self.prefill_wrapper_ragged\n{ind})"))
     if keyword(call, "ragged_window_left") is None:
         edits.append(src.add_keyword(call, f"ragged_window_left=(self.sliding_window_size if {loop} == 0 else -1)"))
     cbf, ragged = _ragged_plan(src)
@@ -239,10 +231,10 @@ def _spec_type(kind: str) -> str:
     return f"spec_info.spec_input_type == SpecInputType.{kind}"
 
 
-def _gate_edit(src: Source, kind: str):
+def _gate_edit(src: Source, kind: str, gate):
     """``spec_info is None`` -> ``(spec_info is None or spec_info.spec_input_type in {...})``, the
-    set growing by one verify kind per fix."""
-    usw, loop, test, parent = _window_gate(src)
+    set growing by one verify kind per fix; ``gate``: :func:`_window_gate`'s answer."""
+    usw, loop, test, parent = gate
     if parent is not None:
         kinds = next((v for v in parent.values if isinstance(v, ast.Compare) and isinstance(v.ops[0], ast.In)
                       and isinstance(v.comparators[0], ast.Set)), None)
@@ -260,12 +252,13 @@ def _gate_edit(src: Source, kind: str):
 def _dflash(src: Source):
     if "DFLASH_VERIFY" not in src.text:
         raise Unknown("this release has no DFlash verify (SpecInputType.DFLASH_VERIFY)")
-    return _gate_edit(src, "DFLASH_VERIFY")
+    return _gate_edit(src, "DFLASH_VERIFY", _window_gate(src))
 
 
 def _eagle(src: Source):
-    edits = _gate_edit(src, "EAGLE_VERIFY")
-    usw, loop, _, _ = _window_gate(src)
+    gate = _window_gate(src)
+    edits = _gate_edit(src, "EAGLE_VERIFY", gate)
+    usw, loop = gate[:2]
     branch = next((n for n in ast.walk(usw) if isinstance(n, ast.If) and ast.unparse(n.test) == f"{loop} == 0"), None)
     branch = _need(branch, f"`if {loop} == 0:` branch in {USW}")
     marker = f"{_spec_type('EAGLE_VERIFY')}"

@@ -135,14 +135,3 @@ def calls_on(node, receiver: str, methods=("begin_forward", "plan")) -> list[ast
 def keyword(call: ast.Call, name: str):
     return next((k for k in call.keywords if k.arg == name), None)
 
-
-def statement_of(fn, node):
-    """The statement of ``fn``'s body tree that directly holds ``node``."""
-    for n in ast.walk(fn):
-        for field in ("body", "orelse", "finalbody"):
-            for s in getattr(n, field, []) or []:
-                if isinstance(s, ast.stmt) and any(x is node for x in ast.walk(s)) and not any(
-                        isinstance(c, ast.stmt) and c is not s and any(x is node for x in ast.walk(c))
-                        for c in ast.walk(s)):
-                    return s
-    return None
