@@ -18,28 +18,30 @@
 # kit: swa-repro sglang-check --mode live --kit-only --json on $SITE_FIXED -> kit-after.json, in the
 #   background from the patch on, niced (a failing or absent command is logged and sets the exit status).
 # regress: docs/upstream/test_flashinfer_plan_time_params.py (unittest, sglang's own test of the fix) on
-#   $SITE (expected to FAIL) and on $SITE_FIXED (expected to PASS) -> regress.log; absent file: skipped.
-# Timing plan (H200, 16 cores; measured: install 30-60 s; a live audit of 0.5.15.post1 49 s with warm
-# JIT; cold JIT of the fa2 modules 90-200 s, fa2+fa3 at one head dim 237 s), BUDGET_S 575:
-#   0-60 s    install (both sites: the second is a cp -a)
-#   60-530 s  before (background) and patch + after (foreground), concurrently: each audit's timeout is
-#             min(AUDIT_BUDGET_S 470, time left - RESERVE_S 45), its --live-budget that less
-#             AUDIT_MARGIN_S 60 (sglang's import and the driving come before the live clock starts and
-#             the JSON after it): --live-budget ~410 s, which covers a cold JIT (~240 s) twice over
-#   530-565 s regress (shipped, fixed): each gets a share of what is left less COPY_S 10; the kit
-#             runs niced in the background from the patch on, until the time left less RESERVE_S
-#   565-575 s the files to $OUT
+#   $SITE (expected to FAIL) and on $SITE_FIXED (expected to PASS) -> regress.log, both in the
+#   BACKGROUND from the patch on, beside the audits; FlashInfer's helper modules that only the test
+#   uses (merge_state's cascade module, packbits' quantization: swa_repro/kernel/jit_warm.py) start
+#   building right after the install. Absent test file: skipped.
+# Why everything starts at once (measured on the H200, 2026-12-04): JIT dominates. The fixed audit
+# needs 11 modules (fa2 and fa3 x window x cap, decode x cap, quantization); its warm-up builds them
+# all at once (one thread per module signature: sglang/audit/live.py warm) in about 300 s on 16 cores.
+# Run after the audits, the regression test met a serial chain instead: each test waits for its
+# module, and the modules only it needs (cascade) were built last, alone: 126 s per site were not
+# enough. Started beside the audit, it waits on the same locks and is done when they are.
+# Timing plan (H200, 16 cores), BUDGET_S 575: install 30-60 s; then the audits, the regression test
+#   and the helper builds together: each audit's timeout is min(AUDIT_BUDGET_S 470, time left -
+#   RESERVE_S 45), its --live-budget that less AUDIT_MARGIN_S 60 (sglang's import and the driving come
+#   before the live clock starts and the JSON after it); each regress run and the kit get the time
+#   left less RESERVE_S; the last 10-45 s copy the files to $OUT.
 # With a warm JIT (.fi_jit, .sgl_jit kept on a warm machine) the audits end in about a minute each.
-# Measured cold on 2026-12-04 (recordings/sglang-live/fix-0.5.23/README.md): all steps at once do not
-# fit: the shipped audit's 9 modules built in 239-360 s while the fixed audit's and the kit's built
-# beside them, and the fixed audit hit its timeout. The shipped audit is recorded; run
-# `install,patch,after,regress` in one call and `kit` in the next, on the warm machine.
-# A step the time left cannot hold is skipped and said so; the exit status is then 1.
+# `install,patch,after,regress` is one cold call; `kit` (fp16 modules: the kit's dtype) the next one.
+# steps.tsv: per step, when it started and ended (seconds from the script's start) and its exit status;
+# gpu.txt carries it. A step the time left cannot hold is skipped and said so; the exit status is then 1.
 # If $OUT is set (the device runner's return folder), at most 8 flat files land there: the log, gpu.txt,
 # audit-live-before.json.xz, audit-live-after.json.xz, kit-after.json, regress.log, fix.diff,
 # site-listing.txt. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), PYTHON (python3), BUNDLE_DIR
 # (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_fix), BUDGET_S, AUDIT_BUDGET_S, AUDIT_MARGIN_S,
-# RESERVE_S, COPY_S, KILL_AFTER_S (15), MIN_LIVE_S (30), MIN_STEP_S (10), DRY_RUN=1: print each command instead of running it.
+# RESERVE_S, KILL_AFTER_S (15), MIN_LIVE_S (30), MIN_STEP_S (10), DRY_RUN=1: print each command instead of running it.
 set -uo pipefail
 STEPS="${1:-all}"
 [ "$STEPS" = all ] && STEPS=install,before,patch,after,kit,regress
@@ -49,7 +51,6 @@ BUDGET_S="${BUDGET_S:-575}"
 AUDIT_BUDGET_S="${AUDIT_BUDGET_S:-470}"
 AUDIT_MARGIN_S="${AUDIT_MARGIN_S:-60}"
 RESERVE_S="${RESERVE_S:-45}"
-COPY_S="${COPY_S:-10}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_LIVE_S="${MIN_LIVE_S:-30}"  # an audit whose --live-budget would be less is not started
 MIN_STEP_S="${MIN_STEP_S:-10}"  # nor a kit or regress run given less
@@ -71,7 +72,8 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 LOG="$ART/gpu_fix-$STAMP.log"
 CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
-rm -f "$ART/audit-live-before.json" "$ART/audit-live-after.json" "$ART/kit-after.json" "$ART/regress.log" "$ART/fix.diff"
+rm -f "$ART/audit-live-before.json" "$ART/audit-live-after.json" "$ART/kit-after.json" "$ART/regress.log" \
+  "$ART/regress-shipped.log" "$ART/regress-fixed.log" "$ART/fix.diff" "$ART/jit-warm.json" "$ART/steps.tsv"
 
 # has, run (also appends to $CMD_LOG), left, install_bundles, verify_site
 . "$ROOT/scripts/lib_gpu.sh"
@@ -84,14 +86,24 @@ audit_timeout() {  # -> seconds for an audit's timeout, or nothing when too litt
   [ "$t" -gt "$AUDIT_BUDGET_S" ] && t=$AUDIT_BUDGET_S
   [ $(( t - AUDIT_MARGIN_S )) -ge "$MIN_LIVE_S" ] && echo "$t"
 }
-share() {  # N -> 1/N of the time left less COPY_S
-  echo $(( ($(left) - COPY_S) / $1 ))
-}
+jit_libs() { find "$ROOT/.fi_jit" -name '*.so' 2>/dev/null | wc -l; }
+JIT_AT_START=$(jit_libs)
 sha() { [ -f "$1" ] && sha256sum "$1" | cut -c1-64 || echo "(no file)"; }
+step() {  # NAME START RC: one row of steps.tsv (seconds from the script's start)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"
+}
 live_audit() {  # SITE NAME TIMEOUT: swa-repro audit --mode live on SITE -> audit-live-NAME.json (.err)
+  local t0; t0=$(elapsed)
   run env PYTHONPATH="$ROOT:$1" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m swa_repro.cli \
     audit --mode live --json --live-budget $(( $3 - AUDIT_MARGIN_S )) \
     > "$(out_or_null "audit-live-$2.json")" 2> "$ART/audit-live-$2.err"
+  local rc=$?; step "$2" "$t0" "$rc"; return "$rc"
+}
+regress_one() {  # WHICH SITE TIMEOUT: the upstream unittest on SITE -> regress-WHICH.log; sglang's own test: only the site on its path
+  local t0; t0=$(elapsed)
+  run env PYTHONPATH="$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" "$REGRESS_TEST" -v \
+    > "$ART/regress-$1.log" 2>&1
+  local rc=$?; step "regress_$1" "$t0" "$rc"; return "$rc"
 }
 backend_of() {  # JSON -> the backend_file the audit read
   grep -o '"backend_file": *"[^"]*"' "$1" 2>/dev/null | head -n 1
@@ -103,11 +115,23 @@ backend_of() {  # JSON -> the backend_file the audit read
   export FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit"   # flashinfer's JIT cache, kept between calls
   export SGLANG_JIT_CACHE_DIR="$ROOT/.sgl_jit"       # sglang's own (its store_cache kernel, tvm-ffi)
   mkdir -p "$FLASHINFER_WORKSPACE_BASE" "$SGLANG_JIT_CACHE_DIR"
+  echo "== jit cache at start: $JIT_AT_START built libraries under $FLASHINFER_WORKSPACE_BASE (0: a cold call)"
   if has install; then
+    T0=$(elapsed)
     install_bundles "$SITE" || exit 2
     run rm -rf "$SITE_FIXED" || exit 2
     run cp -a "$SITE" "$SITE_FIXED" || { echo "error: could not copy $SITE to $SITE_FIXED"; exit 2; }
+    step install "$T0" 0
     echo "== install done after $(elapsed)s"
+  fi
+  if has regress && [ -f "$REGRESS_TEST" ]; then
+    # the helper modules only the regression test uses, built from now on beside everything else
+    echo "== jit: FlashInfer's helper modules (cascade, quantization), in the background > jit-warm.json"
+    T_JIT=$(elapsed)
+    run env PYTHONPATH="$ROOT:$SITE" "$PY" -m swa_repro.kernel.jit_warm cascade quantization \
+      > "$(out_or_null jit-warm.json)" 2> "$ART/jit-warm.err" &
+    JIT_PID=$!
+    note "(in the background; stdout > jit-warm.json, stderr > jit-warm.err)"
   fi
   echo "== check: $SITE and $SITE_FIXED"
   # both sites checked at once (each imports torch, flashinfer and sglang), printed in order
@@ -133,6 +157,7 @@ backend_of() {  # JSON -> the backend_file the audit read
   FIXED_OK=1
   if has patch; then
     echo "== patch: on $SITE_FIXED only"
+    T0=$(elapsed)
     [ -n "${DRY_RUN:-}" ] || [ "$(sha "$SITE_FIXED/$BACKEND_REL")" = "$SHIPPED_SHA" ] || {
       echo "error: $SITE_FIXED/$BACKEND_REL is not the shipped file before the patch (re-run with install)"; FIXED_OK=0; RC=1; }
     if [ "$FIXED_OK" = 1 ]; then
@@ -142,6 +167,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     fi
     run env PYTHONPATH="$ROOT:$SITE_FIXED" "$PY" -m swa_repro.cli patch status --fix all
     S=$?; echo "== patch status exit status $S"
+    step patch "$T0" "${P:-$S}"
     if [ -z "${DRY_RUN:-}" ]; then
       for f in "$SITE/$BACKEND_REL" "$SITE_FIXED/$BACKEND_REL"*; do echo "   sha256 $(sha "$f")  $f"; done
       [ "$(sha "$SITE/$BACKEND_REL")" = "$SHIPPED_SHA" ] || { echo "error: the shipped file changed"; RC=1; }
@@ -155,8 +181,29 @@ backend_of() {  # JSON -> the backend_file the audit read
   if [ -z "${DRY_RUN:-}" ] && [ "$FIXED_OK" = 1 ] && [ "$(sha "$SITE_FIXED/$BACKEND_REL")" = "$SHIPPED_SHA" ]; then
     echo "== $SITE_FIXED/$BACKEND_REL is the shipped file: not patched (the patch step patches it)"; FIXED_OK=0
   fi
+  declare -A REGRESS_PID=()
+  if has regress; then
+    if [ ! -f "$REGRESS_TEST" ]; then
+      echo "== regress: skipped, no $REGRESS_TEST"
+    else
+      for which in shipped fixed; do
+        site=$SITE; want=FAIL
+        [ "$which" = fixed ] && { site=$SITE_FIXED; want=PASS; }
+        T=$(( $(left) - RESERVE_S ))
+        if [ "$which" = fixed ] && [ "$FIXED_OK" != 1 ]; then
+          echo "== regress $which: skipped, $SITE_FIXED is not patched"; RC=1; continue
+        elif [ "$T" -lt "$MIN_STEP_S" ]; then
+          echo "== regress $which: skipped, $(left)s left"; RC=1; continue
+        fi
+        echo "== regress $which: $REGRESS_TEST on $site (expected to $want; background, timeout ${T}s) > regress-$which.log"
+        regress_one "$which" "$site" "$T" &
+        REGRESS_PID[$which]=$!
+        note "(in the background; stdout and stderr > regress-$which.log, joined into regress.log)"
+      done
+    fi
+  fi
   if has kit; then
-    # in the background from here, niced: its fp16 modules (the kit's dtype) build on what the two
+    # in the background from here, niced: its fp16 modules (the kit's dtype) build on what the
     # audits' bf16 builds leave of the 16 cores, and it ends with the time left less the copy
     T=$(( $(left) - RESERVE_S ))
     if [ "$FIXED_OK" != 1 ]; then
@@ -165,6 +212,7 @@ backend_of() {  # JSON -> the backend_file the audit read
       echo "== kit: skipped, $(left)s left"; RC=1
     else
       echo "== kit: sglang-check --mode live --kit-only on $SITE_FIXED (background, niced; timeout ${T}s) > kit-after.json"
+      T_KIT=$(elapsed)
       run env PYTHONPATH="$ROOT:$SITE_FIXED" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" nice -n 10 "$PY" \
         -m swa_repro.cli sglang-check --mode live --kit-only --json > "$(out_or_null kit-after.json)" \
         2> "$ART/kit-after.err" &
@@ -192,37 +240,26 @@ backend_of() {  # JSON -> the backend_file the audit read
     tail -n 30 "$ART/audit-live-before.err"; [ "$B" -ne 0 ] && RC=$B
   fi
   if [ -n "${KIT_PID:-}" ]; then
-    wait "$KIT_PID"; K=$?
+    wait "$KIT_PID"; K=$?; step kit "$T_KIT" "$K"
     echo "== kit: exit status $K after $(elapsed)s"; tail -n 20 "$ART/kit-after.err"; [ "$K" -ne 0 ] && RC=$K
   fi
-  if has regress; then
-    if [ ! -f "$REGRESS_TEST" ]; then
-      echo "== regress: skipped, no $REGRESS_TEST"
-    else
-      # the upstream test is sglang's own: only the site on its path (no swa_repro)
-      for which in shipped fixed; do
-        site=$SITE; want=FAIL; n=2
-        [ "$which" = fixed ] && { site=$SITE_FIXED; want=PASS; n=1; }
-        T=$(share "$n")
-        if [ "$which" = fixed ] && [ "$FIXED_OK" != 1 ]; then
-          echo "== regress $which: skipped, $SITE_FIXED is not patched"; RC=1; continue
-        elif [ "$T" -lt "$MIN_STEP_S" ]; then
-          echo "== regress $which: skipped, $(left)s left"; RC=1; continue
-        fi
-        echo "== regress $which: $REGRESS_TEST on $site (expected to $want; timeout ${T}s)"
-        echo "== regress $which on $site (expected to $want)" >> "$ART/regress.log"
-        run env PYTHONPATH="$site" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" "$PY" "$REGRESS_TEST" \
-          >> "$ART/regress.log" 2>&1
-        G=$?
-        note "(stdout and stderr >> regress.log)"
-        [ -n "${DRY_RUN:-}" ] && continue
-        tail -n 5 "$ART/regress.log"
-        if [ "$G" -eq 0 ]; then got=PASS; elif [ "$G" -eq 1 ]; then got=FAIL; else got="ERROR (exit status $G)"; fi
-        if [ "$got" = "$want" ]; then verdict="as expected"; else verdict="NOT as expected"; RC=1; fi
-        echo "== regress $which: $got, $verdict, after $(elapsed)s" | tee -a "$ART/regress.log"
-      done
-    fi
+  for which in shipped fixed; do
+    [ -n "${REGRESS_PID[$which]:-}" ] || continue
+    wait "${REGRESS_PID[$which]}"; G=$?
+    want=FAIL; [ "$which" = fixed ] && want=PASS
+    { echo "== regress $which on $([ "$which" = fixed ] && echo "$SITE_FIXED" || echo "$SITE") (expected to $want)"
+      cat "$ART/regress-$which.log" 2>/dev/null; } >> "$ART/regress.log"
+    [ -n "${DRY_RUN:-}" ] && continue
+    tail -n 5 "$ART/regress-$which.log"
+    if [ "$G" -eq 0 ]; then got=PASS; elif [ "$G" -eq 1 ]; then got=FAIL; else got="ERROR (exit status $G)"; fi
+    if [ "$got" = "$want" ]; then verdict="as expected"; else verdict="NOT as expected"; RC=1; fi
+    echo "== regress $which: $got, $verdict, after $(elapsed)s" | tee -a "$ART/regress.log"
+  done
+  if [ -n "${JIT_PID:-}" ]; then
+    wait "$JIT_PID"; J=$?; step jit_helpers "$T_JIT" "$J"
+    echo "== jit: exit status $J: $(cat "$ART/jit-warm.json" 2>/dev/null)"  # not fatal: whoever needs one builds it
   fi
+  echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null
   echo "== done after $(elapsed)s, exit status $RC"
   exit "$RC"
 } 2>&1 | tee "$LOG"
@@ -236,6 +273,9 @@ if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
     echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
     echo "git rev-parse HEAD: $(git rev-parse HEAD 2>&1)"
     echo "steps: $STEPS; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; shipped $SITE, fixed $SITE_FIXED; exit status $RC"
+    echo "jit cache at start: $JIT_AT_START built libraries (0: a cold call); at the end: $(jit_libs)"
+    echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"
+    cat "$ART/steps.tsv" 2>/dev/null
     echo "commands, in the order started (file names: under $ART, returned flat):"
     cat "$CMD_LOG"
   } > "$OUT/gpu.txt" 2>&1

@@ -29,7 +29,8 @@ case "$1" in
      echo "  stand-in: flashinfer, sglang, sgl_kernel from $site";;
   -c) echo "2.11.0+stand-in cuda 13.0";;
   -m)
-    shift 2  # -m swa_repro.cli
+    mod=$2; shift 2  # -m swa_repro.cli
+    if [ "$mod" = swa_repro.kernel.jit_warm ]; then ev "jit $site $*"; echo '{"cascade": 1.0}'; exit 0; fi
     case "$1 $2" in
       "audit "*)
         ev "audit-start $site $*"; sleep "${AUDIT_SLEEP:-1}"
@@ -123,13 +124,17 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     assert _t(ev, "patch-apply", fixed) < _t(ev, "audit-end", shipped)
     audits = [e for e in ev if e[0] == "audit-start"]
     assert len(audits) == 2 and all(e[2:7] == ["audit", "--mode", "live", "--json", "--live-budget"] for e in audits)
-    # the kit runs on the fixed site, after the patch and alongside the audits (niced); regress on the
-    # shipped site, then on the fixed one, after both audits
+    # the kit runs on the fixed site, after the patch and alongside the audits (niced); regress on
+    # each site, after the patch and alongside the audits too (they share the audits' JIT builds),
+    # and the helper modules only regress needs start building right after the install
     assert [e[1] for e in ev if e[0] == "kit"] == [str(fixed)]
     assert _t(ev, "patch-apply", fixed) < _t(ev, "kit", fixed) < _t(ev, "audit-end", fixed)
     assert "--kit-only" in next(e for e in ev if e[0] == "kit")
-    assert [e[1] for e in ev if e[0] == "regress"] == [str(shipped), str(fixed)]
-    assert _t(ev, "regress", shipped) > max(_t(ev, "audit-end", shipped), _t(ev, "audit-end", fixed))
+    assert sorted(e[1] for e in ev if e[0] == "regress") == sorted([str(shipped), str(fixed)])
+    for site in (shipped, fixed):
+        assert _t(ev, "patch-apply", fixed) < _t(ev, "regress", site) < _t(ev, "audit-end", fixed)
+    assert [e[1:4] for e in ev if e[0] == "jit"] == [[str(shipped), "cascade", "quantization"]]
+    assert _t(ev, "install-sglang", shipped) < _t(ev, "jit", shipped) < _t(ev, "audit-start", shipped)
     # the before audit read the shipped file although the patch ran meanwhile; the after one the patched file
     before = json.loads(lzma.decompress((out / "audit-live-before.json.xz").read_bytes()))["release"]
     after = json.loads(lzma.decompress((out / "audit-live-after.json.xz").read_bytes()))["release"]
@@ -148,6 +153,12 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     gpu = (out / "gpu.txt").read_text()
     assert "git rev-parse HEAD:" in gpu and "date -u:" in gpu and "torch: 2.11.0+stand-in" in gpu
     assert f"PYTHONPATH={fixed} timeout" in gpu and "patch apply --fix all --in-place" in gpu
+    # seconds per step, from the script's start: every step that ran has its row, ended after it began
+    rows = [line.split("\t") for line in gpu.split("seconds per step")[1].splitlines()[1:] if line.count("\t") == 4]
+    assert {r[0] for r in rows} == {"install", "patch", "before", "after", "kit", "regress_shipped",
+                                    "regress_fixed", "jit_helpers"}
+    assert all(int(r[1]) <= int(r[2]) and int(r[3]) == int(r[2]) - int(r[1]) for r in rows)
+    assert {r[0]: r[4] for r in rows}["regress_shipped"] == "1" and {r[0]: r[4] for r in rows}["after"] == "0"
     log = r.stdout
     assert "sha256" in log and "window_left: applied" in log and "exit status 0" in log.splitlines()[-1]
 
@@ -160,9 +171,11 @@ def test_budget_cut_offs(rig):
         assert f"== {step}: skipped, " in r.stdout, step
     assert not [e for e in ev if e[0] in ("audit-start", "kit", "regress")]
     assert "patch-apply" in [e[0] for e in ev]
-    # audits that outlast their share are stopped by their timeout; the kit gets what is left: too little
+    # audits that outlast their share are stopped by their timeout (the exit status is theirs, the last
+    # failure); the kit and regress, started beside them, get what is left: too little
     r, out, ev = rig(BUDGET_S=9, RESERVE_S=4, AUDIT_MARGIN_S=2, MIN_LIVE_S=1, AUDIT_SLEEP=30)
-    assert r.returncode == 1 and r.wall < 20, r.stdout  # the skipped kit and regress last
+    assert r.returncode == 124 and r.wall < 20, r.stdout
+    assert "== regress shipped: skipped, " in r.stdout and "== regress fixed: skipped, " in r.stdout
     assert "--live-budget 3" in " ".join(next(e for e in ev if e[0] == "audit-start"))
     assert "== after: exit status 124" in r.stdout and "== before: exit status 124" in r.stdout
     assert "== kit: skipped, " in r.stdout and not [e for e in ev if e[0] in ("audit-end", "kit")]

@@ -108,3 +108,26 @@ def test_regression_test_on_cpu_fails_shipped_passes_fixed(text, tmp_path):
     assert {shipped["test_paged_window"], shipped["test_decode_window"]} == {"pass"}, shipped
     fixed = _cases(fixed_overlay(up.VERSION, ORDER, overlay)[0], tmp_path)
     assert set(fixed) == set(shipped) and set(fixed.values()) == {"pass"}, fixed
+
+
+def test_regress_results_reads_unittests_own_report(tmp_path):
+    """A real ``unittest -v`` run (pass, fail, error, and log lines between a name and its verdict),
+    framed as scripts/gpu_fix.sh frames each site's run, read back case by case."""
+    t = tmp_path / "t.py"
+    t.write_text("import sys, unittest\n"
+                 "class T(unittest.TestCase):\n"
+                 "    def test_a_ok(self): print('INFO - flashinfer.jit: Building JIT module x', file=sys.stderr)\n"
+                 "    def test_b_fail(self): self.fail('off the reference')\n"
+                 "    def test_c_error(self): raise RuntimeError('boom')\n"
+                 "unittest.main()\n")
+    p = subprocess.run([sys.executable, str(t), "-v"], capture_output=True, text=True)
+    assert p.returncode == 1
+    log = ("== regress shipped on /tmp/site-shipped (expected to FAIL)\n" + p.stdout + p.stderr +
+           "== regress shipped: FAIL, as expected, after 9s\n== regress fixed on /tmp/site-fixed (expected to PASS)\n"
+           + p.stderr.replace("test_b_fail", "test_d").replace("FAIL: test_d", "ok").replace("ERROR: test_c_error", "ok"))
+    got = up.regress_results(log)
+    assert got["shipped"] == {"ran": 3, "status": {"test_a_ok": "pass", "test_b_fail": "fail", "test_c_error": "error"}}
+    assert got["fixed"]["ran"] == 3 and got["fixed"]["status"]["test_a_ok"] == "pass"
+    lines = up.regress_lines(log, {"mode": "live", "results": [{"status": "passed"}] * 3 + [{"status": "failed"}]})
+    assert "| test_b_fail | fail | - |" in lines and any("3 passed, 1 failed, 0 errors" in ln for ln in lines)
+    assert up.regress_lines(None, None) == []

@@ -14,6 +14,7 @@ import argparse
 import difflib
 import json
 import lzma
+import re
 from pathlib import Path
 
 from swa_repro.sglang.audit import table as at
@@ -174,6 +175,52 @@ def load_live(path: Path) -> dict | None:
     return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
 
 
+_SITE = re.compile(r"^== regress (shipped|fixed) on ")
+_TEST = re.compile(r"\b(test_\w+) \(__main__\.")
+_BAD = re.compile(r"^(FAIL|ERROR): (test_\w+) \(")
+_RAN = re.compile(r"^Ran (\d+) tests? in ")
+
+
+def regress_results(log: str) -> dict:
+    """``scripts/gpu_fix.sh``'s regress.log -> ``{site: {"ran": N, "status": {test: pass|fail|error}}}``.
+    Read off unittest's own report (``-v`` names every test; its summary heads each failure with
+    ``FAIL:`` / ``ERROR:``), not off the ``ok`` after a name: log lines of the run can come between."""
+    out, cur = {}, None
+    for line in log.splitlines():
+        if m := _SITE.match(line):
+            cur = out.setdefault(m.group(1), {"ran": None, "status": {}})
+        elif cur is None:
+            continue
+        elif m := _BAD.match(line):
+            cur["status"][m.group(2)] = m.group(1).lower()
+        elif m := _RAN.match(line):
+            cur["ran"] = int(m.group(1))
+        elif m := _TEST.search(line):
+            cur["status"].setdefault(m.group(1), "pass")
+    return out
+
+
+def regress_lines(log: str | None, kit: dict | None) -> list[str]:
+    """The regression test on each site and sglang's own kit on the fixed file, as recorded."""
+    out = []
+    if log is not None:
+        res = regress_results(log)
+        out += ["", f"`{TEST}` on CUDA (regress.log), per case: **fail** / **error** / pass.", "",
+                "| case | as shipped | with all.diff |", "|---|---|---|"]
+        cases = sorted({t for r in res.values() for t in r["status"]})
+        out += [f"| {t} | {res.get('shipped', {}).get('status', {}).get(t, '-')} | "
+                f"{res.get('fixed', {}).get('status', {}).get(t, '-')} |" for t in cases]
+        for site, r in sorted(res.items()):
+            bad = sum(v != "pass" for v in r["status"].values())
+            out.append(f"\n{site}: {r['ran']} ran, {bad} failed or errored.")
+    if kit is not None:
+        n = {s: sum(r["status"] == s for r in kit["results"]) for s in ("passed", "failed", "skipped", "error")}
+        out += ["", f"sglang's own attention kit (`swa-repro sglang-check --mode live --kit-only`, kit-after.json) "
+                f"on the fixed file: {n['passed']} passed, {n['failed']} failed, {n['error']} errors, "
+                f"{n['skipped']} skipped ({kit['mode']})."]
+    return out
+
+
 def live_lines(before: dict | None, after: dict | None) -> list[str]:
     """Per path x layer, the real kernel's wrong rows and max error before and after the fixes."""
     if before is None:
@@ -209,7 +256,7 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- README
-def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None) -> str:
+def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None) -> str:
     st, probs = states(text), problems(text)
     shipped = runs["shipped"]
     lines = [
@@ -272,7 +319,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None)
               "whole sequence on the sliding-window layers (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
-    lines += ["", "## Live on an H200", "", *live_lines(before, after)]
+    lines += ["", "## Live on an H200", "", *live_lines(before, after), *regress_lines(regress_log, kit)]
     return "\n".join(lines) + "\n"
 
 
@@ -294,8 +341,11 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
         p.write_text(d)
         written.append(p)
     md = out / "README.md"
+    regress, kit = LIVE / "regress.log", LIVE / "kit-after.json"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
-                         load_live(LIVE / "audit-live-after.json.xz")))
+                         load_live(LIVE / "audit-live-after.json.xz"),
+                         regress.read_text() if regress.is_file() else None,
+                         json.loads(kit.read_text()) if kit.is_file() else None))
     return written + [md]
 
 

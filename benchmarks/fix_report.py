@@ -1,0 +1,57 @@
+"""What each step of `scripts/gpu_fix.sh` cost on the H200, cold and warm, read from what it committed.
+
+Source (written on the GPU by the script itself): each call's ``gpu.txt`` under
+``recordings/sglang-live/fix-<release>/call-*/``: its steps, ``jit cache at start: N built libraries``
+(0: a cold call, nothing built yet) and the ``seconds per step`` rows (name, start, end, seconds, exit
+status; seconds from the script's start). Steps run side by side, so a row's seconds include waiting on
+a module another step was building.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX_ROOT = ROOT / "recordings" / "sglang-live"
+STEPS = re.compile(r"^steps: ([\w,]+);", re.M)
+JIT = re.compile(r"^jit cache at start: (\d+) built libraries", re.M)
+ROWS = "seconds per step"
+
+
+def calls(root=FIX_ROOT) -> list[dict]:
+    """One dict per call that recorded its steps' seconds, in the order of its folder name."""
+    out = []
+    for g in sorted(Path(root).glob("fix-*/call-*/gpu.txt")):
+        text = g.read_text()
+        if ROWS not in text:
+            continue
+        rows = [ln.split("\t") for ln in text.split(ROWS, 1)[1].splitlines()[1:] if ln.count("\t") == 4]
+        steps, jit = STEPS.search(text), JIT.search(text)
+        done = max((int(r[2]) for r in rows), default=None)
+        out.append({"call": f"{g.parent.parent.name}/{g.parent.name}", "steps": steps[1] if steps else "?",
+                    "jit_at_start": int(jit[1]) if jit else None, "ended_s": done,
+                    "rows": [{"step": r[0], "start": int(r[1]), "end": int(r[2]), "seconds": int(r[3]),
+                              "rc": int(r[4])} for r in rows]})
+    return out
+
+
+def render_fix(root=FIX_ROOT) -> list[str]:
+    lines = ["## GPU: `scripts/gpu_fix.sh` per step, cold and warm", ""]
+    cs = calls(root)
+    if not cs:
+        return lines + ["Not measured yet: run `bash scripts/gpu_fix.sh install,patch,after,regress` on the H200.", ""]
+    lines += ["Cold: the call found no built FlashInfer module (`jit cache at start` 0); warm: the same machine "
+              "right after, its modules kept. Seconds from the script's start; steps in one call run side by "
+              "side (the regression test and the helper builds beside the audit), so a step's seconds include "
+              "waiting on a module another step was building. Limit per call: 600 s.", "",
+              "| call | steps | JIT cache | step | start s | end s | seconds | exit |", "|---|---|---|---|---|---|---|---|"]
+    for c in cs:
+        cache = "?" if c["jit_at_start"] is None else ("cold" if c["jit_at_start"] == 0 else f"warm ({c['jit_at_start']} libs)")
+        for i, r in enumerate(sorted(c["rows"], key=lambda r: (r["start"], r["step"]))):
+            head = f"| {c['call']} | {c['steps']} | {cache} |" if i == 0 else "| | | |"
+            lines.append(f"{head} {r['step']} | {r['start']} | {r['end']} | {r['seconds']} | {r['rc']} |")
+    lines += ["", "Before this change (as issue #23 measured it on a cold H200 at a470123): `install,patch,after` "
+              "573 s, the regression test after it 126 s per site spent in JIT and stopped; run again warm, "
+              "206 s shipped + 173 s fixed.", ""]
+    return lines

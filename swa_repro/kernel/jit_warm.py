@@ -1,0 +1,70 @@
+"""FlashInfer's helper modules, JIT-built before the processes that need them ask for them.
+
+sglang's ragged extend over a cached prefix merges its two partial outputs with FlashInfer's
+``merge_state`` (sglang 0.5.23 flashinfer_backend.py:83 and :112), a JIT module of its own
+(flashinfer 0.7.2 cascade.py:35-40, jit/cascade.py:21); a custom mask is packed by
+``segment_packbits`` (prefill.py:2725), the quantization module (quantization/packbits.py:28-29).
+The live audit never calls ``merge_state``: it judges each forward on its own. So a process that
+does, sglang's regression test, built it alone and late, after waiting on each attention module
+before it in test order. Built here at once, beside the attention modules, they leave that chain.
+
+``python -m swa_repro.kernel.jit_warm [NAME ...]`` (default: all of ``HELPERS``) prints one JSON
+object, ``{name: seconds or "error: ..."}``, and exits 1 if a build failed (the caller goes on:
+whoever needs the module builds it again and says why).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+# name -> (module, getter) per flashinfer layout, the newest first
+HELPERS = {
+    "cascade": (("flashinfer.cascade", "get_cascade_module"),),
+    "quantization": (("flashinfer.quantization.packbits", "get_quantization_module"),  # 0.7.x
+                     ("flashinfer.quantization", "get_quantization_module")),  # 0.6.x: one file
+}
+
+
+def getter(name: str):
+    """The installed flashinfer's function that builds and loads helper ``name``."""
+    for mod, fn in HELPERS[name]:
+        try:
+            return getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError):
+            continue
+    raise LookupError(f"this flashinfer has none of {[f'{m}.{f}' for m, f in HELPERS[name]]}")
+
+
+def build(names) -> dict:
+    """Each helper built (or loaded, when its library exists) in its own thread: ``{name: seconds}``,
+    or ``"error: ..."`` for one that failed."""
+    def one(name):
+        t = time.perf_counter()
+        try:
+            getter(name)()
+        except Exception as e:  # noqa: BLE001 - reported; the caller goes on
+            return name, f"error: {type(e).__name__}: {str(e)[-300:]}"
+        return name, round(time.perf_counter() - t, 1)
+
+    names = list(dict.fromkeys(names))
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as ex:
+        return dict(ex.map(one, names))
+
+
+def main(argv=None) -> int:
+    names = list(argv if argv is not None else sys.argv[1:]) or list(HELPERS)
+    unknown = [n for n in names if n not in HELPERS]
+    if unknown:
+        print(f"jit_warm: unknown helper {unknown[0]!r}: choose from {', '.join(HELPERS)}", file=sys.stderr)
+        return 2
+    res = build(names)
+    print(json.dumps(res), flush=True)
+    return 1 if any(isinstance(v, str) for v in res.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
