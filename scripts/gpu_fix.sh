@@ -7,8 +7,14 @@
 #   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
 # Two sites, so that nothing races: the shipped file is never touched.
 # install: a fresh $SITE (/tmp/site-shipped) from the flashinfer bundle, then the sglang bundle (last:
-#   its apache-tvm-ffi pin replaces the flashinfer bundle's); then $SITE_FIXED (/tmp/site-fixed) as a
-#   `cp -a` copy of it. Each site is checked: flashinfer, sglang and the sgl_kernel stub come from it.
+#   its apache-tvm-ffi pin replaces the flashinfer bundle's); then $SITE_FIXED (/tmp/site-fixed) holding
+#   a `cp -a` copy of its `sglang` package alone, put before $SITE on the path ($FIXED_PATH): both sites
+#   run ONE flashinfer install. flashinfer 0.7.2 keeps no JIT module without building (jit/core.py:536-540:
+#   ninja decides) and writes each module's build.ninja with the include dirs of the flashinfer it was
+#   imported from (:511-530), so two installs at two paths sharing one JIT cache rebuild each other's
+#   modules: on 2026-12-04 the shipped site's regression test rebuilt, for 490 s, the fa3 module the
+#   fixed audit had just built, and the fixed one waited on its lock until both were stopped.
+#   Each site is checked: sglang from it, flashinfer and the sgl_kernel stub from $SITE.
 # before: swa-repro audit --mode live --json on $SITE (sglang as shipped) -> audit-live-before.json, in
 #   the BACKGROUND: its JIT builds overlap the after audit's (flashinfer locks each module: one builds,
 #   the other loads it).
@@ -65,6 +71,7 @@ NB_BUNDLE=""  # no notebooks here
 SITE="${SITE:-/tmp/site-shipped}"
 SITE_FIXED="${SITE_FIXED:-/tmp/site-fixed}"
 ART="${ART:-artifacts/gpu_fix}"
+FIXED_PATH="$SITE_FIXED:$SITE"  # the patched sglang first, everything else (flashinfer) from $SITE
 REGRESS_TEST="docs/upstream/test_flashinfer_plan_time_params.py"
 BACKEND_REL="sglang/srt/layers/attention/flashinfer_backend.py"
 mkdir -p "$ART"
@@ -92,14 +99,14 @@ sha() { [ -f "$1" ] && sha256sum "$1" | cut -c1-64 || echo "(no file)"; }
 step() {  # NAME START RC: one row of steps.tsv (seconds from the script's start)
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"
 }
-live_audit() {  # SITE NAME TIMEOUT: swa-repro audit --mode live on SITE -> audit-live-NAME.json (.err)
+live_audit() {  # PATH NAME TIMEOUT: swa-repro audit --mode live on PATH (sites) -> audit-live-NAME.json (.err)
   local t0; t0=$(elapsed)
   run env PYTHONPATH="$ROOT:$1" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m swa_repro.cli \
     audit --mode live --json --live-budget $(( $3 - AUDIT_MARGIN_S )) \
     > "$(out_or_null "audit-live-$2.json")" 2> "$ART/audit-live-$2.err"
   local rc=$?; step "$2" "$t0" "$rc"; return "$rc"
 }
-regress_one() {  # WHICH SITE TIMEOUT: the upstream unittest on SITE -> regress-WHICH.log; sglang's own test: only the site on its path
+regress_one() {  # WHICH PATH TIMEOUT: the upstream unittest on PATH (sites) -> regress-WHICH.log; sglang's own test: only the sites on its path
   local t0; t0=$(elapsed)
   run env PYTHONPATH="$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" "$REGRESS_TEST" -v \
     > "$ART/regress-$1.log" 2>&1
@@ -120,7 +127,8 @@ backend_of() {  # JSON -> the backend_file the audit read
     T0=$(elapsed)
     install_bundles "$SITE" || exit 2
     run rm -rf "$SITE_FIXED" || exit 2
-    run cp -a "$SITE" "$SITE_FIXED" || { echo "error: could not copy $SITE to $SITE_FIXED"; exit 2; }
+    run mkdir -p "$SITE_FIXED" || exit 2
+    run cp -a "$SITE/sglang" "$SITE_FIXED/" || { echo "error: could not copy $SITE/sglang to $SITE_FIXED"; exit 2; }
     step install "$T0" 0
     echo "== install done after $(elapsed)s"
   fi
@@ -136,7 +144,7 @@ backend_of() {  # JSON -> the backend_file the audit read
   echo "== check: $SITE and $SITE_FIXED"
   # both sites checked at once (each imports torch, flashinfer and sglang), printed in order
   verify_site "$SITE" > "$ART/verify-shipped.txt" 2>&1 & V_PID=$!
-  verify_site "$SITE_FIXED" > "$ART/verify-fixed.txt" 2>&1; V2=$?
+  verify_site "$SITE_FIXED" "$SITE" > "$ART/verify-fixed.txt" 2>&1; V2=$?
   wait "$V_PID"; V1=$?
   cat "$ART/verify-shipped.txt" "$ART/verify-fixed.txt"
   [ "$V1" -eq 0 ] && [ "$V2" -eq 0 ] || { echo "error: a site is not what its bundles install (above)"; exit 2; }
@@ -161,11 +169,11 @@ backend_of() {  # JSON -> the backend_file the audit read
     [ -n "${DRY_RUN:-}" ] || [ "$(sha "$SITE_FIXED/$BACKEND_REL")" = "$SHIPPED_SHA" ] || {
       echo "error: $SITE_FIXED/$BACKEND_REL is not the shipped file before the patch (re-run with install)"; FIXED_OK=0; RC=1; }
     if [ "$FIXED_OK" = 1 ]; then
-      run env PYTHONPATH="$ROOT:$SITE_FIXED" "$PY" -m swa_repro.cli patch apply --fix all --in-place
+      run env PYTHONPATH="$ROOT:$FIXED_PATH" "$PY" -m swa_repro.cli patch apply --fix all --in-place
       P=$?; echo "== patch apply exit status $P"
       [ "$P" -ne 0 ] && { FIXED_OK=0; RC=1; }
     fi
-    run env PYTHONPATH="$ROOT:$SITE_FIXED" "$PY" -m swa_repro.cli patch status --fix all
+    run env PYTHONPATH="$ROOT:$FIXED_PATH" "$PY" -m swa_repro.cli patch status --fix all
     S=$?; echo "== patch status exit status $S"
     step patch "$T0" "${P:-$S}"
     if [ -z "${DRY_RUN:-}" ]; then
@@ -188,7 +196,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     else
       for which in shipped fixed; do
         site=$SITE; want=FAIL
-        [ "$which" = fixed ] && { site=$SITE_FIXED; want=PASS; }
+        [ "$which" = fixed ] && { site=$FIXED_PATH; want=PASS; }
         T=$(( $(left) - RESERVE_S ))
         if [ "$which" = fixed ] && [ "$FIXED_OK" != 1 ]; then
           echo "== regress $which: skipped, $SITE_FIXED is not patched"; RC=1; continue
@@ -213,7 +221,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     else
       echo "== kit: sglang-check --mode live --kit-only on $SITE_FIXED (background, niced; timeout ${T}s) > kit-after.json"
       T_KIT=$(elapsed)
-      run env PYTHONPATH="$ROOT:$SITE_FIXED" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" nice -n 10 "$PY" \
+      run env PYTHONPATH="$ROOT:$FIXED_PATH" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" nice -n 10 "$PY" \
         -m swa_repro.cli sglang-check --mode live --kit-only --json > "$(out_or_null kit-after.json)" \
         2> "$ART/kit-after.err" &
       KIT_PID=$!
@@ -228,7 +236,7 @@ backend_of() {  # JSON -> the backend_file the audit read
       echo "== after: skipped, $(left)s left"; RC=1
     else
       echo "== after: audit --mode live on $SITE_FIXED (patched; timeout ${T}s) > audit-live-after.json"
-      live_audit "$SITE_FIXED" after "$T"
+      live_audit "$FIXED_PATH" after "$T"
       A=$?; note "(stdout > audit-live-after.json, stderr > audit-live-after.err)"
       echo "== after: exit status $A after $(elapsed)s $(backend_of "$ART/audit-live-after.json")"
       tail -n 30 "$ART/audit-live-after.err"; [ "$A" -ne 0 ] && RC=$A
@@ -247,7 +255,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     [ -n "${REGRESS_PID[$which]:-}" ] || continue
     wait "${REGRESS_PID[$which]}"; G=$?
     want=FAIL; [ "$which" = fixed ] && want=PASS
-    { echo "== regress $which on $([ "$which" = fixed ] && echo "$SITE_FIXED" || echo "$SITE") (expected to $want)"
+    { echo "== regress $which on $([ "$which" = fixed ] && echo "$FIXED_PATH" || echo "$SITE") (expected to $want)"
       cat "$ART/regress-$which.log" 2>/dev/null; } >> "$ART/regress.log"
     [ -n "${DRY_RUN:-}" ] && continue
     tail -n 5 "$ART/regress-$which.log"

@@ -34,18 +34,19 @@ install_bundles() {  # [SITE]: a fresh site from the flashinfer bundle, the note
   run env PYTHON="$PY" bash "$SG_BUNDLE/install.sh" "$site" || { echo "error: the sglang bundle did not install"; return 2; }
 }
 
-verify_site() {  # [SITE]: flashinfer, sglang and the sgl_kernel stub must all come from it
-  local site="${1:-$SITE}"
-  PYTHONPATH="$ROOT:$site" FI_VERSION="$FI_VERSION" SGLANG_VERSION="$SGLANG_VERSION" SITE="$site" run "$PY" - <<'EOF'
+verify_site() {  # [SITE [FI_SITE]]: sglang and the sgl_kernel stub must come from SITE's path, flashinfer from FI_SITE (default SITE)
+  local site="${1:-$SITE}" fi_site="${2:-${1:-$SITE}}"
+  local path="$site"; [ "$fi_site" = "$site" ] || path="$site:$fi_site"
+  PYTHONPATH="$ROOT:$path" FI_VERSION="$FI_VERSION" SGLANG_VERSION="$SGLANG_VERSION" SITE="$site" FI_SITE="$fi_site" run "$PY" - <<'EOF2'
 import os, sys, torch, flashinfer, sglang, sgl_kernel
-site = os.path.realpath(os.environ["SITE"]) + "/"
+site, fi_site = (os.path.realpath(os.environ[k]) + "/" for k in ("SITE", "FI_SITE"))
 print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda,
       "| flashinfer", flashinfer.__version__, "| sglang", sglang.__version__, "|", sgl_kernel.provenance()["replaces"])
 print("gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NONE")
-for mod, want in ((flashinfer, os.environ["FI_VERSION"]), (sglang, os.environ["SGLANG_VERSION"])):
-    if not os.path.realpath(mod.__file__).startswith(site) or mod.__version__ != want:
-        sys.exit(f"error: {mod.__name__} {mod.__version__} from {mod.__file__}, not {want} from {site}")
+for mod, want, where in ((flashinfer, os.environ["FI_VERSION"], fi_site), (sglang, os.environ["SGLANG_VERSION"], site)):
+    if not os.path.realpath(mod.__file__).startswith(where) or mod.__version__ != want:
+        sys.exit(f"error: {mod.__name__} {mod.__version__} from {mod.__file__}, not {want} from {where}")
 if not getattr(sgl_kernel, "__swa_repro_stub__", False):
     sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
-EOF
+EOF2
 }

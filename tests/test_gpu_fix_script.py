@@ -21,12 +21,16 @@ from conftest import REPO
 BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
 
 MOCK_PY = r"""#!/usr/bin/env bash
-site=${PYTHONPATH##*:}
+# the site sglang is imported from: the first entry of PYTHONPATH that holds it, as python finds it
+IFS=: read -ra entries <<<"$PYTHONPATH"
+for site in "${entries[@]}"; do [ -f "$site/sglang/srt/layers/attention/flashinfer_backend.py" ] && break; done
 f="$site/sglang/srt/layers/attention/flashinfer_backend.py"
+fi_site=${PYTHONPATH##*:}  # flashinfer: only the shipped site has it (the fixed one holds sglang alone)
 ev() { echo "$* $(date +%s.%N)" >> "$EVENTS"; }
 case "$1" in
-  -) cat >/dev/null; ev "verify $site"; [ -f "$f" ] || { echo "error: no sglang in $site"; exit 1; }
-     echo "  stand-in: flashinfer, sglang, sgl_kernel from $site";;
+  -) cat >/dev/null; ev "verify $site $fi_site"; [ -f "$f" ] || { echo "error: no sglang in $site"; exit 1; }
+     [ -f "$fi_site/flashinfer.installed" ] || { echo "error: no flashinfer in $fi_site"; exit 1; }
+     echo "  stand-in: sglang from $site; flashinfer, sgl_kernel from $fi_site";;
   -c) echo "2.11.0+stand-in cuda 13.0";;
   -m)
     mod=$2; shift 2  # -m swa_repro.cli
@@ -53,7 +57,7 @@ case "$1" in
 esac
 """
 
-FI_INSTALL = 'mkdir -p "$1"; echo "install-fi $1 $(date +%s.%N)" >> "$EVENTS"\n'
+FI_INSTALL = 'mkdir -p "$1"; touch "$1/flashinfer.installed"; echo "install-fi $1 $(date +%s.%N)" >> "$EVENTS"\n'
 SG_INSTALL = ('mkdir -p "$1/sglang/srt/layers/attention"; echo "# shipped" > "$1/' + BACKEND + '"\n'
               'echo "install-sglang $1 $(date +%s.%N)" >> "$EVENTS"\n')
 
@@ -111,7 +115,10 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     kinds = [e[0] for e in ev]
     # install: the flashinfer bundle, then sglang's, into the shipped site; the fixed site is its copy
     assert kinds[:2] == ["install-fi", "install-sglang"] and ev[0][1] == ev[1][1] == str(shipped)
-    assert sorted(e[1] for e in ev if e[0] == "verify") == sorted([str(shipped), str(fixed)])
+    # one flashinfer for both sites (one JIT cache, one set of build.ninja include paths): the fixed
+    # site holds the copied sglang package alone and runs with the shipped site's flashinfer behind it
+    assert sorted(e[1:3] for e in ev if e[0] == "verify") == sorted([[str(shipped)] * 2, [str(fixed), str(shipped)]])
+    assert sorted(p.name for p in fixed.iterdir()) == ["sglang"]
     # patch and patch status only on the fixed site, after the before audit started and before the after one
     assert [e[1] for e in ev if e[0].startswith("patch-")] == [str(fixed)] * 2
     assert next(e for e in ev if e[0] == "patch-apply")[2:6] == ["patch", "apply", "--fix", "all"]
@@ -152,7 +159,7 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     assert "+PATCHED" in (out / "fix.diff").read_text()
     gpu = (out / "gpu.txt").read_text()
     assert "git rev-parse HEAD:" in gpu and "date -u:" in gpu and "torch: 2.11.0+stand-in" in gpu
-    assert f"PYTHONPATH={fixed} timeout" in gpu and "patch apply --fix all --in-place" in gpu
+    assert f"PYTHONPATH={fixed}:{shipped} timeout" in gpu and "patch apply --fix all --in-place" in gpu
     # seconds per step, from the script's start: every step that ran has its row, ended after it began
     rows = [line.split("\t") for line in gpu.split("seconds per step")[1].splitlines()[1:] if line.count("\t") == 4]
     assert {r[0] for r in rows} == {"install", "patch", "before", "after", "kit", "regress_shipped",
@@ -211,6 +218,6 @@ def test_dry_run_prints_and_runs_nothing(rig):
     assert ev == [] and list(out.iterdir()) == []
     s = r.stdout
     assert s.index("fi-0.7.2/install.sh") < s.index("sglang-0.5.23/install.sh") < s.index("+ cp -a")
-    assert f"{rig.sites['fixed']} python3 -m swa_repro.cli patch apply" in s
+    assert f"{rig.sites['fixed']}:{rig.sites['shipped']} python3 -m swa_repro.cli patch apply" in s
     assert "sglang-check --mode live --kit-only --json" in s
     assert f"PYTHONPATH={rig.sites['shipped']} timeout" in s and "test_flashinfer_plan_time_params.py" in s
