@@ -136,8 +136,8 @@ backend_of() {  # JSON -> the backend_file the audit read
     # the helper modules only the regression test uses, built from now on beside everything else
     echo "== jit: FlashInfer's helper modules (cascade, quantization), in the background > jit-warm.json"
     T_JIT=$(elapsed)
-    run env PYTHONPATH="$ROOT:$SITE" "$PY" -m swa_repro.kernel.jit_warm cascade quantization \
-      > "$(out_or_null jit-warm.json)" 2> "$ART/jit-warm.err" &
+    { run env PYTHONPATH="$ROOT:$SITE" "$PY" -m swa_repro.kernel.jit_warm cascade quantization \
+        > "$(out_or_null jit-warm.json)" 2> "$ART/jit-warm.err"; J=$?; step jit_helpers "$T_JIT" "$J"; exit "$J"; } &
     JIT_PID=$!
     note "(in the background; stdout > jit-warm.json, stderr > jit-warm.err)"
   fi
@@ -264,7 +264,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     echo "== regress $which: $got, $verdict, after $(elapsed)s" | tee -a "$ART/regress.log"
   done
   if [ -n "${JIT_PID:-}" ]; then
-    wait "$JIT_PID"; J=$?; step jit_helpers "$T_JIT" "$J"
+    wait "$JIT_PID"; J=$?
     echo "== jit: exit status $J: $(cat "$ART/jit-warm.json" 2>/dev/null)"  # not fatal: whoever needs one builds it
   fi
   echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null

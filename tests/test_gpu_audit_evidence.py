@@ -185,7 +185,10 @@ def test_0523_fixed_runs_carry_their_provenance():
     for c in calls:
         gpu = (c / "gpu.txt").read_text()
         assert "NVIDIA H200" in gpu and "driver: " in gpu and "torch: 2.11.0" in gpu and "git rev-parse HEAD:" in gpu
-    cold = next(c for c in calls if "steps: install,patch,after,regress;" in (c / "gpu.txt").read_text())
-    log = next(cold.glob("gpu_fix-*.log")).read_text()
+    cold = [c for c in calls if "steps: install,patch,after,regress;" in (g := (c / "gpu.txt").read_text())
+            and "jit cache at start: 0 built" in g]
+    assert cold, "no cold call of install,patch,after,regress recorded"
+    log = next(cold[-1].glob("gpu_fix-*.log")).read_text()  # the newest: the one the evidence above comes from
     done = int(log.rsplit("== done after ", 1)[1].split("s,")[0])
-    assert done < 600 and "exit status 0" in log.splitlines()[-1]
+    assert done < 600 and log.rstrip().endswith("exit status 0")
+    assert (cold[-1] / "gpu.txt").read_text().count("regress_") == 2
