@@ -1,17 +1,50 @@
-"""Output paths, checked before any work: a bad one is one line (UsageError) and nothing is written.
+"""Output paths, checked before any work, and the one writer: a bad path is one line (UsageError)
+and nothing is written.
 
-Two kinds: a file a command writes into an existing folder (``mask --out``, ``replay --out``), and
-a folder a command creates with its parents when missing (``run --output``, ``record --out``,
-``sglang-check --trace-dir``, ``fuzz --out``). Either fails here, not after minutes of work or a
-GPU run, when the path cannot be written.
+Three kinds: a file a command writes into an existing folder (``mask --out``, ``replay --out``,
+``patch apply --out``), a file it rewrites in place (``patch apply --in-place``, ``patch revert``),
+and a folder it creates with its parents when missing (``run --output``, ``record --out``,
+``sglang-check --trace-dir``, ``fuzz --out``; ``bundle --out`` through :func:`fresh_dir`, which
+also takes back what it made when the command fails). Either fails here, not after minutes of work
+or a GPU run, when the path cannot be written.
+
+A read-only place is judged by its permission bits as well as ``os.access``: as root ``os.access``
+says yes to everything, and ``--out`` must refuse what ``--in-place`` refuses. Every file write is
+:func:`write_atomic` (a temp file in the same folder, then ``os.replace``): a reader sees the old
+bytes or the new, never half; a link is never written through or replaced.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+
+# The tool's own files beside a file patched in place (``sglang.patch.files``): never an output.
+BACKUP_SUFFIX, META_SUFFIX = ".swa-repro.bak", ".swa-repro.json"
+
+
+def backup_paths(path) -> tuple[Path, Path]:
+    """The backup of a file patched in place and its metadata (sha256s, states)."""
+    p = Path(path)
+    return p.with_name(p.name + BACKUP_SUFFIX), p.with_name(p.name + META_SUFFIX)
+
+
+def read_only_reason(path) -> str | None:
+    """Why ``path`` (a folder, or a file in one) cannot be written, or None: a read-only file
+    system, no access, or no write bit (root passes ``os.access``; the bits still say read-only)."""
+    p = Path(path)
+    d = p if os.path.isdir(p) else p.parent
+    if os.statvfs(d).f_flag & os.ST_RDONLY:
+        return f"{d} is on a read-only file system"
+    for q in dict.fromkeys((d, p)):
+        if os.path.lexists(q) and (not os.access(q, os.W_OK) or not os.stat(q).st_mode & 0o222):
+            return f"{q} is read-only"
+    return None
 
 
 def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
@@ -26,9 +59,62 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     if not os.path.isdir(parent):
         what = "is a file" if os.path.exists(parent) else "does not exist"
         raise UsageError(f"{flag} {path}: folder {parent} {what}; create it first or name a file in an existing folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: folder {parent} is not writable; name a file in a folder you can write")
+    why = read_only_reason(parent)
+    if why:
+        raise UsageError(f"{flag} {path}: {why}; name a file in a folder you can write")
     return p
+
+
+def new_file(path, flag: str, *, force: bool = False, force_flag: str = "--force") -> Path:
+    """A file a command creates (``patch apply --out``): :func:`out_file`'s checks, and it is not a
+    link, not one of the tool's own backups, not a file patched in place (its backup would no
+    longer match), and not an existing file unless ``force`` (a typo must not overwrite one)."""
+    p = out_file(path, flag)
+    if p.is_symlink():
+        raise UsageError(f"{flag} {path} is a symbolic link: name a regular file (a link is never written through)")
+    if p.name.endswith((BACKUP_SUFFIX, META_SUFFIX)):
+        raise UsageError(f"{flag} {path} is one of swa-repro's own backup files: name another file")
+    if any(q.exists() for q in backup_paths(p)):
+        raise UsageError(f"{flag} {path} was patched in place by swa-repro (a backup is beside it): "
+                         f"`swa-repro patch revert --source {path}` first, or name another file")
+    if p.exists() and not force:
+        raise UsageError(f"{flag} {path} exists: name a new file, or add {force_flag} to replace it")
+    why = read_only_reason(p)
+    if why:
+        raise UsageError(f"{flag} {path}: {why}")
+    return p
+
+
+def replace_file(path, flag: str) -> Path:
+    """A file a command rewrites in place: a regular file, not a link (replacing a link would turn it
+    into a copy and leave its target as it was), in a writable place."""
+    p = Path(path)
+    if p.is_symlink():
+        raise UsageError(f"{flag}: {path} is a symbolic link to {os.path.realpath(p)}; give that file "
+                         "(--source TARGET) so the link stays a link")
+    if not p.is_file():
+        raise UsageError(f"{flag}: {path} is not a regular file")
+    return p
+
+
+def write_atomic(path, data: bytes, like=None) -> None:
+    """``data`` to ``path`` all or nothing: a temp file in the same folder, synced, then
+    ``os.replace`` (which replaces a link, never writes through one); ``like``'s permission bits.
+    On any failure the temp file is removed and ``path`` is as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if like is not None and Path(like).exists():
+            shutil.copymode(like, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def out_dir(path, flag: str) -> Path:
@@ -42,6 +128,34 @@ def out_dir(path, flag: str) -> Path:
         have = have.parent
     if not os.path.isdir(have):
         raise UsageError(f"{flag} {path}: {have} is a file, so the folder cannot be created; give another path")
-    if not os.access(have, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: {have} is not writable; give a folder you can write")
+    why = read_only_reason(have)
+    if why:
+        raise UsageError(f"{flag} {path}: {why}; give a folder you can write")
     return p
+
+
+@contextlib.contextmanager
+def fresh_dir(path, flag: str):
+    """A new or empty folder a command fills (``bundle --out``). If the command fails, what it made
+    goes (the folder and the parents it created, or what it put in a folder that was empty), so
+    the corrected command is not refused as "not empty"."""
+    p = out_dir(path, flag)
+    if p.is_dir() and any(p.iterdir()):
+        raise UsageError(f"{flag} {path} exists and is not empty: give a new or empty folder")
+    top = None  # the highest folder this call creates
+    q = p
+    while not os.path.lexists(q) and q != q.parent:
+        top, q = q, q.parent
+    p.mkdir(parents=True, exist_ok=True)
+    try:
+        yield p
+    except BaseException:
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
+        else:
+            for child in list(p.iterdir()):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        raise

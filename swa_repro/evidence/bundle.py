@@ -29,6 +29,7 @@ import zipfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import fresh_dir
 
 LIMIT_BYTES = 64 * 2**20
 # Measured: on a python that has only torch 2.11 + its own requirements (jinja2, filelock,
@@ -37,6 +38,16 @@ IMPORT_DEPS = ("packaging", "requests", "urllib3", "idna", "certifi", "charset-n
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 PREFILL_GLOBS = ("batch_prefill*", "tvm_ffi_utils.h")
+# A release number as PEP 440 normalizes it (0.6.12, 0.7.2.post1, 0.8.0rc1): it names the wheel, the
+# tarball and pip's requirement, so anything else (``0.6.12;x``, ``>=0.6``, a path) stops here.
+VERSION_RE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
+
+
+def check_version(version: str, flag: str = "--flashinfer") -> None:
+    """Before any folder is made or pip is run: a version that is not one is one line."""
+    if not VERSION_RE.fullmatch(version or ""):
+        raise UsageError(f"{flag} {version!r} is not a release number (e.g. 0.6.12 or 0.7.2.post1; "
+                         "see `pip index versions flashinfer-python`)")
 
 
 # ----------------------------------------------------------------------------- csrc pruning
@@ -175,12 +186,11 @@ echo "export PYTHONPATH=$TARGET\${PYTHONPATH:+:\$PYTHONPATH}"
 
 def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel_dir: Path | None = None,
                  xz_preset: int = 6) -> dict:
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out} exists and is not empty: give a new or empty folder")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "wheels").mkdir()
-    with tempfile.TemporaryDirectory() as tmp:
+    """The bundle in ``out`` (new or empty); a failure (no such version, no network, over 64 MiB)
+    leaves nothing there (``core.outputs.fresh_dir``)."""
+    check_version(version)
+    with fresh_dir(out, "--out") as out, tempfile.TemporaryDirectory() as tmp:
+        (out / "wheels").mkdir()
         dl = Path(tmp)
         whl = _find_wheel(Path(wheel_dir), "flashinfer-python", version) if wheel_dir else None
         if whl is None:
@@ -191,16 +201,16 @@ def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel
         info = repack(whl, out / f"flashinfer-{version}.tar.xz", xz_preset)
         _pip_download([tvm_ffi_spec(whl)], out / "wheels", python_version=python_version, binary_platform=True)
         _pip_download(list(IMPORT_DEPS), out / "wheels", python_version=python_version, binary_platform=True)
-    (out / "install.sh").write_text(INSTALL_SH)
-    os.chmod(out / "install.sh", 0o755)
-    files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
-    manifest = {"flashinfer": version, "python": python_version, "source_wheel": whl.name, **info,
-                "files": files, "sha256": {k: _sha256(out / k) for k in files},
-                "total_bytes": sum(files.values())}
-    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    manifest["total_bytes"] += (out / "MANIFEST.json").stat().st_size
-    if manifest["total_bytes"] > LIMIT_BYTES:
-        raise UsageError(f"bundle is {manifest['total_bytes'] / 2**20:.1f} MiB, over the 64 MiB that can travel")
+        (out / "install.sh").write_text(INSTALL_SH)
+        os.chmod(out / "install.sh", 0o755)
+        files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+        manifest = {"flashinfer": version, "python": python_version, "source_wheel": whl.name, **info,
+                    "files": files, "sha256": {k: _sha256(out / k) for k in files},
+                    "total_bytes": sum(files.values())}
+        (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        manifest["total_bytes"] += (out / "MANIFEST.json").stat().st_size
+        if manifest["total_bytes"] > LIMIT_BYTES:
+            raise UsageError(f"bundle is {manifest['total_bytes'] / 2**20:.1f} MiB, over the 64 MiB that can travel")
     return manifest
 
 
@@ -224,23 +234,22 @@ def notebook_pins(pyproject: Path | None = None) -> list[str]:
 def build_notebook_bundle(out: Path, *, python_version: str = "3.12") -> dict:
     """Wheels (dependencies resolved for the target CPython) to execute the notebooks with papermill
     on an air-gapped GPU machine that has torch but no Jupyter stack."""
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out} exists and is not empty: give a new or empty folder")
-    (out / "wheels").mkdir(parents=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(out / "wheels"),
-           "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
-    for p in (*PLATFORMS, "manylinux_2_26_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64"):
-        cmd += ["--platform", p]
-    r = subprocess.run(cmd + notebook_pins(), capture_output=True, text=True)
-    if r.returncode != 0:
-        raise UsageError("pip download of the notebook stack failed: " + " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]))
-    (out / "install.sh").write_text(INSTALL_SH)
-    os.chmod(out / "install.sh", 0o755)
-    files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
-    manifest = {"notebooks": notebook_pins(), "python": python_version, "files": files,
-                "total_bytes": sum(files.values())}
-    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    with fresh_dir(out, "--out") as out:
+        (out / "wheels").mkdir()
+        cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(out / "wheels"),
+               "--only-binary=:all:", "--python-version", python_version, "--implementation", "cp"]
+        for p in (*PLATFORMS, "manylinux_2_26_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64"):
+            cmd += ["--platform", p]
+        r = subprocess.run(cmd + notebook_pins(), capture_output=True, text=True)
+        if r.returncode != 0:
+            raise UsageError("pip download of the notebook stack failed: "
+                             + " | ".join((r.stderr or r.stdout).strip().splitlines()[-3:]))
+        (out / "install.sh").write_text(INSTALL_SH)
+        os.chmod(out / "install.sh", 0o755)
+        files = {str(p.relative_to(out)): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+        manifest = {"notebooks": notebook_pins(), "python": python_version, "files": files,
+                    "total_bytes": sum(files.values())}
+        (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

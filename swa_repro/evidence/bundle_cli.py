@@ -9,7 +9,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import out_dir
-from swa_repro.evidence.bundle import build_bundle, build_notebook_bundle
+from swa_repro.evidence.bundle import build_bundle, build_notebook_bundle, check_version
 
 PYTHON_MINORS = (9, 14)  # CPython 3.9..3.14: the releases out when this was written
 
@@ -49,7 +49,11 @@ def main(a) -> int:
         return sglang_main(a)
     if a.notebooks == bool(a.flashinfer):
         raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")
+    if a.flashinfer:
+        check_version(a.flashinfer)  # before any folder or pip: `0.6.12;x` is no version
     out_dir(a.out, "--out")  # before any download: a path that cannot be a folder fails now
+    if Path(a.out).is_dir() and any(Path(a.out).iterdir()):
+        raise UsageError(f"--out {a.out} exists and is not empty: give a new or empty folder")
     if a.wheel_dir and not Path(a.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {a.wheel_dir}: no such folder (give the folder holding the flashinfer wheel)")
     if a.notebooks:

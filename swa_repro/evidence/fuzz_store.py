@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from swa_repro.core.case import Case
+from swa_repro.core.errors import UsageError
+from swa_repro.core.inputs import read_json, read_npz
 from swa_repro.core.intervals import Intervals, intended_bounds
 
 FORMAT = "swa-repro-fuzz/1"
@@ -110,6 +112,9 @@ def decode_case(entry: dict, arrays) -> FuzzCase:
     if entry.get("error") or f"c{k}_dlo" not in arrays:
         return FuzzCase(k, case, entry, None)
     dlo, dhi, flags = (_expand(np.asarray(arrays[f"c{k}_{f}"]), entry["cols"], case) for f in ("dlo", "dhi", "flags"))
+    want = (sum(case.extend_lens), case.num_qo_heads)
+    if any(a.shape != want for a in (dlo, dhi, flags)) or len(entry["statuses"]) != len(case.extend_lens):
+        raise ValueError(f"case {k}'s arrays are not {want[0]} rows x {want[1]} heads, one status per request")
     out, row = [], 0
     for i, (p, e) in enumerate(zip(case.prefix_lens, case.extend_lens)):
         ilo, ihi = intended_bounds(p, e, case.window_left)
@@ -133,13 +138,21 @@ def write_run(stem: Path, doc: dict, entries: list[dict], arrays: dict) -> Path:
 
 
 def load_run(path) -> FuzzRun:
+    """A recording, read whole before any of it is used: a truncated or hand-edited JSON, a bad
+    ``.npz`` or entries that do not decode are one line (UsageError) naming the file."""
     path = Path(path)
-    doc = json.loads(path.read_text())
-    if doc.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a {FORMAT} file (format={doc.get('format')!r})")
-    with np.load(path.with_name(doc["arrays"])) as z:
-        arrays = {k: z[k] for k in z.files}
-    return FuzzRun(path, doc, [decode_case(e, arrays) for e in doc["cases"]])
+    doc = read_json(path, "fuzz recording", ("format", "flashinfer_version", "arrays", "cases"))
+    if doc["format"] != FORMAT:
+        raise UsageError(f"fuzz recording {path}: not a {FORMAT} file (format={doc['format']!r})")
+    if not isinstance(doc["arrays"], str) or Path(doc["arrays"]).name != doc["arrays"] or not isinstance(doc["cases"], list):
+        raise UsageError(f"fuzz recording {path}: 'arrays' must name a file beside it and 'cases' be a list")
+    arrays = read_npz(path.with_name(doc["arrays"]), f"fuzz recording {path.name}'s arrays")
+    try:
+        cases = [decode_case(e, arrays) for e in doc["cases"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:  # CaseError is a ValueError
+        raise UsageError(f"fuzz recording {path}: a case does not decode ({type(e).__name__}: {str(e)[:100]}); "
+                         "re-record it with `swa-repro fuzz --mode live`") from None
+    return FuzzRun(path, doc, cases)
 
 
 def find_runs(root) -> list[Path]:
@@ -150,8 +163,8 @@ def find_runs(root) -> list[Path]:
 
 def _is_run(path: Path) -> bool:
     try:
-        with open(path) as f:
-            return f'"format": "{FORMAT}"' in f.read(200)
+        with open(path, "rb") as f:  # bytes: a binary file is no recording, not a UnicodeDecodeError
+            return f'"format": "{FORMAT}"'.encode() in f.read(200)
     except OSError:
         return False
 

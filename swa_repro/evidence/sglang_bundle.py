@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.outputs import fresh_dir, out_dir
 from swa_repro.evidence.bundle import LIMIT_BYTES, _sha256, _strip_pycache
 from swa_repro.evidence.stubs import MEASURED_WHEELS, SGL_KERNEL_DIR, STUBS
 
@@ -302,15 +302,16 @@ def budget(out: Path, this_bytes: int, repo: Path = REPO) -> dict:
 # ----------------------------------------------------------------------------- build + CLI
 def build_sglang_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel_dir: Path | None = None,
                         xz_preset: int = 9 | lzma.PRESET_EXTREME, repo: Path = REPO) -> dict:
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out} exists and is not empty: give a new or empty folder")
     check_version(version)
+    with fresh_dir(out, "--out") as out:  # a failure (no such release, no network, over 64 MiB) leaves nothing
+        return _build(version, out, python_version, wheel_dir, xz_preset, repo)
+
+
+def _build(version: str, out: Path, python_version: str, wheel_dir, xz_preset: int, repo: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         picks, stub = resolve(version, [wheel_dir], Path(tmp), python_version)
         site = Path(tmp) / "site"
         build_site(picks, site, python_version, stub["replaces"], version)
-        out.mkdir(parents=True, exist_ok=True)
         tarball = f"sglang-site-{version}.tar.xz"
         pack(site, out / tarball, xz_preset)
         (out / "install.sh").write_text(install_sh(site, picks, version, tarball, python_version))

@@ -1,10 +1,13 @@
 """What ``swa-repro run --parameters`` may set: the names of each notebook's ``parameters`` cell,
-each typed by its default.
+each typed by its default, with a value the notebook can use.
 
 Papermill only warns about a name the notebook lacks and injects any value as given, so a typo ran
 every notebook (exit 0) and a wrong type failed one (exit 1). Here both are one line, exit 2, for
 every selected notebook before any starts. Types come from the default literals (``ast``): int,
 float, bool, str, dict, list of ... (a tuple default too); ``None`` or an expression takes anything.
+A type is not enough where a notebook hands the value to code that takes only some values (a fix
+name, a release, a case name): :data:`VALUES` checks those with the same code the notebook calls,
+so ``fixes=bogus`` fails here, not half a minute into notebook 03.
 """
 
 from __future__ import annotations
@@ -103,8 +106,52 @@ def notebook_parameters(path: Path) -> dict | None:
     return None
 
 
+def _fixes(value) -> None:
+    from swa_repro.sglang.fix import parse_names  # what notebooks 03/04 call (fix_view.load_release)
+
+    try:
+        parse_names(value)
+    except UsageError as e:
+        raise UsageError(str(e).removeprefix("--fix").lstrip(": ")) from None
+
+
+def _release(value) -> None:
+    from swa_repro.sglang.provision import MIN_RELEASE, parse  # what provision() refuses in the notebook
+
+    try:
+        version = parse(value)
+    except UsageError:
+        raise UsageError("not a release number (e.g. 0.5.23)") from None
+    if version < MIN_RELEASE:
+        raise UsageError(f"sglang {value} is older than {'.'.join(map(str, MIN_RELEASE))}, the oldest release "
+                         "the notebooks drive")
+
+
+def _matrix_names(value) -> None:
+    from swa_repro.sglang.check import MATRIX  # imports torch: only when cases / failing_case are given
+
+    names = {c.name for c in MATRIX}
+    bad = [v for v in ([value] if isinstance(value, str) else value) if v not in names]
+    if bad:
+        raise UsageError(f"unknown case {', '.join(map(str, bad))}; choose from {', '.join(sorted(names))}")
+
+
+def _backend(value) -> None:
+    from swa_repro.core.case import BACKENDS
+
+    if value not in BACKENDS:
+        raise UsageError(f"unknown backend {value!r}; choose from {', '.join(BACKENDS)}")
+
+
+# name -> check of its value (after its type), for every notebook that declares the name; each raises
+# UsageError saying what to give. A name means the same in every notebook that has it.
+VALUES = {"fixes": _fixes, "sglang_release": _release, "cases": _matrix_names, "failing_case": _matrix_names,
+          "backend": _backend}
+
+
 def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
-    """Every ``--parameters`` name is in each notebook's parameters cell with a value of its type."""
+    """Every ``--parameters`` name is in each notebook's parameters cell with a value of its type
+    that the notebook can use (:data:`VALUES`)."""
     for name, value in params.items():
         _check_range(name, value)
     for path in notebooks if params else []:
@@ -120,6 +167,12 @@ def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
             if not fits(value, decl[name]):
                 raise UsageError(f"--parameters {name}: notebook {path.stem} expects {describe(decl[name])}; got "
                                  f"{_short(json.dumps(value))} ({type(value).__name__}); its parameters: {names}")
+    for name, value in params.items():
+        if name in VALUES and value is not None:
+            try:
+                VALUES[name](value)
+            except UsageError as e:
+                raise UsageError(f"--parameters {name}={_short(json.dumps(value))}: {e}") from None
 
 
 def _check_range(name: str, value) -> None:

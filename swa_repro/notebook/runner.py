@@ -115,6 +115,8 @@ def parse_parameters(items: list[str]) -> dict:
                              "(put NOTEBOOK names before --parameters)")
         if k in RESERVED:
             raise UsageError(f"set {k} with --{k.replace('_dir', '')}, not --parameters")
+        if k in params:  # the last one silently won
+            raise UsageError(f"--parameters {k} is given twice; give it once")
         params[k] = parse_value(k, v)
     return params
 
@@ -304,11 +306,11 @@ def main(a) -> int:
     check_bounds(_bounds(a))
     nb_dir = Path(a.notebooks_dir).resolve()
     paths = select_notebooks(a.notebooks, nb_dir)
+    params = parse_parameters(a.parameters)
+    check_parameters(params, paths, RESERVED)  # against each notebook's own cell, before any starts (--list too)
     if a.list:
         print("\n".join(p.stem for p in paths))
         return 0
-    params = parse_parameters(a.parameters)
-    check_parameters(params, paths, RESERVED)  # against each notebook's own cell, before any starts
     info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
     out = out_dir(a.output, "--output").resolve()  # a file, or a path under one: one line, nothing run
     out.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
+from swa_repro.core.outputs import out_dir
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
@@ -198,10 +199,10 @@ def _table(a) -> int:
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")
-    if a.out.exists() and not a.out.is_dir():
-        raise UsageError(f"--out {a.out} is a file: give a directory (default docs/audit)")
+    out_dir(a.out, "--out")  # a file, or a path under one, or read-only: one line before any release is audited
     for v in versions:  # every release checked before any is installed
-        provision.parse(v)
+        if provision.parse(v) < provision.MIN_RELEASE:
+            raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions) + (f" --fix {a.fix}" if fixes else "")
     table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
                            fixes=fixes)

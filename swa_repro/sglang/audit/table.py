@@ -22,6 +22,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
+
 PREFILL = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "target_verify_eagle",
            "target_verify_dflash")
 GRAPH = ("cuda_graph_decode", "cuda_graph_extend", "cuda_graph_verify")
@@ -193,8 +195,8 @@ def build_table(versions, *, jobs: int = 1, command: str = "", note=print, fixes
 def write_table(table: dict, out: Path) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "releases.json", out / "releases.md"
-    js.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
-    md.write_text(markdown(table))
+    write_atomic(js, (json.dumps(table, indent=1, sort_keys=False) + "\n").encode())  # never a half-written table
+    write_atomic(md, markdown(table).encode())
     return md, js
 
 

@@ -69,13 +69,13 @@ def apply_fixes(text: str, names) -> str:
         if name not in names:
             continue
         fix = FIXES[name]
-        src = Source(text)
-        if fix.needs_fixed_31501 and FIXES["paged_only_window"].edits(src):
-            raise PatchError(f"--fix {name} needs PR #31501's window plumbing, which this file lacks: "
-                             f"add paged_only_window (--fix paged_only_window,{name}); nothing was written")
-        try:
+        try:  # every read of the file's structure, so a hand-edited one is refused, not a traceback
+            src = Source(text)
+            if fix.needs_fixed_31501 and FIXES["paged_only_window"].edits(src):
+                raise PatchError(f"--fix {name} needs PR #31501's window plumbing, which this file lacks: "
+                                 f"add paged_only_window (--fix paged_only_window,{name}); nothing was written")
             text = apply_edits(text, fix.edits(src))
-        except Unknown as e:
+        except (Unknown, SyntaxError) as e:
             raise PatchError(f"--fix {name}: {e}; this file is not a structure the fix knows "
                              "(sglang 0.5.14-0.5.23); nothing was written") from None
         try:

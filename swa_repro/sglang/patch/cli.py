@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import swa_repro.sglang.patch as patch_pkg
 from swa_repro.sglang import fix
 from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import new_file, write_atomic
 from swa_repro.sglang.patch.classify import classify
 from swa_repro.sglang.patch.edit import transform, unified_diff
-from swa_repro.sglang.patch.files import (apply_in_place, atomic_write, backup_paths, installed_path,
-                                          revert_in_place, sha256_hex)
+from swa_repro.sglang.patch.files import (apply_in_place, backup_info, installed_path, read_backend, revert_in_place,
+                                          sha256_hex)
 
 
 def register(sub):
@@ -24,7 +24,8 @@ def register(sub):
                    "installed sglang's)")
     p.add_argument("--out", type=Path, help="apply: write the patched file here")
     p.add_argument("--in-place", action="store_true", help="apply: patch the file itself, "
-                   "with a backup (`revert` restores it)")
+                   "with a backup (`revert` restores it); a symbolic link is refused: give its target")
+    p.add_argument("--force", action="store_true", help="apply --out: replace FILE if it exists")
     p.add_argument("--reverse", action="store_true", help="diff/apply: fixed -> unfixed, to "
                    "show the bug on sglang >= 0.5.16")
     p.add_argument("--fix", metavar="NAME[,NAME]|all", help="status/diff/apply: the fixes for every finding "
@@ -37,26 +38,34 @@ def run(args) -> int:
         raise UsageError("choose one of --out FILE and --in-place")
     if (args.out or args.in_place) and args.action != "apply":
         raise UsageError("--out / --in-place go with `apply`")
+    if args.force and not args.out:
+        raise UsageError("--force goes with `apply --out FILE` (it replaces FILE)")
     if args.reverse and args.action not in ("diff", "apply"):
         raise UsageError("--reverse goes with `diff` or `apply`")
     names = fix.parse_names(args.fix) if args.fix is not None else None
+    if names and args.action == "revert":
+        raise UsageError("--fix goes with status, diff or apply: `revert` restores whatever was patched in place")
     if names and args.reverse:
         raise UsageError("--reverse goes without --fix: `swa-repro patch revert` restores a file patched in place")
     path = args.source if args.source else installed_path()
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         raise UsageError(f"--source {path}: no such file")
+    if args.out:  # before any work: a folder, a link, an existing or read-only file is one line
+        if args.out.resolve() == path.resolve():
+            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
+        new_file(args.out, "--out", force=args.force)
     if args.action == "revert":
         print(revert_in_place(path))
         return 0
+    text = read_backend(path)  # one reader: not UTF-8, a BOM, empty, does not parse: one line
+    info = backup_info(path)  # its metadata, if patched in place: not JSON or a key missing is one line
     if names:
-        return _run_fixes(args, path, names)
-    text = path.read_bytes().decode()
+        return _run_fixes(args, path, text, names)
     s = classify(text)
     if args.action == "status":
         if s.state == "unknown":
             print(f"swa-repro patch: {path}: " + "; ".join(s.reasons), file=sys.stderr)
-        meta = backup_paths(path)[1]
-        if meta.exists() and json.loads(meta.read_text())["patched_sha256"] == sha256_hex(text.encode()):
+        if info and info["patched_sha256"] == sha256_hex(text.encode()):
             print(f"swa-repro patch: {path} was patched in place by swa-repro "
                   "(`swa-repro patch revert` restores it)", file=sys.stderr)
         print(s.state)
@@ -69,9 +78,8 @@ def run(args) -> int:
     return _diff_or_copy(args, path, text, new, f"is already {target}", f"{s.state} -> {target}")
 
 
-def _run_fixes(args, path: Path, names) -> int:
+def _run_fixes(args, path: Path, text: str, names) -> int:
     """``--fix``: the same actions and safety as PR #31501's patch, for the chosen fixes."""
-    text = path.read_bytes().decode()
     states = fix.states(text, names)
     if args.action == "status":
         for n, st in states.items():
@@ -99,10 +107,6 @@ def _diff_or_copy(args, path: Path, text: str, new: str, same: str, what: str) -
         sys.stdout.write(diff)
         raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
                          "(patch the file, with a backup)")
-    if args.out.resolve() == path.resolve():
-        raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-    if not args.out.parent.is_dir():
-        raise UsageError(f"--out {args.out}: directory {args.out.parent} does not exist")
-    atomic_write(args.out, new.encode(), like=path)
+    write_atomic(args.out, new.encode(), like=path)
     print(f"wrote {args.out} ({what}); {path} unchanged")
     return 0

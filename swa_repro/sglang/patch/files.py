@@ -1,21 +1,29 @@
 """On disk: find the installed backend file, patch it in place with a backup, revert byte for
 byte (sha256-checked); every refusal leaves the file as it was.
+
+Reads go through ``core.inputs`` (a source that is not UTF-8, has a BOM, is empty or does not parse,
+and backup metadata that is not JSON or lacks a key, are one line) and writes through
+``core.outputs`` (atomic; a symbolic link is refused, not replaced by a copy: give its target).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from swa_repro.core.errors import UsageError
+from swa_repro.core.inputs import read_bytes, read_json, read_source
+from swa_repro.core.outputs import backup_paths, read_only_reason, replace_file, write_atomic
 from swa_repro.sglang.patch.classify import REL_PATH, PatchError, classify
 from swa_repro.sglang.patch.edit import transform
+
+META_KEYS = ("original_sha256", "patched_sha256", "patched_state")
+
+__all__ = ["apply_in_place", "backup_info", "backup_paths", "installed_path", "read_backend", "revert_in_place",
+           "sha256_hex"]
 
 
 def installed_path() -> Path:
@@ -39,43 +47,38 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def backup_paths(path: Path):
-    return (path.with_name(path.name + ".swa-repro.bak"),
-            path.with_name(path.name + ".swa-repro.json"))
+def read_backend(path: Path) -> str:
+    """The backend file's text, checked (``core.inputs.read_source``): one reader for every action."""
+    return read_source(path, "--source")
 
 
-def _read_only_reason(path: Path):
-    d = path.parent
-    if os.statvfs(d).f_flag & os.ST_RDONLY:
-        return f"{d} is on a read-only file system"
-    for p in (d, path):
-        if p.exists() and (not os.access(p, os.W_OK) or not os.stat(p).st_mode & 0o222):
-            return f"{p} is read-only"
-    return None
-
-
-def atomic_write(path: Path, data: bytes, like: Path | None = None):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def backup_info(path: Path) -> dict | None:
+    """The metadata of swa-repro's backup beside ``path`` (None: none). A hand-edited or truncated
+    one is one line that says where the original is."""
+    bak, meta = backup_paths(path)
+    if not meta.exists():
+        return None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if like is not None and like.exists():
-            shutil.copymode(like, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        info = read_json(meta, "swa-repro's backup metadata", META_KEYS)
+    except UsageError as e:
+        keep = f"the original is kept in {bak}" if bak.exists() else f"no backup {bak.name} is beside it"
+        raise PatchError(f"{e}; nothing was changed ({keep}: restore it by hand, then delete both)") from None
+    return info
+
+
+def _writable(path: Path, hint: str = ""):
+    why = read_only_reason(path)
+    if why:
+        raise PatchError(f"{why}; nothing was changed{hint}")
 
 
 def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=None) -> str:
     """Patch ``path`` in place with a backup; returns a one-line message. By default to PR #31501's
     ``target`` state; ``edit`` (text -> text), ``label`` (what it makes, e.g. ``--fix all``) and
     ``done`` (text -> already so?) patch it with anything else (``swa-repro patch --fix``)."""
-    data = path.read_bytes()
-    text = data.decode()
+    path = replace_file(path, "--in-place")
+    text = read_backend(path)
+    data = text.encode()
     if edit is None:
         state = classify(text).state
         label, already = target, state == target
@@ -83,7 +86,7 @@ def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=No
     else:
         state, already = "as found", done(text)
     bak, meta = backup_paths(path)
-    info = json.loads(meta.read_text()) if meta.exists() else None
+    info = backup_info(path)
     if info and sha256_hex(data) == info["patched_sha256"]:
         if already:
             return f"already {label} (patched by swa-repro; `swa-repro patch revert` restores it)"
@@ -91,34 +94,41 @@ def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=No
                          "`swa-repro patch revert` first; nothing was changed")
     if info and sha256_hex(data) != info["original_sha256"]:
         raise PatchError(f"{path} changed since swa-repro's backup {bak} (sha256 {sha256_hex(data)[:12]} "
-                         f"is neither the original {info['original_sha256'][:12]} nor the "
-                         f"patched {info['patched_sha256'][:12]}); nothing was changed. If sglang "
+                         f"is neither the original {str(info['original_sha256'])[:12]} nor the "
+                         f"patched {str(info['patched_sha256'])[:12]}); nothing was changed. If sglang "
                          f"was reinstalled, delete {bak} and {meta} and try again")
     if already:
         return f"already {label}; nothing written"
+    _writable(path, ". Write a patched copy with `--out FILE`, or use swa_repro.sglang.patch.patched() in-process")
     new = edit(text).encode()
-    why = _read_only_reason(path)
-    if why:
-        raise PatchError(f"{why}; nothing was changed. Write a patched copy with `--out FILE`, "
-                         "or use swa_repro.sglang.patch.patched() in-process")
-    atomic_write(bak, data, like=path)
-    if sha256_hex(bak.read_bytes()) != sha256_hex(data):
-        raise PatchError(f"backup {bak} did not verify; nothing was changed")
-    atomic_write(meta, (json.dumps({
-        "file": str(path), "original_sha256": sha256_hex(data), "original_state": state,
-        "patched_sha256": sha256_hex(new), "patched_state": label,
-        "tool": "swa-repro patch apply --in-place"}, indent=1) + "\n").encode(), like=path)
-    atomic_write(path, new, like=path)
+    for own in (bak, meta):
+        if own.is_symlink() or own.is_dir():
+            raise PatchError(f"{own} is not a regular file: swa-repro keeps its backup there; move it away; "
+                             "nothing was changed")
+    try:
+        write_atomic(bak, data, like=path)
+        if sha256_hex(bak.read_bytes()) != sha256_hex(data):
+            raise PatchError(f"backup {bak} did not verify; nothing was changed")
+        write_atomic(meta, (json.dumps({
+            "file": str(path), "original_sha256": sha256_hex(data), "original_state": state,
+            "patched_sha256": sha256_hex(new), "patched_state": label,
+            "tool": "swa-repro patch apply --in-place"}, indent=1) + "\n").encode(), like=path)
+        write_atomic(path, new, like=path)
+    except BaseException:  # all or nothing: no backup of a file left as it was
+        bak.unlink(missing_ok=True)
+        meta.unlink(missing_ok=True)
+        raise
     return f"patched {path} ({state} -> {label}); backup {bak}; `swa-repro patch revert` undoes it"
 
 
 def revert_in_place(path: Path) -> str:
     """Restore the backed-up original bytes (checked by sha256) and drop the backup."""
+    path = replace_file(path, "revert")
     bak, meta = backup_paths(path)
     if not meta.exists() or not bak.exists():
         raise PatchError(f"no swa-repro backup next to {path} ({bak.name}); nothing to revert")
-    info = json.loads(meta.read_text())
-    cur, orig = sha256_hex(path.read_bytes()), bak.read_bytes()
+    info = backup_info(path)
+    cur, orig = sha256_hex(path.read_bytes()), read_bytes(bak, "swa-repro's backup")
     if sha256_hex(orig) != info["original_sha256"]:
         raise PatchError(f"backup {bak} does not match its recorded sha256; nothing was changed")
     if cur == info["original_sha256"]:
@@ -127,12 +137,10 @@ def revert_in_place(path: Path) -> str:
         return f"{path} is already the original; removed the stale backup"
     if cur != info["patched_sha256"]:
         raise PatchError(f"{path} changed since swa-repro patched it (sha256 {cur[:12]}, "
-                         f"expected {info['patched_sha256'][:12]}); nothing was changed. The "
+                         f"expected {str(info['patched_sha256'])[:12]}); nothing was changed. The "
                          f"original is kept in {bak}")
-    why = _read_only_reason(path)
-    if why:
-        raise PatchError(f"{why}; nothing was changed")
-    atomic_write(path, orig, like=path)
+    _writable(path)
+    write_atomic(path, orig, like=path)
     if sha256_hex(path.read_bytes()) != info["original_sha256"]:
         raise PatchError(f"restored {path} does not verify; the original is still in {bak}")
     bak.unlink()
