@@ -22,6 +22,11 @@ def _defaults(path) -> dict:
     return {n.targets[0].id: ast.literal_eval(n.value) for n in ast.parse(cell.source).body if isinstance(n, ast.Assign)}
 
 
+def test_the_table_knows_every_project_notebook():
+    assert PT.PROJECT == tuple(p.stem for p in NOTEBOOKS)
+    assert PT.declared("00_someone_elses", "seed") is None  # typed by its default instead
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_parameter_is_declared_and_its_default_fits(path):
     defaults = _defaults(path)

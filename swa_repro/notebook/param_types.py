@@ -5,7 +5,7 @@ accepts, checked before any notebook starts, whatever the default says (a defaul
 One table by parameter name (``COMMON``: the names several notebooks share mean the same thing in
 each), and per notebook where one differs (``NOTEBOOK``). ``tests/test_param_types.py`` holds it
 complete: every name of every ``parameters`` cell is declared here and its default fits. A
-notebook outside this table (``--notebooks-dir``) is typed by its defaults (``params.infer``).
+notebook not of this project (``--notebooks-dir``) is typed by its defaults (``params.infer``).
 Ranges follow ``core.case`` (what a case may hold) where a parameter becomes part of a case; the
 case's own cross-checks (heads divisible, window inside the KV, ...) stay in the notebook.
 """
@@ -152,6 +152,15 @@ COMMON: dict[str, Param] = {
 NOTEBOOK: dict[str, dict[str, Param]] = {}  # a notebook whose parameter of a shared name differs
 
 
+# The project's notebooks (notebooks/NN_*.py; tests/test_param_types.py holds the list equal): the
+# table is theirs. Another notebook (``--notebooks-dir``) is typed by its defaults.
+PROJECT = ("00_overview", "01_plan_with_and_without_window_left", "02_masks_and_cta_skips", "03_apply_backend_patch",
+           "04_rerun_checks", "05_backend_matrix_and_audit", "06_performance")
+
+
 def declared(notebook: str, name: str) -> Param | None:
-    """The declared type and range of ``name`` in ``notebook`` (a stem), or None: not in the table."""
+    """The declared type and range of ``name`` in ``notebook`` (a stem), or None: not one of the
+    project's notebooks, or not in the table."""
+    if notebook not in PROJECT:
+        return None
     return NOTEBOOK.get(notebook, {}).get(name) or COMMON.get(name)
