@@ -75,13 +75,16 @@ checks.expect(where["state"] in ("unfixed", "fixed"), "the installed backend fil
 #
 # `update_sliding_window` (wrapper 0 is the sliding-window wrapper; the paged-only branch trims
 # to `sliding_window_size + seq_lens - prefix_lens` keys) and `call_begin_forward` (the paged
-# `begin_forward(...)` call at the end: note what is *not* among its keyword arguments).
+# `begin_forward(...)` call at the end: note what is *not* among its keyword arguments). Only those
+# lines are shown; `print(H.method_source("call_begin_forward"))` prints a whole method.
 
 # %%
-print(H.method_source("update_sliding_window"))
+from swa_repro.notebook.show import excerpt
+
+print(excerpt(H.method_source("update_sliding_window"), "paged_kernel_lens = torch.minimum", more=2))
 
 # %%
-print(H.method_source("call_begin_forward"))
+print(excerpt(H.method_source("call_begin_forward"), ".begin_forward(", last=True))
 
 # %%
 checks.expect(("window_left" in H.method_source("call_begin_forward")) == (where["state"] == "fixed"),

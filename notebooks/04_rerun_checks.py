@@ -116,17 +116,17 @@ if peer_rows:
 # cannot be had (no network, no cached copy) or that the fixes refuse: one line, and it skips.
 
 # %%
+from IPython.display import display
+
 from swa_repro.notebook import fix_view as FV
-from swa_repro.notebook.show import show
 
 release = FV.load_release(sglang_release, fixes)
 audits = FV.audit_pair(release) if release.fixed else None
 print(release.skipped or f"sglang {release.version}: audited as shipped and with --fix {','.join(release.names)}")
 
 # %%
-if audits:
-    classes = FV.class_rows(*audits, release.names)
-    show(classes, max_width=90)
+classes = FV.class_rows(*audits, release.names) if audits else []
+FV.frame(classes) if audits else None
 
 # %% [markdown]
 # The same runs, key by key: a cell says how many queries see keys outside their window (and
@@ -135,7 +135,7 @@ if audits:
 # %%
 if audits:
     keys = FV.key_rows(*audits)
-    show(keys)
+    display(FV.frame(keys))
     plots.publish(FV.keys_figure(keys, f"sglang {release.version}: sliding-window layer, as shipped and with "
                                        "the fixes"), "04_rerun_checks_fix_keys", save)
 

@@ -2,16 +2,12 @@
 
 import ast
 import difflib
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from swa_repro.sglang import patch as sp
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "sglang-wheels"
 MEMBER = "sglang/" + sp.REL_PATH.as_posix()
 
 
@@ -47,26 +43,13 @@ def changed_outside_the_methods(old, new):
 
 
 def backend_file(version: str) -> Path:
-    """flashinfer_backend.py of sglang==version, fetched once and cached."""
-    out = CACHE / "src" / version / "flashinfer_backend.py"
-    if out.exists():
-        return out
-    CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    if not wheels:
-        r = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64",
-             "--disable-pip-version-check", "-q", "-d", str(CACHE), f"sglang=={version}"],
-            capture_output=True, text=True, timeout=900)
-        wheels = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-        if not wheels:
-            pytest.fail(f"pip download sglang=={version} failed:\n"
-                        f"{r.stdout[-1500:]}{r.stderr[-1500:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
-        data = z.read(MEMBER)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
-    return out
+    """flashinfer_backend.py of sglang==version: the release's overlay (``provision``: installed once
+    into the user's cache, shared with every audit, kit run and checkout), read only."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.provision import provision
+
+    try:
+        overlay, _ = provision(version, any_release=True)
+    except UsageError as e:
+        pytest.fail(f"sglang=={version}: {e}")
+    return overlay / MEMBER

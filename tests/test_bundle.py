@@ -80,9 +80,12 @@ def test_out_dir_must_be_new(tmp_path):
 @pytest.mark.network
 @pytest.mark.slow
 def test_real_bundle_0612(tmp_path):
-    """Download (cached in .cache/wheels) flashinfer-python 0.6.12, bundle it for this python,
-    install it offline with install.sh, import it and generate the fa2/fa3 prefill JIT sources."""
-    cache = REPO / ".cache" / "wheels"
+    """Download (cached in the user's cache, ``core.cache.cache_root()/wheels``) flashinfer-python
+    0.6.12, bundle it for this python, install it offline with install.sh, import it and generate
+    the fa2/fa3 prefill JIT sources."""
+    from swa_repro.core.cache import cache_root
+
+    cache = cache_root() / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
     if not list(cache.glob("flashinfer_python-0.6.12-*.whl")):
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "flashinfer-python==0.6.12",

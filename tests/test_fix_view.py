@@ -119,3 +119,32 @@ def test_each_step_diff_is_one_fix_on_a_real_release():
         assert bool(diff) == (shipped[name].state == "needed" and not FIXES[name].requires), name
         assert FIXES[name].summary in FV.diff_text(name, diff)
     assert FV.file_unchanged(rel) and rel.fixed == FV.apply_fixes(rel.text, ORDER)
+
+
+def test_audit_pair_says_its_overlay_once_and_whether_each_audit_was_cached(monkeypatch):
+    """Notebook 04 printed the overlay line twice (one per audit): now one line for both."""
+    from swa_repro.sglang.audit import release as R
+
+    def fake(version, *, fixes=None, note=print, **kw):
+        note(f"sglang {version}: overlay /x/{version} (cached); auditing it in a subprocess")
+        d = doc(bool(fixes))
+        d["release"].update(overlay=f"/x/{version}", child_seconds=20.0,
+                            result_cache={"cache": "hit" if fixes else "miss"})
+        return d
+
+    monkeypatch.setattr(R, "audit_release", fake)
+    lines = []
+    before, after = FV.audit_pair(FV.Release("0.5.23", ORDER), note=lines.append)
+    assert len(lines) == 1 and lines[0].count("/x/0.5.23") == 1, lines
+    assert "as shipped: audited now in 20.0 s" in lines[0] and "with the fixes: cached result" in lines[0]
+    assert "fixes" in after["release"] and "fixes" not in before["release"]
+
+
+def test_findings_table_is_a_real_table_with_every_cell_whole():
+    """Notebook 04's findings: an HTML table, no cell cut (the text table cut at 90 characters)."""
+    rows = FV.class_rows(doc(False), doc(True), ("ragged_no_prefix_window",))
+    long = "W.begin_forward(window_left=8) " * 6  # longer than any width a text table kept
+    rows = [r.__class__(**{**r.__dict__, "evidence": long}) if r.key == "ragged_no_prefix_window" else r for r in rows]
+    html = FV.frame(rows).to_html()
+    assert html.count("<tr") == len(rows) + 1 and "<th" in html
+    assert long.strip() in html and "..." not in html

@@ -56,3 +56,46 @@ def test_shapes_line_follows_the_parameters():
     line = story.shapes_line(story.seed_case(window_left=8, extend_lens=[6, 8, 16]))
     assert "window 8" in line and "extend 6/8/16" in line
     assert "window 4" in story.shapes_line(story.seed_case())  # the default, from SEED_SHAPES
+
+
+def test_excerpt_shows_the_statement_not_the_method():
+    from swa_repro.notebook.show import excerpt
+
+    src = "def f(a):\n    x = 1\n    w.plan(\n        a,\n        b=2,\n    )\n    return x\n"
+    assert excerpt(src, ".plan(") == "# lines 3-6 of 7\n    w.plan(\n        a,\n        b=2,\n    )"
+    assert excerpt(src, "x = 1", more=1).splitlines()[1:] == ["    x = 1", "    w.plan("]
+    assert "not in this source" in excerpt(src, "nope")
+
+
+def test_a_usage_error_in_a_notebook_cell_is_one_line():
+    """`fixes = "bogus_fix"` in 03 ended Run All with a UsageError traceback: one line now, and the
+    cell still fails (Run All and papermill stop there)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    try:
+        assert runner.one_line_usage_errors()
+        with capture_output() as out:
+            r = shell.run_cell("from swa_repro.notebook import fix_view as FV\nFV.load_release('0.5.23', 'bogus_fix')")
+        assert r.error_in_exec is not None and not r.success
+        text = out.stdout + out.stderr
+        assert text.strip().splitlines() == [text.strip()] and "UsageError: --fix: unknown bogus_fix" in text
+        assert "Traceback" not in text and "File " not in text
+    finally:
+        shell.set_custom_exc((), None)
+        InteractiveShell.clear_instance()
+
+
+def test_third_party_noise_is_quiet_and_other_warnings_are_not():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        runner.quiet_third_party()
+        for module, message in (("sglang.srt.layers.attention.fla.utils", "Triton is not supported on current platform"),
+                                ("sglang.srt.layers.quantization.awq.awq", "Only CUDA, HIP and XPU support AWQ currently."),
+                                ("tqdm.auto", "IProgress not found. Please update jupyter and ipywidgets."),
+                                ("swa_repro.x", "a warning of this project's own")):
+            warnings.warn_explicit(message, UserWarning, f"{module}.py", 1, module=module)
+    assert [str(w.message) for w in seen] == ["a warning of this project's own"]

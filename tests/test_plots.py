@@ -231,3 +231,22 @@ def test_publish_saves_through_the_given_function(tmp_path):
     fig = Figure()
     fig.subplots().plot([0, 1])
     assert plots.publish(fig, "x_fig", save) is None and saved == ["x_fig"] and (tmp_path / "x_fig.png").exists()
+
+
+def test_mask_figures_are_readable_at_notebook_width():
+    """02's and 04's mask figures were 2200 px wide, shown at ~1150 px: 5-6 px text. Now at most
+    the notebook's width, so shown 1:1, and no text under 7 pt (~10 px at FIGURE_DPI)."""
+    from matplotlib.text import Text
+
+    from swa_repro.kernel.model import simulate
+    from swa_repro.notebook import story
+
+    case = story.seed_case()
+    fig = plots.plot_case(case, simulate(case, tiles=True), title="a title")
+    fig.canvas.draw()
+    width_px = fig.get_figwidth() * plots.FIGURE_DPI
+    assert width_px <= 1150, width_px
+    shown = min(1.0, 1150 / width_px)  # the notebook scales a wider image down
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip() and t.get_visible()]
+    assert sizes and min(sizes) * plots.FIGURE_DPI / 72 * shown >= 9.5, min(sizes)
+    assert len([a for a in fig.axes if a.images]) == 4 * case.batch_size  # every request still has its panels

@@ -111,6 +111,7 @@ def test_foreign_modules_are_named(tmp_path):
 # ----------------------------------------------------------------------------- another release, its own code
 @pytest.mark.network
 @pytest.mark.slow
+@pytest.mark.matrix  # `make test-matrix`: the same code path as 0.5.23's audit (test_sglang_fix), on another release
 def test_sglang_0_5_16_audits_its_own_code(capsys):
     """0.5.16 has PR #31501: no paged-only window; every other cell as the committed table says."""
     assert main(["audit", "--sglang", "0.5.16", "--json"]) == 0

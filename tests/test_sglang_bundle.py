@@ -289,7 +289,12 @@ PY312 = _python312()
 @pytest.mark.slow
 @pytest.mark.skipif(PY312 is None, reason="needs a CPython 3.12 to install the cp312 bundle")
 def test_real_bundle_installs_and_imports_under_cpython_312(tmp_path):
-    m = sb.build_sglang_bundle("0.5.15.post1", tmp_path / "b" / "sglang", xz_preset=1, repo=tmp_path)
+    from swa_repro.core.cache import cache_root
+
+    wheels = cache_root() / "wheels" / "cp312"  # downloaded once (resolve fetches what is missing), then offline
+    wheels.mkdir(parents=True, exist_ok=True)
+    sb.resolve("0.5.15.post1", [wheels], wheels, "3.12")
+    m = sb.build_sglang_bundle("0.5.15.post1", tmp_path / "b" / "sglang", xz_preset=1, repo=tmp_path, wheel_dir=wheels)
     assert {w["dist"]: w["version"] for w in m["wheels"]} == {"sglang": "0.5.15.post1"} | {
         d: v for d, (_, v, _) in sb.CHAIN.items()}
     site = tmp_path / "site"

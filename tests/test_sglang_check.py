@@ -65,8 +65,17 @@ def test_notebook_runs_in_model_mode(tmp_path, name, params):
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", params, ensure_kernel(), 900)
     assert r["status"] == "ok", r["error"]
     assert r["mode"] == "model" and r["checks_failed"] == 0 and r["checks_passed"] >= 8
-    assert "Mode: model" in (tmp_path / f"{name}.html").read_text()
-    if name.startswith("04"):  # the two mask figures and the fixes' key heatmap
+    html = (tmp_path / f"{name}.html").read_text()
+    assert "Mode: model" in html
+    for noise in ("TqdmWarning", "IProgress not found", "Triton is not supported", "support AWQ", "support GGUF"):
+        assert noise not in html, f"third-party noise in {name}: {noise}"
+    if name.startswith("03"):  # the lines the text is about, not ~200 lines of sglang source
+        assert html.count("# lines ") >= 2 and "wrapper_paged.begin_forward(" in html  # two excerpts
+        assert "num_accept_tokens = getattr(spec_info" not in html  # update_sliding_window's first lines: not shown
+    if name.startswith("04"):
+        assert html.count("sglang 0.5.23: overlay ") == 1  # one line for both audits
+        assert "<table id=\"T_" in html and "as shipped" in html and "with the fixes" in html  # the findings, an HTML table
+        # the two mask figures and the fixes' key heatmap
         assert sorted(f.rsplit("_", 2)[-2] + "_" + f.rsplit("_", 2)[-1] for f in r["figures"]) == [
             "fix_keys.png", "patched_masks.png", "unpatched_masks.png"]
         assert len(list((tmp_path / "traces").glob("*.pt"))) == 2 * 3  # 2 cases x 2 states + deterministic x 2

@@ -1,7 +1,7 @@
 """`swa-repro patch` on the real flashinfer_backend.py of released sglang wheels.
 
-Wheels come from PyPI (`difftools.backend_file`: `pip download --no-deps` into
-.cache/sglang-wheels/, kept between runs); only srt/layers/attention/flashinfer_backend.py is read.
+Releases come from PyPI (`difftools.backend_file`: the release's overlay in the user's cache, shared
+with the audits, kept between runs); only srt/layers/attention/flashinfer_backend.py is read.
 
 Pre-fix structures covered: 0.4.10 (wrapper 0 always paged, begin_forward with 8 positional +
 4 keywords, no kwargs dict), 0.5.5 and 0.5.10 (multi-item scoring keywords; 0.5.10 adds the

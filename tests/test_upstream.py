@@ -85,12 +85,25 @@ def test_live_section_renders_a_recording():
 
 
 def _cases(overlay: Path, tmp_path: Path) -> dict:
-    out = tmp_path / f"{overlay.name}.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    p = subprocess.run([sys.executable, "-m", "swa_repro.sglang.fix.upstream_cpu", str(overlay), str(TEST_FILE),
-                        str(out)], capture_output=True, text=True, env=env, timeout=900)
-    assert p.returncode == 0 and out.is_file(), p.stderr[-3000:]
-    return json.loads(out.read_text())
+    """The regression test's cases on ``overlay`` (upstream_cpu in a child), cached by content
+    (``core.cache``): the overlay's (shipped or fixed), the test file's, the code's (the layers up
+    to sglang, upstream_cpu among them) and the interpreter's; a change of any runs it again."""
+    import hashlib
+
+    from swa_repro.core.cache import cached, code_hash, interpreter
+    from swa_repro.sglang.provision import content_digest
+
+    def run() -> dict:
+        out = tmp_path / f"{overlay.name}.json"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        p = subprocess.run([sys.executable, "-m", "swa_repro.sglang.fix.upstream_cpu", str(overlay), str(TEST_FILE),
+                            str(out)], capture_output=True, text=True, env=env, timeout=900)
+        assert p.returncode == 0 and out.is_file(), p.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    parts = {"overlay": content_digest(overlay), "test_file": hashlib.sha256(TEST_FILE.read_bytes()).hexdigest(),
+             "code": code_hash(), "interpreter": interpreter()}
+    return cached("upstream-cpu", parts, run)[0]
 
 
 @pytest.mark.slow

@@ -114,10 +114,26 @@ def apply_commands(rel: Release, installed: str | None) -> list[str]:
 
 # ----------------------------------------------------------------------------- notebook 04
 def audit_pair(rel: Release, note=print) -> tuple[dict, dict]:
-    """The release audited as shipped and with ``rel.names`` applied (``audit_release`` twice)."""
+    """The release audited as shipped and with ``rel.names`` applied (``audit_release`` twice, each
+    from the shared content-keyed cache when it holds it: ``core.cache``); one ``note`` line for both."""
     from swa_repro.sglang.audit.release import audit_release
 
-    return audit_release(rel.version, note=note), audit_release(rel.version, fixes=rel.names, note=note)
+    pair = audit_release(rel.version, note=lambda s: None), audit_release(rel.version, fixes=rel.names, note=lambda s: None)
+    how = [d["release"].get("result_cache", {}).get("cache", "off") for d in pair]
+    secs = [d["release"].get("child_seconds") for d in pair]
+    said = ", ".join(f"{w}: {'cached result' if h == 'hit' else f'audited now in {t} s'}"
+                     for w, h, t in zip(("as shipped", "with the fixes"), how, secs))
+    note(f"sglang {rel.version}: overlay {pair[0]['release'].get('overlay')} ({said})")
+    return pair
+
+
+def frame(rows):
+    """Typed rows as an HTML table (a pandas Styler: every cell whole, where a DataFrame's repr cuts
+    at 50 characters and a text table at its width), left-aligned, no index."""
+    import pandas as pd
+
+    df = pd.DataFrame([r.cells() for r in rows])
+    return df.style.hide(axis="index").set_properties(**{"text-align": "left", "white-space": "normal"})
 
 
 @dataclass(frozen=True)

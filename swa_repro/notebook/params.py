@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.notebook.param_types import declared as declared_type
 
 ANY = None
 INT64 = (-2**63, 2**63 - 1)  # what numpy, and so every notebook, holds an int in
@@ -164,7 +165,11 @@ def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
             if name not in decl:
                 raise UsageError(f"--parameters {name}: notebook {path.stem} has no such parameter; its parameters: "
                                  f"{names}")
-            if not fits(value, decl[name]):
+            spec = declared_type(path.stem, name)  # the declared type and range (param_types), else the default's
+            if spec is not None and spec.problem(value):
+                raise UsageError(f"--parameters {name}: notebook {path.stem} expects {spec.describe()}; got "
+                                 f"{_short(json.dumps(value))} ({spec.problem(value)})")
+            if spec is None and not fits(value, decl[name]):
                 raise UsageError(f"--parameters {name}: notebook {path.stem} expects {describe(decl[name])}; got "
                                  f"{_short(json.dumps(value))} ({type(value).__name__}); its parameters: {names}")
     for name, value in params.items():

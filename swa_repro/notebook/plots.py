@@ -23,10 +23,11 @@ from swa_repro.core.intervals import ceil_div, intended_bounds
 
 MAX_CELLS = 256  # per axis, after reduction
 PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at FIGURE_DPI, so none is lost
-# Saved figures (runner.save_figure): a 22-inch plot_case row is ~2200 px wide, 7-pt labels ~10 px.
-# plot_case's smallest heatmap axes is ~2.9 in, so 128 cells get >= 2.3 px each (tests/test_plots.py
-# measures it); below ~88 dpi a cell could fall between pixels.
+# Saved figures (runner.save_figure): a plot_case figure is NOTEBOOK_WIDTH_IN (~1100 px) wide, shown
+# 1:1 in a notebook, 7-pt labels ~10 px. Its heatmap axes are ~3 in, so 128 cells get >= 2 px each
+# (tests/test_plots.py measures it); below ~88 dpi a cell could fall between pixels.
 FIGURE_DPI = 100
+NOTEBOOK_WIDTH_IN = 11.5  # a notebook's output area is ~1100-1150 px wide: figures this wide show 1:1 at FIGURE_DPI
 LABEL_EVERY_CELL = 32  # below this many cells per axis every cell gets a tick label
 
 MASK_STATES = ("not visible", "some keys in block visible", "visible")
@@ -233,8 +234,15 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
     reqs = list(range(case.batch_size)) if requests is None else list(requests)
     res = model_result
     plan = res.plan
-    fig = Figure(figsize=(22, 4.6 * len(reqs) + 0.8), layout="constrained")
-    axes = fig.subplots(len(reqs), 5, squeeze=False)
+    # Readable at a notebook's width (~1100 px): 11 in at FIGURE_DPI, each request's five panels on
+    # two rows of three (the sixth removed), text 7-11 pt = 10-15 px shown 1:1 (was 22 in, one row:
+    # shown at half size, 5-6 px text).
+    fig = Figure(figsize=(NOTEBOOK_WIDTH_IN, 7.6 * len(reqs) + 1.0), layout="constrained")
+    grid = fig.subplots(2 * len(reqs), 3, squeeze=False)
+    axes = []
+    for k in range(len(reqs)):
+        fig.delaxes(grid[2 * k + 1, 2])
+        axes.append([*grid[2 * k], *grid[2 * k + 1, :2]])
     for row, i in zip(axes, reqs):
         r = res.requests[i]
         qo, kv, g = r.extend_len, r.kv_len, case.group_size
@@ -301,7 +309,9 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
                 "tile map not computed: simulate(case, tiles=True)"
             _text_panel(row[4], why)
             row[4].set_title("CTA tile map", fontsize=9)
-    fig.suptitle((f"{title}\n" if title else "") + case_title(case, res), fontsize=11)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap((f"{title}; " if title else "") + case_title(case, res), 120)), fontsize=11)
     return fig
 
 

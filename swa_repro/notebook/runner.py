@@ -46,8 +46,48 @@ def output_path(output_dir) -> Path:
     return p if p.is_absolute() else REPO_DIR / p
 
 
+def one_line_usage_errors() -> bool:
+    """In an IPython kernel: a ``UsageError`` (a bad parameter, an unknown fix name) ends the cell
+    with its one line, as the CLI prints it, not a traceback; the cell still fails (Run All and
+    papermill stop there). False outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    ip = get_ipython()
+    if ip is None:
+        return False
+
+    def one_line(shell, etype, value, tb, tb_offset=None):
+        msg = f"{etype.__name__}: {value}".splitlines()[0]
+        print(msg, file=sys.stderr)
+        return [msg]
+
+    ip.set_custom_exc((UsageError,), one_line)
+    return True
+
+
+# Third-party warnings a reader of a notebook cannot act on (measured in 03/04's outputs): tqdm's
+# "IProgress not found" (no ipywidgets in a headless kernel), and sglang's import-time platform
+# notes on a machine without CUDA ("Triton is not supported on current platform", "Only CUDA, HIP
+# and XPU support AWQ currently", the same for GGUF). Every one is a warnings.warn.
+QUIET = ((r"IProgress not found", r""), (r"", r"sglang(\.|$)"))
+
+
+def quiet_third_party() -> None:
+    """Ignore the :data:`QUIET` warnings in this process (a notebook kernel) from now on."""
+    import warnings
+
+    for message, module in QUIET:
+        warnings.filterwarnings("ignore", message=message, module=module)
+
+
 def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
-    """Resolve and print the mode (first output of every notebook) and record it for the runner."""
+    """Resolve and print the mode (first output of every notebook) and record it for the runner.
+    From here on a ``UsageError`` is one line (:func:`one_line_usage_errors`) and third-party
+    warnings no reader can act on are not shown (:func:`quiet_third_party`)."""
+    one_line_usage_errors()
+    quiet_third_party()
     info = resolve_mode(requested)
     print(f"Mode: {info.mode} ({info.reason})")
     out = Path(output_dir)

@@ -65,3 +65,22 @@ def fmt(v) -> str:
     if isinstance(v, (list, tuple)):
         return ",".join(fmt(x) for x in v)
     return "" if v is None else str(v)
+
+
+def excerpt(src: str, marker: str, last: bool = False, more: int = 0) -> str:
+    """The statement of ``src`` that starts on the line holding ``marker`` (the first such line, or
+    the ``last``), up to where its brackets close, and ``more`` lines after; with a line saying how
+    much of ``src`` that is. Notebooks show the lines a point is about, not a whole method."""
+    lines = src.splitlines()
+    hits = [i for i, ln in enumerate(lines) if marker in ln]
+    if not hits:
+        return f"({marker!r} is not in this source)"
+    i = hits[-1] if last else hits[0]
+    j, depth = i, 0
+    while j < len(lines):
+        depth += sum(lines[j].count(c) for c in "([{") - sum(lines[j].count(c) for c in ")]}")
+        if depth <= 0:
+            break
+        j += 1
+    j = min(len(lines) - 1, j + more)
+    return "\n".join([f"# lines {i + 1}-{j + 1} of {len(lines)}", *lines[i:j + 1]])

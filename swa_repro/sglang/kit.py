@@ -177,9 +177,10 @@ def main(a) -> int:
 
         note = (lambda s: print(s, file=sys.stderr)) if a.json else print
         overlay, _, fixed = overlay_for(a.sglang, fixes, note=note, doing="running its kit")
-        doc, secs = run_child("swa_repro.sglang.kit", overlay, ["--mode", info.mode, "--mode-reason", info.reason],
-                              f"sglang {a.sglang}'s kit")
-        doc.update(overlay=str(overlay), fixed=fixed, child_seconds=secs)
+        doc, secs, how = run_child("swa_repro.sglang.kit", overlay,
+                                   ["--mode", info.mode, "--mode-reason", info.reason], f"sglang {a.sglang}'s kit",
+                                   cache=info.mode == "model")
+        doc.update(overlay=str(overlay), fixed=fixed, child_seconds=secs, result_cache=how)
     else:
         doc = installed_doc(a.mode)
     print(json.dumps(doc, default=str) if a.json else format_doc(doc))

@@ -40,9 +40,29 @@ def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running i
     return overlay, info, fixed
 
 
-def run_child(module: str, overlay: Path, args: list[str], what: str) -> tuple[dict, float]:
-    """``python -m module --overlay overlay --out F *args`` -> (its JSON document, seconds); a
-    failed child is one UsageError line (its last stderr line)."""
+def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: bool = True) -> tuple[dict, float, dict]:
+    """``python -m module --overlay overlay --out F *args`` -> (its JSON document, seconds, how); a
+    failed child is one UsageError line (its last stderr line).
+
+    Cached by content (``core.cache``): the key is the module and its arguments, the overlay's
+    content (``provision.content_digest``: the release's RECORD and the backend file, so a fixed
+    overlay differs from the shipped one), the hash of every module the child can import
+    (``code_hash``: the layers up to ``sglang``) and this interpreter's torch/numpy/flashinfer. A hit
+    costs no child; ``how["cache"]`` says hit / miss / off, ``seconds`` is the child's own run.
+    ``cache=False`` (a run on a GPU: the result is the device's, not the code's) always runs it."""
+    from swa_repro.core.cache import cached, code_hash, interpreter
+    from swa_repro.sglang.provision import content_digest
+
+    if not cache:
+        doc = _run_child(module, overlay, args, what)
+        return doc["document"], doc["seconds"], {"cache": "off"}
+    parts = {"module": module, "args": list(args), "overlay": content_digest(overlay), "code": code_hash(),
+             "interpreter": interpreter()}
+    doc, how = cached("overlay-run", parts, lambda: _run_child(module, overlay, args, what))
+    return doc["document"], doc["seconds"], how
+
+
+def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", module, "--overlay", str(overlay), "--out", str(out), *args]
@@ -53,7 +73,7 @@ def run_child(module: str, overlay: Path, args: list[str], what: str) -> tuple[d
         if p.returncode != 0 or not out.is_file():
             last = [ln for ln in p.stderr.splitlines() if ln.strip()]
             raise UsageError(f"{what} failed: {last[-1] if last else f'exit {p.returncode}'}")
-        return json.loads(out.read_text()), round(time.monotonic() - t0, 1)
+        return {"document": json.loads(out.read_text()), "seconds": round(time.monotonic() - t0, 1)}
 
 
 # ----------------------------------------------------------------------------- child

@@ -37,14 +37,11 @@ def parse(version: str) -> tuple:
 
 
 def cache_root() -> Path:
-    """``$SWA_REPRO_CACHE``, else ``<checkout>/.cache/swa-repro`` when running from a checkout
-    (git-ignored), else ``~/.cache/swa-repro``."""
-    if os.environ.get("SWA_REPRO_CACHE"):
-        return Path(os.environ["SWA_REPRO_CACHE"]).expanduser()
-    repo = Path(__file__).resolve().parents[2]
-    if (repo / ".git").exists() and (repo / "pyproject.toml").is_file():
-        return repo / ".cache" / "swa-repro"
-    return Path.home() / ".cache" / "swa-repro"
+    """The user's cache (``core.cache.cache_root``: ``$SWA_REPRO_CACHE``, else
+    ``$XDG_CACHE_HOME/swa-repro``, else ``~/.cache/swa-repro``): every checkout shares the overlays."""
+    from swa_repro.core.cache import cache_root as root
+
+    return root()
 
 
 def overlay_dir(version: str) -> Path:
@@ -74,9 +71,10 @@ def _refusal(version: str, output: str) -> str:
     return f"installing sglang=={version} failed: {last[-1] if last else 'no output'}"
 
 
-def provision(version: str) -> tuple[Path, dict]:
-    """The overlay of ``version`` (installed now unless cached) and how it was made."""
-    if parse(version) < MIN_RELEASE:
+def provision(version: str, *, any_release: bool = False) -> tuple[Path, dict]:
+    """The overlay of ``version`` (installed now unless cached) and how it was made. Releases before
+    ``MIN_RELEASE`` are refused (nothing drives them) unless ``any_release`` (a file read from it)."""
+    if parse(version) < MIN_RELEASE and not any_release:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
     target = overlay_dir(version)
     marker = target / MARKER
@@ -86,8 +84,7 @@ def provision(version: str) -> tuple[Path, dict]:
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     cmd = installer(partial, version)
-    env = dict(os.environ)
-    env.setdefault("UV_CACHE_DIR", str(cache_root() / "uv"))  # the shared download cache
+    env = dict(os.environ)  # uv's own download cache (the one `make venv` fills): overlays hard-link from it
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0 or not (partial / "sglang" / "__init__.py").is_file():
@@ -100,6 +97,22 @@ def provision(version: str) -> tuple[Path, dict]:
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)
     return target, {**info, "cached": False}
+
+
+def content_digest(overlay: Path) -> str:
+    """What an overlay holds, as a sha256: its wheel's RECORD (the sha256 of every file the release
+    ships) and the bytes of the one file a fixed overlay replaces (``fix.overlay``), without
+    reading the 30-130 MB of the rest."""
+    import hashlib
+
+    from swa_repro.sglang.patch.classify import REL_PATH
+
+    h = hashlib.sha256()
+    for rec in sorted(overlay.glob("sglang-*.dist-info/RECORD")):
+        h.update(rec.read_bytes())
+    backend = overlay / "sglang" / REL_PATH
+    h.update(backend.read_bytes() if backend.is_file() else b"<no backend file>")
+    return h.hexdigest()
 
 
 def flashinfer_pin(overlay: Path) -> str | None:

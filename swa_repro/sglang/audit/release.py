@@ -24,8 +24,8 @@ def audit_release(version: str, *, what_if: str | None = None, paths=None, fixes
     it: a minute or more)."""
     overlay, info, fixed = overlay_for(version, fixes, note=note, doing="auditing it")
     args = (["--what-if", what_if] if what_if else []) + (["--paths", ",".join(paths)] if paths else [])
-    doc, secs = run_child("swa_repro.sglang.audit.release", overlay, args, f"auditing sglang {version}")
-    doc["release"].update(overlay_info=info, child_seconds=secs)
+    doc, secs, how = run_child("swa_repro.sglang.audit.release", overlay, args, f"auditing sglang {version}")
+    doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how)
     if fixed:
         doc["release"]["fixes"] = fixed
     return doc

@@ -10,12 +10,10 @@ questions of the patched release.
 
 from __future__ import annotations
 
-import ast
-
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang.fix.fixes import FIXES, ORDER, State, Unknown
 from swa_repro.sglang.fix.source import Source, apply_edits
-from swa_repro.sglang.patch.classify import PatchError
+from swa_repro.sglang.patch.classify import PatchError, parse
 
 __all__ = ["FIXES", "ORDER", "State", "apply_fixes", "parse_names", "states"]
 
@@ -79,7 +77,7 @@ def apply_fixes(text: str, names) -> str:
             raise PatchError(f"--fix {name}: {e}; this file is not a structure the fix knows "
                              "(sglang 0.5.14-0.5.23); nothing was written") from None
         try:
-            ast.parse(text)
+            parse(text)
         except SyntaxError as e:  # a bug of the fix, never the user's
             raise PatchError(f"--fix {name} produced a file that does not parse ({e}); nothing was written") from None
     left = {n: s for n, s in states(text, names).items() if s.state != "applied"}

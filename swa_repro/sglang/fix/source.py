@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from swa_repro.sglang.patch.classify import parse
+
 
 @dataclass(frozen=True)
 class Edit:
@@ -24,7 +26,7 @@ class Source:
 
     def __init__(self, text: str):
         self.text = text
-        self.tree = ast.parse(text)
+        self.tree = parse(text)  # memoized and shared: nothing here modifies it
         self.lines = text.splitlines(keepends=True)
         self.nl = "\r\n" if self.lines and self.lines[0].endswith("\r\n") else "\n"
         self.starts = [0]
