@@ -73,5 +73,5 @@ def test_post_fix_release(version, tmp_path, capsys):
     out = tmp_path / "unfixed.py"
     assert main(["patch", "apply", "--reverse", "--source", str(path), "--out", str(out)]) == 0
     assert out.read_text() == unfixed and path.read_bytes() == original
-    assert main(["patch", "apply", "--source", str(path), "--out", str(out)]) == 0  # already
+    assert main(["patch", "apply", "--source", str(path), "--out", str(tmp_path / "again.py")]) == 0  # already
     assert "already fixed" in capsys.readouterr().err
