@@ -40,10 +40,9 @@ def calls(root=FIX_ROOT) -> list[dict]:
             continue
         rows = [ln.split("\t") for ln in text.split(ROWS, 1)[1].splitlines()[1:] if ln.count("\t") == 4]
         steps, jit = STEPS.search(text), JIT.search(text)
-        done = max((int(r[2]) for r in rows), default=None)
         out.append({"call": f"{g.parent.parent.name}/{g.parent.name}", "steps": steps[1] if steps else "?",
                     "helpers_s": helper_seconds(g.parent),
-                    "jit_at_start": int(jit[1]) if jit else None, "ended_s": done,
+                    "jit_at_start": int(jit[1]) if jit else None,
                     "rows": [{"step": r[0], "start": int(r[1]), "end": int(r[2]), "seconds": int(r[3]),
                               "rc": int(r[4])} for r in rows]})
     return out
