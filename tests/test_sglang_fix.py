@@ -29,16 +29,19 @@ RELEASES = ["0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0
             "0.5.22", "0.5.23"]
 UNFIXED = {"0.5.14", "0.5.15", "0.5.15.post1"}  # before PR #31501 (0.5.16)
 B, P, D = "FlashInferAttnBackend", "FlashInferIndicesUpdaterPrefill", "FlashInferIndicesUpdaterDecode"
-RAGGED = {f"{B}.__init__", f"{B}.forward_extend", f"{B}._ragged_wrapper", f"{P}.update_sliding_window",
-          f"{P}.call_begin_forward"}
+RAGGED = {f"{B}.__init__", f"{B}.forward_extend", f"{B}._ragged_wrapper", f"{P}.__init__",
+          f"{P}.update_sliding_window", f"{P}.call_begin_forward"}
+CAP_CHECK = f"{B}._check_logits_soft_cap"
 WHERE = {  # the functions each fix may change
     "paged_only_window": {f"{P}.update_sliding_window", f"{P}.call_begin_forward"},
     "ragged_no_prefix_window": RAGGED,
     "ragged_prefix_window": RAGGED,
-    "eagle_verify_window": {f"{P}.update_sliding_window"},
-    "dflash_verify_window": {f"{P}.update_sliding_window"},
-    "soft_cap_prefill": {"_plan_logits_soft_cap", f"{P}.__init__", f"{P}.call_begin_forward"},
-    "soft_cap_decode": {"_plan_logits_soft_cap", f"{D}.__init__", f"{D}.call_begin_forward"},
+    "eagle_verify_window": {f"{P}.update_sliding_window", "_plans_window"},
+    "dflash_verify_window": {f"{P}.update_sliding_window", "_plans_window"},
+    "soft_cap_prefill": {"_plan_logits_soft_cap", f"{P}.__init__", f"{P}.call_begin_forward",
+                         f"{B}.forward_extend", CAP_CHECK},
+    "soft_cap_decode": {"_plan_logits_soft_cap", f"{D}.__init__", f"{D}.call_begin_forward",
+                        f"{B}.forward_decode", CAP_CHECK},
 }
 WHERE["soft_cap_cuda_graph"] = WHERE["soft_cap_prefill"] | WHERE["soft_cap_decode"]
 

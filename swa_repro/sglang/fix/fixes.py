@@ -125,9 +125,26 @@ def _paged_only(src: Source):
 
 
 # ----------------------------------------------------------------------------- ragged windows
+RAGGED_GATES = ("self.is_multimodal", "self.enable_mis", "self.enable_deterministic", "self.use_paged")
+
+
+def _ragged_gates(src: Source, init, made) -> list[str]:
+    """What keeps a backend off ragged prefill for good (``init_forward_metadata``'s ``use_ragged``,
+    :1048-1062: multimodal, multi-item scoring, deterministic, ``SGLANG_FLASHINFER_USE_PAGED``; a
+    draft backend's ``skip_prefill``): the attributes the release sets in ``__init__`` before the
+    ragged wrapper and reads there, so no wrapper is built for a backend that never plans it."""
+    ifm = _need(src.method(BACKEND, "init_forward_metadata"), f"{BACKEND}.init_forward_metadata")
+    read = {ast.unparse(n) for n in ast.walk(ifm) if isinstance(n, ast.Attribute)}
+    set_before = {ast.unparse(t) for s in ast.walk(init) if isinstance(s, ast.Assign) and s.lineno < made.lineno
+                  for t in s.targets}
+    gates = [g for g in RAGGED_GATES if g in read and g in set_before]
+    return (["skip_prefill"] if "skip_prefill" in [a.arg for a in init.args.args] else []) + gates
+
+
 def _ragged_common(src: Source) -> list[Edit]:
-    """The sliding-window layers' own ragged wrapper: created next to the shared one, planned with
-    the window for wrapper 0 in ``update_sliding_window``, and chosen per layer (``_ragged_wrapper``)."""
+    """The sliding-window layers' own ragged wrapper: created next to the shared one where ragged
+    prefill can run, planned with the window for wrapper 0 in ``update_sliding_window``, and chosen
+    per layer (``_ragged_wrapper``)."""
     edits = []
     init = _need(src.method(BACKEND, "__init__"), f"{BACKEND}.__init__")
     made = _need(next((s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
@@ -137,11 +154,14 @@ def _ragged_common(src: Source) -> list[Edit]:
         raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
     if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
         args = ", ".join([src.seg(a) for a in made.value.args] + [src.seg(k) for k in made.value.keywords])
+        gates = _ragged_gates(src, init, made)
         edits.append(src.insert_lines_after(made, [
-            "# the sliding-window layers' own ragged wrapper: plan() compiles window_left in, and the",
-            "# shared one above stays planned for the full-attention layers",
+            "# The sliding-window layers' own ragged wrapper: plan() compiles window_left",
+            "# in, and the shared one above stays planned for the full-attention layers.",
             f"self.{SWA_RAGGED} = None",
-            "if model_runner.sliding_window_size is not None:",
+            "if model_runner.sliding_window_size is not None and not (",
+            *[f"    {'or ' if i else ''}{g}" for i, g in enumerate(gates)],
+            "):",
             f"    self.{SWA_RAGGED} = BatchPrefillWithRaggedKVCacheWrapper(",
             f"        {args}",
             "    )"]))
@@ -150,21 +170,29 @@ def _ragged_common(src: Source) -> list[Edit]:
         edits.append(src.insert_lines_after(idx, [
             "",
             "def _ragged_wrapper(self, layer: RadixAttention):",
-            '    """The ragged wrapper planned for this layer: its window is compiled in at plan()."""',
-            f"    if self.{SWA_RAGGED} is not None and self._get_wrapper_idx(layer) == 0:",
-            f"        return self.{SWA_RAGGED}",
+            '    """The ragged wrapper planned with this layer\'s window (plan() compiles it)."""',
+            f"    swa_wrapper = self.{SWA_RAGGED}",
+            "    if swa_wrapper is not None and self._get_wrapper_idx(layer) == 0:",
+            "        return swa_wrapper",
             "    return self.prefill_wrapper_ragged"], indent=src.indent_of(idx)))
+    pinit = _need(src.method(PREFILL, "__init__"), f"{PREFILL}.__init__")
+    if _assign_to(pinit, SWA_RAGGED) is None:
+        shared = _need(_assign_to(pinit, "prefill_wrapper_ragged"), f"self.prefill_wrapper_ragged = ... in {PREFILL}.__init__")
+        edits.append(src.insert_lines_after(shared, [f"self.{SWA_RAGGED} = attn_backend.{SWA_RAGGED}"]))
     usw, call, loop = _usw_call(src)
-    first = ast.unparse(call.args[0]) if call.args else ""
+    first = src.seg(call.args[0]) if call.args else ""
     if first != "self.prefill_wrapper_ragged" and SWA_RAGGED not in first:  # not as shipped, nor fixed
         raise Unknown(f"{USW} does not pass self.prefill_wrapper_ragged first to {CBF}")
     if first == "self.prefill_wrapper_ragged":
         arg = call.args[0]
         ind = src.indent_of(arg)
-        edits.append(src.replace(arg, f"(\n{ind}    self.attn_backend.{SWA_RAGGED}\n{ind}    if {loop} == 0\n"
+        edits.append(src.replace(arg, f"(\n{ind}    self.{SWA_RAGGED}\n{ind}    if {loop} == 0\n"
                                       f"{ind}    else self.prefill_wrapper_ragged\n{ind})"))
     if keyword(call, "ragged_window_left") is None:
-        edits.append(src.add_keyword(call, f"ragged_window_left=(self.sliding_window_size if {loop} == 0 else -1)"))
+        local = any(isinstance(n, ast.Name) and n.id == "sliding_window_size" and isinstance(n.ctx, ast.Store)
+                    for n in ast.walk(usw))
+        window = "sliding_window_size" if local else "self.sliding_window_size"
+        edits.append(src.add_keyword(call, f"ragged_window_left={window} if {loop} == 0 else -1"))
     cbf, ragged = _ragged_plan(src)
     if "ragged_window_left" not in [a.arg for a in cbf.args.args]:
         edits.append(src.add_parameter(cbf, "ragged_window_left: int = -1"))
@@ -208,20 +236,22 @@ def _ragged_prefix(src: Source):
 
 
 # ----------------------------------------------------------------------------- spec-verify windows
+WINDOW_GATE = "_plans_window"
+
+
 def _window_gate(src: Source):
     """``window_left=(W if (wrapper_id == 0 and not use_ragged and spec_info is None) else -1)`` in
-    update_sliding_window's call (PR #31501), and its ``spec_info is None`` test."""
+    update_sliding_window's call (PR #31501), and its ``spec_info is None`` test (or, fixed, the
+    ``_plans_window(spec_info)`` call that replaced it)."""
     usw, call, loop = _usw_call(src)
     kw = keyword(call, "window_left")
     if kw is None:
         raise Unknown(f"{USW} passes no window_left (PR #31501's plumbing): fix paged_only_window first")
-    test = next((n for n in ast.walk(kw.value) if isinstance(n, ast.Compare) and ast.unparse(n) == "spec_info is None"),
+    test = next((n for n in ast.walk(kw.value) if ast.unparse(n) in ("spec_info is None", f"{WINDOW_GATE}(spec_info)")),
                 None)
     if test is None:
         raise Unknown(f"{USW}'s window_left is not gated on `spec_info is None`")
-    parent = next((n for n in ast.walk(kw.value) if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or)
-                   and any(v is test for v in n.values)), None)
-    return usw, loop, test, parent
+    return usw, loop, test
 
 
 SPEC_KINDS = ("EAGLE_VERIFY", "DFLASH_VERIFY")
@@ -231,22 +261,42 @@ def _spec_type(kind: str) -> str:
     return f"spec_info.spec_input_type == SpecInputType.{kind}"
 
 
+def _gate_lines(kinds: list[str]) -> list[str]:
+    """The module-level gate, ruff-formatted, naming ``kinds`` in ``SPEC_KINDS`` order."""
+    return [
+        f"def {WINDOW_GATE}(spec_info) -> bool:",
+        '    """Whether a sliding-window plan carries the layer\'s window_left: FlashInfer',
+        "    compiles it in at plan(), a window given only to forward() is ignored. Verify",
+        '    inputs listed here plan it (per element, ANDed with their custom mask)."""',
+        "    return spec_info is None or spec_info.spec_input_type in (",
+        *[f"        SpecInputType.{k}," for k in kinds],
+        "    )",
+        "",
+        ""]
+
+
 def _gate_edit(src: Source, kind: str, gate):
-    """``spec_info is None`` -> ``(spec_info is None or spec_info.spec_input_type in {...})``, the
-    set growing by one verify kind per fix; ``gate``: :func:`_window_gate`'s answer."""
-    usw, loop, test, parent = gate
-    if parent is not None:
-        kinds = next((v for v in parent.values if isinstance(v, ast.Compare) and isinstance(v.ops[0], ast.In)
-                      and isinstance(v.comparators[0], ast.Set)), None)
-        if kinds is None:
-            raise Unknown(f"{USW}'s window gate is `spec_info is None or ...` of an unknown form")
-        have = [ast.unparse(e) for e in kinds.comparators[0].elts]
-        if f"SpecInputType.{kind}" in have:
-            return []
-        order = [f"SpecInputType.{k}" for k in SPEC_KINDS]  # one text whichever fix came first
-        both = sorted(have + [f"SpecInputType.{kind}"], key=lambda k: order.index(k) if k in order else len(order))
-        return [src.replace(kinds.comparators[0], "{" + ", ".join(both) + "}")]
-    return [src.replace(test, f"(spec_info is None or spec_info.spec_input_type in {{SpecInputType.{kind}}})")]
+    """``spec_info is None`` -> ``_plans_window(spec_info)``, a module-level function whose tuple
+    of verify kinds grows by one per fix (a function, so the call line stays as short as before);
+    ``gate``: :func:`_window_gate`'s answer."""
+    usw, loop, test = gate
+    helper = src.func(WINDOW_GATE)
+    if helper is None:
+        anchor = _need(src.cls(PREFILL), f"class {PREFILL}")
+        return [src.insert_lines_before(anchor, _gate_lines([kind]), indent=""),
+                src.replace(test, f"{WINDOW_GATE}(spec_info)")]
+    ret = helper.body[-1]
+    tup = ret.value.values[-1].comparators[0] if isinstance(ret, ast.Return) and isinstance(ret.value, ast.BoolOp) \
+        else None
+    if not isinstance(tup, ast.Tuple):
+        raise Unknown(f"{WINDOW_GATE}() is not `return spec_info is None or spec_info.spec_input_type in (...)`")
+    have = [ast.unparse(e).removeprefix("SpecInputType.") for e in tup.elts]
+    if kind in have:
+        return []
+    kinds = sorted(have + [kind], key=lambda k: SPEC_KINDS.index(k) if k in SPEC_KINDS else len(SPEC_KINDS))
+    a = src.starts[helper.lineno - 1]
+    b = src.starts[helper.end_lineno]
+    return [Edit(a, b, "".join(f"{ln}{src.nl}" for ln in _gate_lines(kinds)[:-2]))]
 
 
 def _dflash(src: Source):
@@ -264,10 +314,16 @@ def _eagle(src: Source):
     marker = f"{_spec_type('EAGLE_VERIFY')}"
     if not any(marker in ast.unparse(s) for s in branch.body):
         edits.append(src.insert_lines_after(branch.body[-1], [
-            f"if spec_info is not None and {marker}:",
-            "    # EAGLE's kv indices start at each request's first token and its tree mask spans the",
-            "    # whole sequence: keep both whole, as for wrapper 1, and let the planned window cut",
-            "    paged_kernel_lens, paged_kernel_lens_sum, kv_start_idx = seq_lens, seq_lens_sum, None"],
+            "if (",
+            "    spec_info is not None",
+            f"    and {marker}",
+            "):",
+            "    # EAGLE's kv indices start at each request's first token and its",
+            "    # tree mask spans the whole sequence: keep both whole, as for",
+            "    # wrapper 1, and let the planned window cut",
+            "    paged_kernel_lens = seq_lens",
+            "    paged_kernel_lens_sum = seq_lens_sum",
+            "    kv_start_idx = None"],
             indent=src.indent_of(branch.body[0])))
     return edits
 
@@ -279,14 +335,54 @@ def _cap_helper(src: Source) -> list[Edit]:
     anchor = _need(src.cls(DECODE), f"class {DECODE}")
     return [src.insert_lines_before(anchor, [
         f"def {CAP_HELPER}(model_runner) -> float:",
-        '    """The attention logits soft cap to plan with: FlashInfer compiles it in at plan(), and a',
-        "    cap passed only to forward() is never applied. Read from the model config, where the",
-        '    layers take their logit_cap from (gemma2.py: config.attn_logit_softcapping)."""',
+        '    """The attention logits soft cap to plan with: FlashInfer compiles it in at',
+        "    plan(), and a cap passed only to forward() is never applied. Read from the",
+        "    model config, where the layers take their logit_cap from (gemma2.py:",
+        '    config.attn_logit_softcapping)."""',
         '    config = getattr(model_runner.model_config, "hf_text_config", None)',
         '    cap = getattr(config, "attn_logit_softcapping", None)',
         "    return float(cap) if cap is not None and cap > 0 else 0.0",
         "",
         ""], indent="")]
+
+
+CAP_CHECK = "_check_logits_soft_cap"
+
+
+def _cap_check_method(src: Source) -> list[Edit]:
+    """A backend method that refuses a layer whose cap is not the one planned: FlashInfer compiles
+    the cap in at plan(), so such a layer would run with the planned cap (a capped plan and a layer
+    cap of 0: the kernel divides by it), and it applies tanh only (radix_attention.py:73 also lets
+    a layer ask for another method, as grok.py:426 does)."""
+    if src.method(BACKEND, CAP_CHECK) is not None:
+        return []
+    idx = _need(src.method(BACKEND, "_get_wrapper_idx"), f"{BACKEND}._get_wrapper_idx")
+    return [src.insert_lines_before(idx, [
+        f"def {CAP_CHECK}(self, layer: RadixAttention, planned: float):",
+        '    """FlashInfer compiles the logits soft cap in at plan(): a layer asking for',
+        "    another cap would silently run with the planned one (a capped plan divides",
+        '    by a layer cap of 0), so refuse instead."""',
+        "    cap = float(layer.logit_cap or 0.0)",
+        '    method = getattr(layer, "logit_capping_method", "tanh")',
+        '    if cap > 0 and method != "tanh":',
+        "        raise ValueError(",
+        '            f"layer {layer.layer_id} asks for a {method!r} logits soft cap;"',
+        '            " FlashInfer applies tanh only: use another attention backend"',
+
+        "        )",
+        "    if cap != planned:",
+        "        raise ValueError(",
+        '            f"layer {layer.layer_id} asks for logits_soft_cap={cap}, but"',
+        '            f" FlashInfer was planned with {planned}"',
+        '            " (hf_text_config.attn_logit_softcapping) and compiles the cap in"',
+        '            " at plan(): use another attention backend for this model"',
+        "        )",
+        ""], indent=src.indent_of(idx))]
+
+
+def _checks_cap(fn, updater: str) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == CAP_CHECK
+               for n in ast.walk(fn))
 
 
 def _cap_attr(src: Source, cls: str) -> list[Edit]:
@@ -305,9 +401,17 @@ def _soft_cap_prefill(src: Source):
         raise Unknown("the paged plan call takes no **paged_plan_kwargs")
     done = keyword(ragged, "logits_soft_cap") is not None
     paged_done = '"logits_soft_cap"' in src.seg(cbf) or "'logits_soft_cap'" in src.seg(cbf)
-    if done and paged_done:
+    fe = _need(src.method(BACKEND, "forward_extend"), f"{BACKEND}.forward_extend")
+    checked = _checks_cap(fe, "indices_updater_prefill")
+    if done and paged_done and checked:
         return []
-    edits = _cap_helper(src) + _cap_attr(src, PREFILL)
+    edits = _cap_helper(src) + _cap_attr(src, PREFILL) + _cap_check_method(src)
+    if not checked:
+        read = _need(next((s for s in fe.body if isinstance(s, ast.Assign) and ast.unparse(s) ==
+                           "logits_soft_cap = layer.logit_cap"), None),
+                     "`logits_soft_cap = layer.logit_cap` in forward_extend")
+        edits.append(src.insert_lines_after(read, [
+            f"self.{CAP_CHECK}(layer, self.indices_updater_prefill.logits_soft_cap)"]))
     if not done:
         edits.append(src.add_keyword(ragged, "logits_soft_cap=self.logits_soft_cap"))
     if not paged_done:
@@ -317,7 +421,8 @@ def _soft_cap_prefill(src: Source):
             raise Unknown(f"{PREFILL}.{CBF} has no uses_fast_prefill")
         edits.append(src.insert_lines_before(_stmt_holding(cbf, paged), [
             f"if self.logits_soft_cap > 0 and not {fast}:",
-            "    # plan() compiles the cap in; a fast_prefill_plan replay keeps the captured module",
+            "    # plan() compiles the cap in; a fast_prefill_plan replay keeps the",
+            "    # module it captured",
             '    paged_plan_kwargs["logits_soft_cap"] = self.logits_soft_cap']))
     return edits
 
@@ -328,10 +433,21 @@ def _soft_cap_decode(src: Source):
     if not calls:
         raise Unknown(f"{DECODE}.{CBF} makes no wrapper.begin_forward call")
     todo = [c for c in calls if keyword(c, "logits_soft_cap") is None]
-    if not todo:
+    fd = _need(src.method(BACKEND, "forward_decode"), f"{BACKEND}.forward_decode")
+    checked = _checks_cap(fd, "indices_updater_decode")
+    if not todo and checked:
         return []
-    return _cap_helper(src) + _cap_attr(src, DECODE) + [
+    edits = _cap_helper(src) + _cap_attr(src, DECODE) + _cap_check_method(src) + [
         src.add_keyword(c, "logits_soft_cap=self.logits_soft_cap") for c in todo]
+    if not checked:
+        fwd = [c for c in ast.walk(fd) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+               and c.func.attr == "forward" and ast.unparse(c.func.value) == "decode_wrapper"]
+        if len(fwd) != 1:
+            raise Unknown(f"forward_decode makes {len(fwd)} decode_wrapper.forward(...) calls, expected 1")
+        stmt = next(s for s in fd.body if any(n is fwd[0] for n in ast.walk(s)))
+        edits.append(src.insert_lines_before(stmt, [
+            f"self.{CAP_CHECK}(layer, self.indices_updater_decode.logits_soft_cap)"]))
+    return edits
 
 
 # ----------------------------------------------------------------------------- the registry
