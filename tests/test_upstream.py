@@ -144,3 +144,70 @@ def test_regress_results_reads_unittests_own_report(tmp_path):
     lines = up.regress_lines(log, {"mode": "live", "results": [{"status": "passed"}] * 3 + [{"status": "failed"}]})
     assert "| test_b_fail | fail | - |" in lines and any("3 passed, 1 failed, 0 errors" in ln for ln in lines)
     assert up.regress_lines(None, None) == []
+
+
+# ----------------------------------------------------------------------------- sglang's conventions
+def _ruff_clean(code: str) -> str | None:
+    """``ruff format --check`` (the pinned ruff, sglang's default config) on ``code``: None if clean,
+    else ruff's diff."""
+    r = subprocess.run([sys.executable, "-m", "ruff", "format", "--diff", "--isolated", "-"], input=code,
+                       capture_output=True, text=True)
+    assert r.returncode in (0, 1), r.stderr
+    return None if r.returncode == 0 else r.stdout
+
+
+def test_the_shipped_file_is_ruff_clean(text):
+    """The premise: 0.5.23's file passes sglang's formatter, so a hunk ruff rewrites is ours."""
+    assert _ruff_clean(text) is None
+
+
+@pytest.mark.parametrize("name", [*ORDER, "all"])
+def test_each_diff_is_ruff_clean(text, name):
+    p = DOCS / f"{name}.diff"
+    if not p.exists():
+        pytest.skip(f"no diff for {name}")
+    bad = _ruff_clean(up.plus_side(text, p.read_text()))
+    assert bad is None, f"ruff format rewrites {name}.diff's file:\n{bad}"
+
+
+def _git(cwd, *args):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z",
+                               "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_NAME": "t",
+                               "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"})
+
+
+@pytest.fixture()
+def checkout(text, tmp_path):
+    """A git repository holding 0.5.23's file where sglang's repository holds it."""
+    f = tmp_path / up.REPO_PATH
+    f.parent.mkdir(parents=True)
+    f.write_text(text)
+    for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "0.5.23")):
+        r = _git(tmp_path, *args)
+        assert r.returncode == 0, r.stderr
+    return tmp_path, f
+
+
+@pytest.mark.parametrize("name", [*ORDER, "all"])
+def test_each_diff_applies_alone_with_git_apply(checkout, name):
+    repo, _ = checkout
+    p = DOCS / f"{name}.diff"
+    if not p.exists():
+        pytest.skip(f"no diff for {name}")
+    r = _git(repo, "apply", "--check", str(p))
+    assert r.returncode == 0, r.stderr
+
+
+def test_series_applies_stacked_with_git_am_and_ends_at_all_diff(checkout, text):
+    repo, f = checkout
+    series = DOCS / "series"
+    names = (series / "series").read_text().split()
+    assert names == sorted(names) and len(names) >= 6
+    for k, name in enumerate(names, 1):
+        r = _git(repo, "am", "-q", "--keep-non-patch", str(series / name))
+        assert r.returncode == 0, f"{name} does not apply on top of the {k - 1} before it: {r.stderr}"
+        assert _ruff_clean(f.read_text()) is None, f"after {name} the file is not ruff-clean"
+    assert f.read_text() == apply_fixes(text, ORDER) == up.plus_side(text, (DOCS / "all.diff").read_text())
+    log = _git(repo, "log", "--format=%s", f"-{len(names)}").stdout.splitlines()[::-1]
+    assert all(s.startswith("[FlashInfer] ") for s in log) and len(set(log)) == len(names)

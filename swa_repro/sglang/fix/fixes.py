@@ -30,8 +30,9 @@ its arguments. Line numbers below are 0.5.23's.
 * ``soft_cap_cuda_graph``: both of the above. Capture plans go through the same
   ``call_begin_forward``; replays never re-pick the module (the live audit's note, ``audit.live``).
 
-Limits: a model whose layers cap without the config key (grok.py's fallback of 30) plans uncapped, as
-before. With the sliding-window KV pool, EAGLE's whole-sequence indices for wrapper 0 also name slots
+A layer whose cap is not the planned one (grok.py's fallback of 30 without the config key, a
+``logit_capping_method`` other than tanh, a layer of cap 0 in a capped model) is refused with a
+ValueError that names both caps (``_check_logits_soft_cap``; ``fix.cap_safety`` drives it). Limits: With the sliding-window KV pool, EAGLE's whole-sequence indices for wrapper 0 also name slots
 outside the window: the planned window masks them, but they are read.
 """
 
@@ -460,9 +461,11 @@ FIXES = {f.name: f for f in (
     Fix("eagle_verify_window", "EAGLE verify: wrapper 0 keeps the whole sequence and its tree mask, "
         "and plans window_left", needs_fixed_31501=True, edits=_eagle),
     Fix("dflash_verify_window", "DFlash verify: plan window_left", needs_fixed_31501=True, edits=_dflash),
-    Fix("soft_cap_prefill", "ragged and paged prefill plans carry the model's logits soft cap",
+    Fix("soft_cap_prefill", "ragged and paged prefill plans carry the model's logits soft cap; "
+        "forward_extend refuses a layer whose cap is another",
         edits=_soft_cap_prefill),
-    Fix("soft_cap_decode", "decode plans carry the model's logits soft cap", edits=_soft_cap_decode),
+    Fix("soft_cap_decode", "decode plans carry the model's logits soft cap; forward_decode refuses a "
+        "layer whose cap is another", edits=_soft_cap_decode),
     Fix("soft_cap_cuda_graph", "CUDA-graph capture plans carry the cap (soft_cap_prefill + soft_cap_decode)",
         requires=("soft_cap_prefill", "soft_cap_decode"), edits=lambda src: []),
 )}

@@ -141,9 +141,11 @@ DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
     "keys a query sees.",
     "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
     "layers as `logit_cap`), read once per indices updater; a `fast_prefill_plan` replay takes no cap and "
-    "keeps the module captured with it.",
+    "keeps the module captured with it. A layer whose cap is not the planned one is refused (ValueError "
+    "naming both) instead of running with a module planned for another cap: a capped module divides by a "
+    "layer cap of 0, and FlashInfer applies tanh only (`logit_capping_method`).",
     "soft_cap_decode": "The cap comes from the same helper as `soft_cap_prefill`; `fast_decode_plan` replays "
-    "take it too.",
+    "take it too; `forward_decode` refuses a layer with another cap, as `forward_extend` does.",
 }
 
 
@@ -313,7 +315,9 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
     lines += ["", "## Limits", "",
               "- The soft cap is read from the model config (`hf_text_config.attn_logit_softcapping`), where "
               "gemma2.py takes its layers' `logit_cap` from; a model whose layers cap without that key (grok.py's "
-              "fallback of 30) still plans uncapped.",
+              "fallback of 30), with another method than tanh, or a layer of cap 0 in a capped model, is refused "
+              "at its first forward with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
+              "drives each on 0.5.23: shipped computes them silently, fixed refuses them).",
               "- EAGLE verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name slots "
               "outside the window. The planned window masks them, but the kernel reads them, and verify reads the "
               "whole sequence on the sliding-window layers (the cost of exact keys without re-slicing the tree mask).",
@@ -323,11 +327,31 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
     return "\n".join(lines) + "\n"
 
 
+def commit_body(text: str, name: str) -> str:
+    """A commit message body: the problem (file:line in the release), the fix, the upstream threads
+    on the same finding (``fix.upstream_refs``), wrapped at 72 as git wants."""
+    import textwrap
+
+    f = FIXES[name]
+    paras = [f"Problem: {problems(text)[name]}", f"Fix: {f.summary}. {DETAIL.get(name, '')}".rstrip()]
+    try:
+        from swa_repro.sglang.fix.upstream_refs import REFS
+    except ImportError:
+        REFS = {}
+    refs = REFS.get(name, ())
+    if refs:
+        paras.append("Upstream: " + "; ".join(f"{r.repo}#{r.number} ({r.kind}, {r.state})" for r in refs) + ".")
+    paras.append(f"Found and checked with swa-repro (`swa-repro audit --sglang {VERSION} --fix {name}`).")
+    return "\n\n".join(textwrap.fill(p, 72, break_on_hyphens=False, break_long_words=False) for p in paras)
+
+
 def write(out: Path, *, command: str, note=print) -> list[Path]:
+    from swa_repro.sglang.fix.series import fix_commits, write_series
     from swa_repro.sglang.provision import provision
 
     text = source()
     ds = diffs(text)
+    commits = fix_commits(text, unified, lambda n: commit_body(text, n))
     runs = audits(note=note)
     prov = at.provenance(command, list(runs.values()))
     prov["flashinfer_pin"] = provision(VERSION)[1].get("flashinfer_pin")
@@ -340,6 +364,7 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
             continue
         p.write_text(d)
         written.append(p)
+    written += write_series(out / "series", commits)
     md = out / "README.md"
     regress, kit = LIVE / "regress.log", LIVE / "kit-after.json"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
