@@ -19,6 +19,7 @@ from pathlib import Path
 
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, parse_names, states
+from swa_repro.sglang.fix.upstream_refs import upstream_section
 from swa_repro.sglang.patch.classify import REL_PATH
 
 VERSION = "0.5.23"
@@ -312,6 +313,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         if n in runs:
             lines.append(f"- audit with `--fix {n}`: {cell_text(runs[n], n)}")
         lines.append(f"- audit with all fixes: {cell_text(runs['all'], n)}")
+        lines += ["", upstream_section(n)]
     lines += ["", "## Limits", "",
               "- The soft cap is read from the model config (`hf_text_config.attn_logit_softcapping`), where "
               "gemma2.py takes its layers' `logit_cap` from; a model whose layers cap without that key (grok.py's "
