@@ -23,7 +23,8 @@ def code_key(names) -> str:
     """Changes with the fix names and with the code that makes the edits."""
     h = hashlib.sha256(",".join(names).encode())
     here = Path(__file__).resolve().parent
-    code = [here / n for n in ("__init__.py", "fixes.py", "source.py")] + sorted((here.parent / "patch").glob("*.py"))
+    code = [here / n for n in ("__init__.py", "fixes.py", "source.py", "alternatives.py")] + \
+        sorted((here.parent / "patch").glob("*.py"))
     for f in code:
         h.update(f.read_bytes())
     return h.hexdigest()[:12]
@@ -32,6 +33,7 @@ def code_key(names) -> str:
 def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     """``overlay`` (release ``version`` as shipped) with ``names`` applied; ``(dir, info)``."""
     from swa_repro.sglang.fix import apply_fixes
+    from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
     from swa_repro.sglang.patch.files import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
@@ -42,7 +44,10 @@ def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     partial.parent.mkdir(parents=True, exist_ok=True)
     src = overlay / "sglang" / REL_PATH
     original = src.read_bytes()
-    fixed = apply_fixes(original.decode(), names).encode()  # refuses before anything is copied
+    fixed = apply_fixes(original.decode(), [n for n in names if n not in ALTERNATIVES])  # refuses before any copy
+    for alt in (n for n in names if n in ALTERNATIVES):  # a maintainer's first idea, weighed in the audit
+        fixed = apply_alternative(fixed, alt)
+    fixed = fixed.encode()
     shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     target = partial / "sglang" / REL_PATH
