@@ -19,6 +19,7 @@ from pathlib import Path
 
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, parse_names, states
+from swa_repro.sglang.fix.alternatives import ALTERNATIVES
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 from swa_repro.sglang.patch.classify import REL_PATH
 
@@ -163,6 +164,41 @@ def audits(version: str = VERSION, note=print) -> dict:
         if st[name].state != "applied":
             out[name] = audit_release(version, paths=list(at.CLASSES[name].paths), fixes=parse_names(name), note=note)
     out["all"] = audit_release(version, fixes=ORDER, note=note)
+    out["alternatives"] = audit_release(version, fixes=tuple(ALTERNATIVES), paths=alt_paths(), note=note)
+    return out
+
+
+def alt_paths() -> list[str]:
+    return sorted({p for a in ALTERNATIVES.values() for f in a.findings for p in at.CLASSES[f].paths})
+
+
+def alternative_lines(runs: dict, cost: dict | None) -> list[str]:
+    """Per finding with an alternative: the alternative's keys against ours (CPU audits of the same
+    paths), and what it costs on the GPU (``benchmarks/alt_cost.py``'s recording) where measured."""
+    alt, ours = at.key_cells(runs["alternatives"]), at.key_cells(runs["all"])
+    out = ["", "## The simpler alternative", "",
+           "What a maintainer would suggest first, audited like ours (`swa_repro/sglang/fix/alternatives.py`; "
+           "not offered by `patch --fix`). Keys: per path, as above.", "",
+           "| finding | alternative | its keys | ours |", "|---|---|---|---|"]
+    for a in ALTERNATIVES.values():
+        for f in a.findings:
+            for p in at.CLASSES[f].paths:
+                out.append(f"| {f} | `{a.name}`: {a.summary} | {p}: {at.key_text(alt.get(p))} | "
+                           f"{p}: {at.key_text(ours.get(p))} |")
+    if cost is None:
+        out += ["", "Cost on the GPU: not recorded yet (`python benchmarks/alt_cost.py --out alt-cost.json` on "
+                "the GPU machine; `scripts/gpu_fix.sh` runs it as its `alt` step)."]
+        return out
+    pv = cost["provenance"]
+    out += ["", f"Cost on {pv['gpu']} (flashinfer {pv['flashinfer']}, torch {pv['torch']}, {pv['date']}; "
+            f"`{pv['command']}`): prefill `run()` per layer, median, ragged (ours) against paged "
+            "(`alt_paged_for_swa`), for a model of sliding-window and full layers in the ratio named.", "",
+            "| requests x tokens | window | model mix | ours ms | alternative ms | alternative / ours |",
+            "|---|---|---|---|---|---|"]
+    for s in cost["shapes"]:
+        for mix, m in s["layers"]["mix"].items():
+            out.append(f"| {s['requests']} x {s['tokens_each']} | {s['window_left']} | {mix} | "
+                       f"{m['ours_ms']:.3f} | {m['alt_ms']:.3f} | {m['alt_over_ours']:.2f} |")
     return out
 
 
@@ -259,7 +295,8 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- README
-def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None) -> str:
+def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None,
+           cost=None) -> str:
     st, probs = states(text), problems(text)
     shipped = runs["shipped"]
     lines = [
@@ -278,8 +315,10 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         "cap to `forward()` on several paths but not to the `plan()` before it, so those layers silently run "
         f"without them. Line numbers are `python/sglang/{REL_PATH}` of sglang {VERSION}.",
         "",
-        f"`all.diff` applies every fix (`git apply docs/upstream/all.diff` in an sglang checkout at {VERSION}); "
-        f"each `<finding>.diff` applies alone. `{TEST}` is a regression test in the style of sglang's attention "
+        f"`series/` is the PR: one commit per finding, stacked (`git am --keep-non-patch docs/upstream/series/*.patch` "
+        f"in an sglang checkout at {VERSION}), ruff-formatted as sglang's pre-commit wants, ending at `all.diff`'s "
+        f"file (`git apply docs/upstream/all.diff` does it in one step); each `<finding>.diff` applies alone. "
+        f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is a regression test in the style of sglang's attention "
         f"test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers replaced by swa-repro's CPU model of them "
         f"(`tests/test_upstream.py`) it fails on {VERSION} as shipped and passes with `all.diff`; its CUDA run is "
         "in the live section below when recorded.",
@@ -325,6 +364,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "whole sequence on the sliding-window layers (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
+    lines += alternative_lines(runs, cost)
     lines += ["", "## Live on an H200", "", *live_lines(before, after), *regress_lines(regress_log, kit)]
     return "\n".join(lines) + "\n"
 
@@ -368,11 +408,12 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
         written.append(p)
     written += write_series(out / "series", commits)
     md = out / "README.md"
-    regress, kit = LIVE / "regress.log", LIVE / "kit-after.json"
+    regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
                          load_live(LIVE / "audit-live-after.json.xz"),
                          regress.read_text() if regress.is_file() else None,
-                         json.loads(kit.read_text()) if kit.is_file() else None))
+                         json.loads(kit.read_text()) if kit.is_file() else None,
+                         json.loads(cost.read_text()) if cost.is_file() else None))
     return written + [md]
 
 
