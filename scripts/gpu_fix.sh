@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on an air-gapped GPU machine (torch 2.11, nvcc, ninja; no network, no sglang): sglang's
 # FlashInfer backend measured live as shipped and with `swa-repro patch --fix all` applied.
-#   bash scripts/gpu_fix.sh [STEPS]   STEPS: all (default) = install,before,patch,after,kit,regress; or a subset
+#   bash scripts/gpu_fix.sh [STEPS]   STEPS: all (default) = install,before,patch,after,kit,regress,alt; or a subset
 # Bundles carried in .bundle/ (made here, with network; together with the repo under 64 MiB a call):
 #   swa-repro bundle --flashinfer 0.7.2 --out .bundle/fi-0.7.2
 #   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
@@ -21,6 +21,9 @@
 # patch: swa-repro patch apply --fix all --in-place, then patch status --fix all, on $SITE_FIXED only;
 #   the sha256 of the shipped file, the backup and the patched file, and their `diff -u` (fix.diff).
 # after: the same live audit on $SITE_FIXED -> audit-live-after.json (foreground).
+# alt: benchmarks/alt_cost.py on $SITE after the audits -> alt-cost.json: the ragged prefill our fix
+#   keeps against the paged prefill of the simplest alternative (no ragged prefill for sliding-window
+#   models), on the modules the fixed audit built.
 # kit: swa-repro sglang-check --mode live --kit-only --json on $SITE_FIXED -> kit-after.json, in the
 #   background from the patch on, niced (a failing or absent command is logged and sets the exit status).
 # regress: docs/upstream/test_flashinfer_plan_time_params.py (unittest, sglang's own test of the fix) on
@@ -45,12 +48,12 @@
 # gpu.txt carries it. A step the time left cannot hold is skipped and said so; the exit status is then 1.
 # If $OUT is set (the device runner's return folder), at most 8 flat files land there: the log, gpu.txt,
 # audit-live-before.json.xz, audit-live-after.json.xz, kit-after.json, regress.log, fix.diff,
-# site-listing.txt. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), PYTHON (python3), BUNDLE_DIR
+# alt-cost.json (what the bundles installed: at the end of gpu.txt). Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), PYTHON (python3), BUNDLE_DIR
 # (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_fix), BUDGET_S, AUDIT_BUDGET_S, AUDIT_MARGIN_S,
 # RESERVE_S, KILL_AFTER_S (15), MIN_LIVE_S (30), MIN_STEP_S (10), DRY_RUN=1: print each command instead of running it.
 set -uo pipefail
 STEPS="${1:-all}"
-[ "$STEPS" = all ] && STEPS=install,before,patch,after,kit,regress
+[ "$STEPS" = all ] && STEPS=install,before,patch,after,kit,regress,alt
 FI_VERSION="${FI_VERSION:-0.7.2}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 BUDGET_S="${BUDGET_S:-575}"
@@ -242,6 +245,20 @@ backend_of() {  # JSON -> the backend_file the audit read
       tail -n 30 "$ART/audit-live-after.err"; [ "$A" -ne 0 ] && RC=$A
     fi
   fi
+  if has alt; then
+    # after the fixed audit: its bf16 hd64 fa3-ragged / fa2-paged modules are the ones this times
+    T=$(( $(left) - RESERVE_S ))
+    if [ "$T" -lt "$MIN_STEP_S" ]; then
+      echo "== alt: skipped, $(left)s left"; RC=1
+    else
+      echo "== alt: benchmarks/alt_cost.py (ours against alt_paged_for_swa; timeout ${T}s) > alt-cost.json"
+      T0=$(elapsed)
+      run env PYTHONPATH="$ROOT:$SITE" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$T" "$PY" \
+        benchmarks/alt_cost.py --out "$(out_or_null alt-cost.json)" 2> "$ART/alt-cost.err"
+      AL=$?; step alt "$T0" "$AL"; note "(stdout shown; stderr > alt-cost.err)"
+      echo "== alt: exit status $AL"; tail -n 5 "$ART/alt-cost.err"; [ "$AL" -ne 0 ] && RC=$AL
+    fi
+  fi
   if [ -n "${BEFORE_PID:-}" ]; then
     wait "$BEFORE_PID"; B=$?
     echo "== before: exit status $B after $(elapsed)s $(backend_of "$ART/audit-live-before.json")"
@@ -286,13 +303,13 @@ if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
     cat "$ART/steps.tsv" 2>/dev/null
     echo "commands, in the order started (file names: under $ART, returned flat):"
     cat "$CMD_LOG"
+    echo "ls $SITE (what the bundles installed):"; ls "$SITE" 2>&1
   } > "$OUT/gpu.txt" 2>&1
   cp "$LOG" "$OUT/"
   for j in audit-live-before.json audit-live-after.json; do
     [ -f "$ART/$j" ] && xz -9 -c "$ART/$j" > "$OUT/$j.xz"
   done
-  for f in kit-after.json regress.log fix.diff; do [ -f "$ART/$f" ] && cp "$ART/$f" "$OUT/"; done
-  ls "$SITE" > "$OUT/site-listing.txt" 2>/dev/null
+  for f in kit-after.json regress.log fix.diff alt-cost.json; do [ -f "$ART/$f" ] && cp "$ART/$f" "$OUT/"; done
   for f in "$OUT"/*; do  # over the per-file limit it would not come back: keep its head and say so
     if [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt $((16 * 2**20)) ]; then
       echo "$(basename "$f") over 16 MiB ($(stat -c %s "$f") bytes), dropped" >> "$OUT/$(basename "$LOG")"; rm "$f"

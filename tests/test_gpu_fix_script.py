@@ -51,6 +51,8 @@ case "$1" in
         [ -z "${NO_KIT:-}" ] || { echo "swa-repro: error: unrecognized arguments: --kit-only" >&2; exit 2; }
         echo '{"kit": "stand-in"}';;
     esac;;
+  benchmarks/alt_cost.py)
+    ev "alt $site"; echo '{"shapes": []}' > "$3";;
   *.py)
     ev "regress $site $1"
     if grep -q PATCHED "$f"; then echo "OK"; exit 0; else echo "FAILED (failures=1)"; exit 1; fi;;
@@ -154,7 +156,10 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     got = sorted(p.name for p in out.iterdir())
     assert len(got) <= 8 and all((out / n).is_file() for n in got)
     assert {"gpu.txt", "audit-live-before.json.xz", "audit-live-after.json.xz", "kit-after.json", "regress.log",
-            "fix.diff", "site-listing.txt"} <= set(got)
+            "fix.diff", "alt-cost.json"} <= set(got)
+    # the cost of the alternative is timed on the shipped site, after the fixed audit built its modules
+    assert [e[1] for e in ev if e[0] == "alt"] == [str(shipped)]
+    assert _t(ev, "audit-end", fixed) < _t(ev, "alt", shipped)
     assert len([n for n in got if n.startswith("gpu_fix-") and n.endswith(".log")]) == 1
     assert "+PATCHED" in (out / "fix.diff").read_text()
     gpu = (out / "gpu.txt").read_text()
@@ -163,7 +168,7 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     # seconds per step, from the script's start: every step that ran has its row, ended after it began
     rows = [line.split("\t") for line in gpu.split("seconds per step")[1].splitlines()[1:] if line.count("\t") == 4]
     assert {r[0] for r in rows} == {"install", "patch", "before", "after", "kit", "regress_shipped",
-                                    "regress_fixed", "jit_helpers"}
+                                    "regress_fixed", "jit_helpers", "alt"}
     assert all(int(r[1]) <= int(r[2]) and int(r[3]) == int(r[2]) - int(r[1]) for r in rows)
     assert {r[0]: r[4] for r in rows}["regress_shipped"] == "1" and {r[0]: r[4] for r in rows}["after"] == "0"
     log = r.stdout
