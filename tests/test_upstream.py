@@ -1,11 +1,10 @@
 """docs/upstream: the committed diffs are what the generator makes of sglang 0.5.23's file and apply
-to it; the regression test's logic holds on a CPU (fails as shipped where it should, passes fixed)."""
+to it. The regression test and the kit diffs, and their CPU runs: tests/test_upstream_kit.py."""
 
 from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,45 +81,6 @@ def test_live_section_renders_a_recording():
     assert any("not recorded yet" in ln for ln in alone)
     assert all(ln.endswith("| not recorded |") for ln in alone if ln.startswith("| ") and "wrong" in ln)
     assert up.live_lines(None, None)[0].startswith("Not yet run.")
-
-
-def _cases(overlay: Path, tmp_path: Path) -> dict:
-    """The regression test's cases on ``overlay`` (upstream_cpu in a child), cached by content
-    (``core.cache``): the overlay's (shipped or fixed), the test file's, the code's (the layers up
-    to sglang, upstream_cpu among them) and the interpreter's; a change of any runs it again."""
-    import hashlib
-
-    from swa_repro.core.cache import cached, code_hash, interpreter
-    from swa_repro.sglang.provision import content_digest
-
-    def run() -> dict:
-        out = tmp_path / f"{overlay.name}.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        p = subprocess.run([sys.executable, "-m", "swa_repro.sglang.fix.upstream_cpu", str(overlay), str(TEST_FILE),
-                            str(out)], capture_output=True, text=True, env=env, timeout=900)
-        assert p.returncode == 0 and out.is_file(), p.stderr[-3000:]
-        return json.loads(out.read_text())
-
-    parts = {"overlay": content_digest(overlay), "test_file": hashlib.sha256(TEST_FILE.read_bytes()).hexdigest(),
-             "code": code_hash(), "interpreter": interpreter()}
-    return cached("upstream-cpu", parts, run)[0]
-
-
-@pytest.mark.slow
-def test_regression_test_on_cpu_fails_shipped_passes_fixed(text, tmp_path):
-    """The regression test's own cases, on a CPU (upstream_cpu: plan-time stand-ins for FlashInfer):
-    as shipped, every ragged window case and every soft-cap case fails, the paths 0.5.23 already
-    windows pass; with every fix, all pass."""
-    from swa_repro.sglang.fix.overlay import fixed_overlay
-    from swa_repro.sglang.provision import provision
-
-    overlay, _ = provision(up.VERSION)
-    shipped = _cases(overlay, tmp_path)
-    failing = {n for n, r in shipped.items() if r.startswith("fail:")}
-    assert failing == {n for n in shipped if n.startswith("test_ragged") or "soft_cap" in n}, shipped
-    assert {shipped["test_paged_window"], shipped["test_decode_window"]} == {"pass"}, shipped
-    fixed = _cases(fixed_overlay(up.VERSION, ORDER, overlay)[0], tmp_path)
-    assert set(fixed) == set(shipped) and set(fixed.values()) == {"pass"}, fixed
 
 
 def test_regress_results_reads_unittests_own_report(tmp_path):

@@ -25,7 +25,7 @@ VERSION = "0.5.23"
 REPO_PATH = f"python/sglang/{REL_PATH}"
 ROOT = Path(__file__).resolve().parents[3]
 LIVE = ROOT / "recordings" / "sglang-live" / f"fix-{VERSION}"
-TEST = "test_flashinfer_plan_time_params.py"
+TEST = "test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"  # sglang's layout
 
 
 def source(version: str = VERSION) -> str:
@@ -340,6 +340,9 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
             continue
         p.write_text(d)
         written.append(p)
+    from swa_repro.sglang.fix import kit_edits
+
+    written += kit_edits.write(out)  # kit_*.diff, kit.diff: the attention test kit's side of the change
     md = out / "README.md"
     regress, kit = LIVE / "regress.log", LIVE / "kit-after.json"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
