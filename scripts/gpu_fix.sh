@@ -19,18 +19,23 @@
 #   the BACKGROUND: its JIT builds overlap the after audit's (flashinfer locks each module: one builds,
 #   the other loads it).
 # patch: swa-repro patch apply --fix all --in-place, then patch status --fix all, on $SITE_FIXED only;
-#   the sha256 of the shipped file, the backup and the patched file, and their `diff -u` (fix.diff).
+#   the sha256 of the shipped file, the backup and the patched file, and their `diff -u` (fix.diff);
+#   then the attention kit's side of the change on $SITE_FIXED's kit (python -m
+#   swa_repro.sglang.fix.kit_edits: what docs/upstream/kit.diff does; an edit already there is left),
+#   so that the kit step runs the kit's changed SWA case lists on the fixed file.
 # after: the same live audit on $SITE_FIXED -> audit-live-after.json (foreground).
 # alt: benchmarks/alt_cost.py on $SITE after the audits -> alt-cost.json: the ragged prefill our fix
 #   keeps against the paged prefill of the simplest alternative (no ragged prefill for sliding-window
 #   models), on the modules the fixed audit built.
 # kit: swa-repro sglang-check --mode live --kit-only --json on $SITE_FIXED -> kit-after.json, in the
 #   background from the patch on, niced (a failing or absent command is logged and sets the exit status).
-# regress: docs/upstream/test_flashinfer_plan_time_params.py (unittest, sglang's own test of the fix) on
-#   $SITE (expected to FAIL) and on $SITE_FIXED (expected to PASS) -> regress.log, both in the
-#   BACKGROUND from the patch on, beside the audits; FlashInfer's helper modules that only the test
-#   uses (merge_state's cascade module, packbits' quantization: swa_repro/kernel/jit_warm.py) start
-#   building right after the install. Absent test file: skipped.
+# regress: $REGRESS_TEST (unittest in sglang's layout, test/registered/attention/unittests/swa/; it
+#   needs the kit edits: the kit's logit_cap, SWA cases past the window, per-element DFlash window)
+#   on $SITE_KIT (a fresh copy of $SITE's sglang with the kit edits, the shipped backend file;
+#   expected to FAIL) and on $SITE_FIXED (its kit edited too, checked again; expected to PASS) ->
+#   regress.log, both in the BACKGROUND from the patch on, beside the audits; FlashInfer's helper
+#   modules that only the test uses (merge_state's cascade module, packbits' quantization:
+#   swa_repro/kernel/jit_warm.py) start building right after the install. Absent test file: skipped.
 # Why everything starts at once (measured on the H200, 2026-12-04): JIT dominates. The fixed audit
 # needs 11 modules (fa2 and fa3 x window x cap, decode x cap, quantization); its warm-up builds them
 # all at once (one thread per module signature: sglang/audit/live.py warm) in about 300 s on 16 cores.
@@ -43,13 +48,15 @@
 #   before the live clock starts and the JSON after it); each regress run and the kit get the time
 #   left less RESERVE_S; the last 10-45 s copy the files to $OUT.
 # With a warm JIT (.fi_jit, .sgl_jit kept on a warm machine) the audits end in about a minute each.
-# `install,patch,after,regress` is one cold call; `kit` (fp16 modules: the kit's dtype) the next one.
+# `install,patch,after,regress` was one cold call (2026-12-04) with the former bf16 regression test; the
+# registered test runs on the kit's fp16 modules, as `kit` does (not yet timed on a GPU): if the cold
+# call runs out of time, run `install,patch,after`, then `kit,regress` (they share their fp16 modules).
 # steps.tsv: per step, when it started and ended (seconds from the script's start) and its exit status;
 # gpu.txt carries it. A step the time left cannot hold is skipped and said so; the exit status is then 1.
 # If $OUT is set (the device runner's return folder), at most 8 flat files land there: the log, gpu.txt,
 # audit-live-before.json.xz, audit-live-after.json.xz, kit-after.json, regress.log, fix.diff,
 # alt-cost.json (what the bundles installed: at the end of gpu.txt). Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), PYTHON (python3), BUNDLE_DIR
-# (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_fix), BUDGET_S, AUDIT_BUDGET_S, AUDIT_MARGIN_S,
+# (.bundle), SITE, SITE_FIXED, SITE_KIT, ART (artifacts/gpu_fix), BUDGET_S, AUDIT_BUDGET_S, AUDIT_MARGIN_S,
 # RESERVE_S, KILL_AFTER_S (15), MIN_LIVE_S (30), MIN_STEP_S (10), DRY_RUN=1: print each command instead of running it.
 set -uo pipefail
 STEPS="${1:-all}"
@@ -73,9 +80,10 @@ SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
 NB_BUNDLE=""  # no notebooks here
 SITE="${SITE:-/tmp/site-shipped}"
 SITE_FIXED="${SITE_FIXED:-/tmp/site-fixed}"
+SITE_KIT="${SITE_KIT:-/tmp/site-shipped-kit}"  # regress shipped: $SITE's sglang, kit edited
 ART="${ART:-artifacts/gpu_fix}"
 FIXED_PATH="$SITE_FIXED:$SITE"  # the patched sglang first, everything else (flashinfer) from $SITE
-REGRESS_TEST="docs/upstream/test_flashinfer_plan_time_params.py"
+REGRESS_TEST="docs/upstream/test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"
 BACKEND_REL="sglang/srt/layers/attention/flashinfer_backend.py"
 mkdir -p "$ART"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -114,6 +122,9 @@ regress_one() {  # WHICH PATH TIMEOUT: the upstream unittest on PATH (sites) -> 
   run env PYTHONPATH="$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" "$REGRESS_TEST" -v \
     > "$ART/regress-$1.log" 2>&1
   local rc=$?; step "regress_$1" "$t0" "$rc"; return "$rc"
+}
+kit_edit() {  # SITE: the kit edits (docs/upstream/kit_*.diff) on SITE's sglang, in place
+  run env PYTHONPATH="$ROOT" "$PY" -m swa_repro.sglang.fix.kit_edits --site "$1"
 }
 backend_of() {  # JSON -> the backend_file the audit read
   grep -o '"backend_file": *"[^"]*"' "$1" 2>/dev/null | head -n 1
@@ -178,6 +189,10 @@ backend_of() {  # JSON -> the backend_file the audit read
     fi
     run env PYTHONPATH="$ROOT:$FIXED_PATH" "$PY" -m swa_repro.cli patch status --fix all
     S=$?; echo "== patch status exit status $S"
+    if [ "$FIXED_OK" = 1 ]; then
+      kit_edit "$SITE_FIXED"; KE=$?; echo "== kit edits on $SITE_FIXED: exit status $KE"
+      [ "$KE" -ne 0 ] && RC=1
+    fi
     step patch "$T0" "${P:-$S}"
     if [ -z "${DRY_RUN:-}" ]; then
       for f in "$SITE/$BACKEND_REL" "$SITE_FIXED/$BACKEND_REL"*; do echo "   sha256 $(sha "$f")  $f"; done
@@ -197,12 +212,26 @@ backend_of() {  # JSON -> the backend_file the audit read
     if [ ! -f "$REGRESS_TEST" ]; then
       echo "== regress: skipped, no $REGRESS_TEST"
     else
+      # the test runs on the kit it comes with: the shipped file beside an edited kit in $SITE_KIT
+      # (never $SITE itself: the before audit reads it meanwhile), and $SITE_FIXED's kit edited
+      echo "== regress: $SITE_KIT = $SITE's sglang with the kit edits; the kit edits on $SITE_FIXED"
+      KIT_OK=1
+      { run rm -rf "$SITE_KIT" && run mkdir -p "$SITE_KIT" && run cp -a "$SITE/sglang" "$SITE_KIT/" \
+          && kit_edit "$SITE_KIT"; } || { echo "error: could not make $SITE_KIT"; KIT_OK=0; RC=1; }
+      [ -n "${DRY_RUN:-}" ] || [ "$KIT_OK" != 1 ] || [ "$(sha "$SITE_KIT/$BACKEND_REL")" = "$SHIPPED_SHA" ] || {
+        echo "error: $SITE_KIT/$BACKEND_REL is not the shipped file"; KIT_OK=0; RC=1; }
+      FIXED_KIT_OK=1
+      if [ "$FIXED_OK" = 1 ]; then kit_edit "$SITE_FIXED" || { FIXED_KIT_OK=0; RC=1; }; fi
       for which in shipped fixed; do
-        site=$SITE; want=FAIL
+        site="$SITE_KIT:$SITE"; want=FAIL
         [ "$which" = fixed ] && { site=$FIXED_PATH; want=PASS; }
         T=$(( $(left) - RESERVE_S ))
         if [ "$which" = fixed ] && [ "$FIXED_OK" != 1 ]; then
           echo "== regress $which: skipped, $SITE_FIXED is not patched"; RC=1; continue
+        elif [ "$which" = fixed ] && [ "$FIXED_KIT_OK" != 1 ]; then
+          echo "== regress $which: skipped, $SITE_FIXED's kit is not edited"; continue
+        elif [ "$which" = shipped ] && [ "$KIT_OK" != 1 ]; then
+          echo "== regress $which: skipped, no $SITE_KIT"; continue
         elif [ "$T" -lt "$MIN_STEP_S" ]; then
           echo "== regress $which: skipped, $(left)s left"; RC=1; continue
         fi
@@ -272,7 +301,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     [ -n "${REGRESS_PID[$which]:-}" ] || continue
     wait "${REGRESS_PID[$which]}"; G=$?
     want=FAIL; [ "$which" = fixed ] && want=PASS
-    { echo "== regress $which on $([ "$which" = fixed ] && echo "$FIXED_PATH" || echo "$SITE") (expected to $want)"
+    { echo "== regress $which on $([ "$which" = fixed ] && echo "$FIXED_PATH" || echo "$SITE_KIT:$SITE") (expected to $want)"
       cat "$ART/regress-$which.log" 2>/dev/null; } >> "$ART/regress.log"
     [ -n "${DRY_RUN:-}" ] && continue
     tail -n 5 "$ART/regress-$which.log"

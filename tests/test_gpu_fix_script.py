@@ -1,6 +1,7 @@
 """``scripts/gpu_fix.sh``'s control flow, without a GPU: a stand-in ``python3`` plays the site check,
 ``swa-repro audit --mode live`` (it reads the backend file of the site on its PYTHONPATH late, after
-the patch step has run), ``swa-repro patch``, ``sglang-check --kit-only`` and the upstream unittest;
+the patch step has run), ``swa-repro patch``, the kit edits (``fix.kit_edits``: a marker file in the
+site's sglang), ``sglang-check --kit-only`` and the upstream unittest (it refuses an unedited kit);
 stand-in bundles install a site holding one backend file. So the step order, which site each command
 ran against, the budget cut-offs and what comes back are checked here before device time is spent."""
 
@@ -19,6 +20,7 @@ import pytest
 from conftest import REPO
 
 BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
+REGRESS_TEST = "docs/upstream/test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"
 
 MOCK_PY = r"""#!/usr/bin/env bash
 # the site sglang is imported from: the first entry of PYTHONPATH that holds it, as python finds it
@@ -35,6 +37,11 @@ case "$1" in
   -m)
     mod=$2; shift 2  # -m swa_repro.cli
     if [ "$mod" = swa_repro.kernel.jit_warm ]; then ev "jit $site $*"; echo '{"cascade": 1.0}'; exit 0; fi
+    if [ "$mod" = swa_repro.sglang.fix.kit_edits ]; then  # --site DIR
+      ev "kit-edit $2"; [ -f "$2/sglang/srt/layers/attention/flashinfer_backend.py" ] || { echo "error: no sglang in $2" >&2; exit 1; }
+      [ -f "$2/sglang/KIT_EDITED" ] && echo "kit_swa_cases: already applied" || echo "kit_swa_cases: applied now"
+      touch "$2/sglang/KIT_EDITED"; exit 0
+    fi
     case "$1 $2" in
       "audit "*)
         ev "audit-start $site $*"; sleep "${AUDIT_SLEEP:-1}"
@@ -55,6 +62,7 @@ case "$1" in
     ev "alt $site"; echo '{"shapes": []}' > "$3";;
   *.py)
     ev "regress $site $1"
+    [ -f "$site/sglang/KIT_EDITED" ] || { echo "ERROR: the kit in $site is not edited (no logit_cap)"; exit 2; }
     if grep -q PATCHED "$f"; then echo "OK"; exit 0; else echo "FAILED (failures=1)"; exit 1; fi;;
 esac
 """
@@ -78,10 +86,10 @@ def rig(tmp_path):
     for name, text in (("fi-0.7.2", FI_INSTALL), ("sglang-0.5.23", SG_INSTALL)):
         (repo / ".bundle" / name).mkdir(parents=True)
         (repo / ".bundle" / name / "install.sh").write_text(text)
-    sites = {"shipped": tmp_path / "site-shipped", "fixed": tmp_path / "site-fixed"}
+    sites = {"shipped": tmp_path / "site-shipped", "fixed": tmp_path / "site-fixed", "kit": tmp_path / "site-kit"}
 
     def run(steps=None, regress_file=True, **env_extra):
-        test = repo / "docs" / "upstream" / "test_flashinfer_plan_time_params.py"
+        test = repo / REGRESS_TEST
         if regress_file:
             test.parent.mkdir(parents=True, exist_ok=True)
             test.write_text("# stand-in\n")
@@ -93,7 +101,8 @@ def rig(tmp_path):
         events = tmp_path / "events"
         events.unlink(missing_ok=True)
         env = {**os.environ, "OUT": str(out), "EVENTS": str(events), "SITE": str(sites["shipped"]),
-               "SITE_FIXED": str(sites["fixed"]), "ART": str(tmp_path / "art"), "KILL_AFTER_S": "1",
+               "SITE_FIXED": str(sites["fixed"]), "SITE_KIT": str(sites["kit"]), "ART": str(tmp_path / "art"),
+               "KILL_AFTER_S": "1",
                "PATH": f"{bin_}:{os.environ['PATH']}", **{k: str(v) for k, v in env_extra.items()}}
         env.pop("PYTHON", None)  # the script's default, python3: the stand-in, first on PATH
         t0 = time.monotonic()
@@ -139,9 +148,18 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     assert [e[1] for e in ev if e[0] == "kit"] == [str(fixed)]
     assert _t(ev, "patch-apply", fixed) < _t(ev, "kit", fixed) < _t(ev, "audit-end", fixed)
     assert "--kit-only" in next(e for e in ev if e[0] == "kit")
-    assert sorted(e[1] for e in ev if e[0] == "regress") == sorted([str(shipped), str(fixed)])
-    for site in (shipped, fixed):
+    # regress shipped runs on a copy of the shipped sglang whose kit is edited ($SITE_KIT, first on its
+    # path), never on $SITE (whose kit stays as shipped); the fixed site's kit is edited in the patch
+    # step (so the kit step runs the changed case lists) and checked again before regress
+    kit = rig.sites["kit"]
+    assert sorted(e[1] for e in ev if e[0] == "regress") == sorted([str(kit), str(fixed)])
+    for site in (kit, fixed):
         assert _t(ev, "patch-apply", fixed) < _t(ev, "regress", site) < _t(ev, "audit-end", fixed)
+        assert _t(ev, "kit-edit", site) < _t(ev, "regress", site)
+    assert sorted(e[1] for e in ev if e[0] == "kit-edit") == sorted([str(fixed), str(fixed), str(kit)])
+    assert _t(ev, "patch-apply", fixed) < _t(ev, "kit-edit", fixed) < _t(ev, "kit", fixed)
+    assert (kit / BACKEND).read_text() == "# shipped\n" and (kit / "sglang" / "KIT_EDITED").is_file()
+    assert (fixed / "sglang" / "KIT_EDITED").is_file() and not (shipped / "sglang" / "KIT_EDITED").exists()
     assert [e[1:4] for e in ev if e[0] == "jit"] == [[str(shipped), "cascade", "quantization"]]
     assert _t(ev, "install-sglang", shipped) < _t(ev, "jit", shipped) < _t(ev, "audit-start", shipped)
     # the before audit read the shipped file although the patch ran meanwhile; the after one the patched file
@@ -213,7 +231,7 @@ def test_failed_patch_skips_what_needs_it_and_absent_kit_or_test_is_logged(rig):
     r, out, ev = rig("install,patch,kit,regress", regress_file=False, NO_KIT=1)
     assert r.returncode == 2
     assert "unrecognized arguments: --kit-only" in r.stdout and "== kit: exit status 2" in r.stdout
-    assert "== regress: skipped, no docs/upstream/test_flashinfer_plan_time_params.py" in r.stdout
+    assert f"== regress: skipped, no {REGRESS_TEST}" in r.stdout
     assert not [e for e in ev if e[0] in ("audit-start", "regress")]
 
 
@@ -225,4 +243,6 @@ def test_dry_run_prints_and_runs_nothing(rig):
     assert s.index("fi-0.7.2/install.sh") < s.index("sglang-0.5.23/install.sh") < s.index("+ cp -a")
     assert f"{rig.sites['fixed']}:{rig.sites['shipped']} python3 -m swa_repro.cli patch apply" in s
     assert "sglang-check --mode live --kit-only --json" in s
-    assert f"PYTHONPATH={rig.sites['shipped']} timeout" in s and "test_flashinfer_plan_time_params.py" in s
+    assert f"PYTHONPATH={rig.sites['kit']}:{rig.sites['shipped']} timeout" in s and f"{REGRESS_TEST} -v" in s
+    assert f"-m swa_repro.sglang.fix.kit_edits --site {rig.sites['fixed']}" in s
+    assert f"cp -a {rig.sites['shipped']}/sglang {rig.sites['kit']}/" in s

@@ -1,5 +1,5 @@
 """docs/upstream: the committed diffs are what the generator makes of sglang 0.5.23's file and apply
-to it; the regression test's logic holds on a CPU (fails as shipped where it should, passes fixed)."""
+to it. The regression test and the kit diffs, and their CPU runs: tests/test_upstream_kit.py."""
 
 from __future__ import annotations
 
@@ -84,45 +84,6 @@ def test_live_section_renders_a_recording():
     assert up.live_lines(None, None)[0].startswith("Not yet run.")
 
 
-def _cases(overlay: Path, tmp_path: Path) -> dict:
-    """The regression test's cases on ``overlay`` (upstream_cpu in a child), cached by content
-    (``core.cache``): the overlay's (shipped or fixed), the test file's, the code's (the layers up
-    to sglang, upstream_cpu among them) and the interpreter's; a change of any runs it again."""
-    import hashlib
-
-    from swa_repro.core.cache import cached, code_hash, interpreter
-    from swa_repro.sglang.provision import content_digest
-
-    def run() -> dict:
-        out = tmp_path / f"{overlay.name}.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        p = subprocess.run([sys.executable, "-m", "swa_repro.sglang.fix.upstream_cpu", str(overlay), str(TEST_FILE),
-                            str(out)], capture_output=True, text=True, env=env, timeout=900)
-        assert p.returncode == 0 and out.is_file(), p.stderr[-3000:]
-        return json.loads(out.read_text())
-
-    parts = {"overlay": content_digest(overlay), "test_file": hashlib.sha256(TEST_FILE.read_bytes()).hexdigest(),
-             "code": code_hash(), "interpreter": interpreter()}
-    return cached("upstream-cpu", parts, run)[0]
-
-
-@pytest.mark.slow
-def test_regression_test_on_cpu_fails_shipped_passes_fixed(text, tmp_path):
-    """The regression test's own cases, on a CPU (upstream_cpu: plan-time stand-ins for FlashInfer):
-    as shipped, every ragged window case and every soft-cap case fails, the paths 0.5.23 already
-    windows pass; with every fix, all pass."""
-    from swa_repro.sglang.fix.overlay import fixed_overlay
-    from swa_repro.sglang.provision import provision
-
-    overlay, _ = provision(up.VERSION)
-    shipped = _cases(overlay, tmp_path)
-    failing = {n for n, r in shipped.items() if r.startswith("fail:")}
-    assert failing == {n for n in shipped if n.startswith("test_ragged") or "soft_cap" in n}, shipped
-    assert {shipped["test_paged_window"], shipped["test_decode_window"]} == {"pass"}, shipped
-    fixed = _cases(fixed_overlay(up.VERSION, ORDER, overlay)[0], tmp_path)
-    assert set(fixed) == set(shipped) and set(fixed.values()) == {"pass"}, fixed
-
-
 def test_regress_results_reads_unittests_own_report(tmp_path):
     """A real ``unittest -v`` run (pass, fail, error, and log lines between a name and its verdict),
     framed as scripts/gpu_fix.sh frames each site's run, read back case by case."""
@@ -179,10 +140,17 @@ def _git(cwd, *args):
 
 @pytest.fixture()
 def checkout(text, tmp_path):
-    """A git repository holding 0.5.23's file where sglang's repository holds it."""
+    """A git repository holding 0.5.23's backend file and attention kit where sglang's repository holds them."""
+    from swa_repro.sglang.fix import kit_edits
+    from swa_repro.sglang.provision import provision
+
     f = tmp_path / up.REPO_PATH
     f.parent.mkdir(parents=True)
     f.write_text(text)
+    for rel in kit_edits.FILES:  # the attention kit the last commit edits, as 0.5.23 ships it
+        kit = tmp_path / "python" / rel
+        kit.parent.mkdir(parents=True, exist_ok=True)
+        kit.write_text((provision(up.VERSION)[0] / rel).read_text())
     for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "0.5.23")):
         r = _git(tmp_path, *args)
         assert r.returncode == 0, r.stderr
@@ -211,3 +179,9 @@ def test_series_applies_stacked_with_git_am_and_ends_at_all_diff(checkout, text)
     assert f.read_text() == apply_fixes(text, ORDER) == up.plus_side(text, (DOCS / "all.diff").read_text())
     log = _git(repo, "log", "--format=%s", f"-{len(names)}").stdout.splitlines()[::-1]
     assert all(s.startswith("[FlashInfer] ") for s in log) and len(set(log)) == len(names)
+    # the last commit adds the regression test where sglang keeps its attention tests
+    assert (repo / up.TEST).read_text() == (DOCS / up.TEST).read_text()
+    from swa_repro.sglang.fix import kit_edits
+
+    touched = set(_git(repo, "show", "--name-only", "--format=", "HEAD").stdout.split())
+    assert "test" in log[-1] and touched == {up.TEST, *(f"python/{rel}" for rel in kit_edits.FILES)}

@@ -27,7 +27,7 @@ VERSION = "0.5.23"
 REPO_PATH = f"python/sglang/{REL_PATH}"
 ROOT = Path(__file__).resolve().parents[3]
 LIVE = ROOT / "recordings" / "sglang-live" / f"fix-{VERSION}"
-TEST = "test_flashinfer_plan_time_params.py"
+TEST = "test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"  # sglang's layout
 
 
 def source(version: str = VERSION) -> str:
@@ -387,6 +387,27 @@ def commit_body(text: str, name: str) -> str:
     return "\n\n".join(textwrap.fill(p, 72, break_on_hyphens=False, break_long_words=False) for p in paras)
 
 
+def test_commit(out: Path):
+    """The series' last commit: the attention kit's changes (``kit.diff``, written first) and the
+    regression test in sglang's layout, a new file."""
+    from swa_repro.sglang.fix.series import Commit
+
+    test = (out / TEST).read_text().splitlines(keepends=True)
+    new_file = (f"diff --git a/{TEST} b/{TEST}\nnew file mode 100644\n--- /dev/null\n+++ b/{TEST}\n"
+                f"@@ -0,0 +1,{len(test)} @@\n" + "".join(f"+{ln}" for ln in test))
+    body = ("The attention kit's SWA cases never put a key outside the window (window 4, lengths 3-5), "
+            "it cannot express a logits soft cap, and its DFlash SWA verify expectation encodes the "
+            "request-granular trim that the DFlash fix replaces with the per-element window (as in "
+            "sgl-project/sglang#35208). Adds cases past the window, a logit_cap case field (default "
+            "0.0: every existing case unchanged), the per-element DFlash expectation, and a regression "
+            "test of every plan path for window, cap and window+cap layers, EAGLE and DFlash verify.")
+    import textwrap
+
+    return Commit("test_plan_time_params", "[FlashInfer] test: plan-time window and soft cap in the attention kit",
+                  textwrap.fill(body, 72, break_on_hyphens=False, break_long_words=False),
+                  (out / "kit.diff").read_text() + new_file)
+
+
 def write(out: Path, *, command: str, note=print) -> list[Path]:
     from swa_repro.sglang.fix.series import fix_commits, write_series
     from swa_repro.sglang.provision import provision
@@ -406,7 +427,10 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
             continue
         p.write_text(d)
         written.append(p)
-    written += write_series(out / "series", commits)
+    from swa_repro.sglang.fix import kit_edits
+
+    written += kit_edits.write(out)  # kit_*.diff, kit.diff: the attention test kit's side of the change
+    written += write_series(out / "series", commits + [test_commit(out)])
     md = out / "README.md"
     regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),

@@ -1,14 +1,20 @@
-"""docs/upstream/test_flashinfer_plan_time_params.py on a CPU, to check its logic without a GPU.
+"""docs/upstream's registered regression test (and sglang's own FlashInfer kit tests,
+tests/sglang_kit_flashinfer_cases.py) on a CPU, to check their logic without a GPU.
 
-The test file imports only sglang and torch, so it runs here unchanged in a child with a release's
-overlay first on ``sys.path`` (``run_child``): its ``DEVICE`` set to ``cpu``, the audit's CPU
-replacements around the backend (``audit.env.audit_env``: device="cuda" buffers on the CPU, the
-kv-indices port, ``merge_state``) and, in place of the three FlashInfer wrappers, stand-ins that
-keep FlashInfer's plan-time contract and compute exact attention: the window mask and the tanh cap
-are applied only when ``plan()`` asked for them (``window_left >= 0``, ``logits_soft_cap > 0``),
-with the values ``forward()`` last set, as the compiled kernels do.
+A test file imports only sglang and torch, so it runs here unchanged in a child with a release's
+overlay first on ``sys.path`` (``run_child``), shipped or fixed (``fix.overlay``), its attention kit
+as released or with the kit edits (``kit_edits.kit_overlay``: what the upstream change brings with
+the test). Around it: the audit's CPU replacements around the backend (``audit.env.audit_env``:
+device="cuda" buffers on the CPU, the kv-indices port, ``merge_state``) and, in place of the three
+FlashInfer wrappers, stand-ins that keep FlashInfer's plan-time contract and compute exact
+attention: the window mask and the tanh cap are applied only when ``plan()`` asked for them
+(``window_left >= 0``, ``logits_soft_cap > 0``), with the values ``forward()`` last set, as the
+compiled kernels do. CPU adaptations of the test module only: its
+``skipIf(no CUDA / no flashinfer)`` is lifted, the kit functions it calls get ``device="cpu"``, and
+it runs under ``torch.no_grad()`` (the kit writes grad-requiring K/V into the pool, which CUDA's
+store kernel takes and the CPU fallback refuses: ``sglang.kit`` says where).
 
-Child: ``python -m swa_repro.sglang.fix.upstream_cpu OVERLAY TEST_FILE OUT_JSON``.
+Child: ``python -m swa_repro.sglang.fix.upstream_cpu OVERLAY OUT_JSON TEST_FILE...``.
 """
 
 from __future__ import annotations
@@ -119,8 +125,56 @@ class PlanTimeDecode(_PlanTime, DecodeSignature):
         return self._out(a.q, parts, a.return_lse)
 
 
+class _Result(unittest.TestResult):
+    """Also records the subtests that passed (``addSubTest`` with no error)."""
+
+    def __init__(self):
+        super().__init__()
+        self.subtests: dict[str, str] = {}
+
+    def addSubTest(self, test, subtest, err):
+        super().addSubTest(test, subtest, err)
+        params = ", ".join(f"{k}={v}" for k, v in subtest.params.items() if k != "backend")
+        key = f"{_name(test)}[{params}]"
+        if err is None:
+            self.subtests[key] = "pass"
+        else:
+            kind = "fail" if issubclass(err[0], test.failureException) else "error"
+            self.subtests[key] = f"{kind}: {_message(err[1])}"
+
+
+def _name(test) -> str:
+    return getattr(test, "test_case", test).id().rsplit(".", 1)[-1]
+
+
+def _last_line(tb: str) -> str:
+    return tb.strip().splitlines()[-1][:300]
+
+
+def _message(e: BaseException) -> str:
+    """One line: the exception's type unless an assertion, and its message (assert_close's
+    mismatch count and greatest differences)."""
+    text = " ".join(str(e).split())
+    return (text if isinstance(e, AssertionError) else f"{type(e).__name__}: {text}")[:300]
+
+
+def on_cpu(mod) -> None:
+    """The module's kit functions called with ``device="cpu"`` (a call that names a device keeps
+    it), its test classes' CUDA skip lifted."""
+    import functools
+    import inspect
+
+    for name, obj in list(vars(mod).items()):
+        if inspect.isfunction(obj) and obj.__module__.startswith("sglang.test.kits.") \
+                and "device" in inspect.signature(obj).parameters:
+            setattr(mod, name, functools.partial(obj, device="cpu"))
+        elif isinstance(obj, type) and issubclass(obj, unittest.TestCase) and "__unittest_skip__" in vars(obj):
+            obj.__unittest_skip__ = False
+
+
 def run_cases(test_file: Path) -> dict:
-    """Every case of ``test_file`` -> ``pass`` / ``fail: ...`` / ``error: ...``, on the CPU."""
+    """``{"tests": {test: status}, "subtests": {"test[params]": status}}`` on the CPU; a status is
+    ``pass`` / ``fail: ...`` / ``error: ...`` / ``skipped: ...`` (a test fails when a subtest does)."""
     import importlib.util
 
     from swa_repro.sglang import harness, releases
@@ -128,23 +182,31 @@ def run_cases(test_file: Path) -> dict:
     from swa_repro.sglang.trace import Trace
 
     releases.ensure_sgl_kernel()
-    spec = importlib.util.spec_from_file_location("upstream_regression", test_file)
+    spec = importlib.util.spec_from_file_location(f"upstream_cpu_{test_file.stem}", test_file)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    mod.DEVICE = "cpu"
+    on_cpu(mod)
     fb = harness.backend_module()
     stand_ins = dict(zip(harness.WRAPPER_NAMES, (PlanTimePaged, PlanTimeRagged, PlanTimeDecode)))
     suite = unittest.defaultTestLoader.loadTestsFromModule(mod)
-    out = {t.id().rsplit(".", 1)[-1]: "pass" for t in _flatten(suite)}  # a run empties the suite
-    result = unittest.TestResult()
-    with mock.patch.dict(env.STAND_INS, stand_ins), env.audit_env(Trace(), fb, use_paged=False, device="cpu"):
+    tests = {_name(t): "pass" for t in _flatten(suite)}  # a run empties the suite
+    result = _Result()
+    with mock.patch.dict(env.STAND_INS, stand_ins), env.audit_env(Trace(), fb, use_paged=False, device="cpu"), \
+            torch.no_grad():
         suite.run(result)
     for kind, items in (("fail", result.failures), ("error", result.errors)):
         for t, tb in items:
-            out[t.id().rsplit(".", 1)[-1]] = f"{kind}: {tb.strip().splitlines()[-1][:300]}"
+            if not hasattr(t, "test_case"):  # a subtest's failure: its test's status comes from below
+                tests[_name(t)] = f"{kind}: {_last_line(tb)}"
     for t, why in result.skipped:
-        out[t.id().rsplit(".", 1)[-1]] = f"skipped: {why}"
-    return out
+        tests[_name(t)] = f"skipped: {why}"
+    for name, status in tests.items():
+        bad = [k for k, v in result.subtests.items() if k.startswith(f"{name}[") and v != "pass"]
+        if bad and status == "pass":
+            first = result.subtests[bad[0]]
+            kind, why = first.split(": ", 1)
+            tests[name] = f"{kind}: {len(bad)} subtest(s), first {bad[0]}: {why}"[:300]
+    return {"tests": tests, "subtests": result.subtests}
 
 
 def _flatten(suite):
@@ -153,14 +215,15 @@ def _flatten(suite):
 
 
 def main(argv=None) -> int:
-    overlay, test_file, out = (Path(x) for x in (argv or sys.argv[1:]))
+    """``OVERLAY OUT_JSON TEST_FILE...`` -> ``{test file name: run_cases(it)}`` in OUT_JSON."""
+    overlay, out, *test_files = (Path(x) for x in (argv or sys.argv[1:]))
     sys.path.insert(0, str(overlay.resolve()))  # before anything imports sglang
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    out.write_text(json.dumps(run_cases(test_file), indent=1))
+    out.write_text(json.dumps({f.name: run_cases(f) for f in test_files}, indent=1))
     return 0
 
 
