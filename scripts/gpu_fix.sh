@@ -84,6 +84,7 @@ SITE_KIT="${SITE_KIT:-/tmp/site-shipped-kit}"  # regress shipped: $SITE's sglang
 ART="${ART:-artifacts/gpu_fix}"
 FIXED_PATH="$SITE_FIXED:$SITE"  # the patched sglang first, everything else (flashinfer) from $SITE
 REGRESS_TEST="docs/upstream/test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"
+KIT_CASES="tests/sglang_kit_flashinfer_cases.py"  # sglang's registered FlashInfer kit tests, re-expressed
 BACKEND_REL="sglang/srt/layers/attention/flashinfer_backend.py"
 mkdir -p "$ART"
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
@@ -119,8 +120,11 @@ live_audit() {  # PATH NAME TIMEOUT: swa-repro audit --mode live on PATH (sites)
 }
 regress_one() {  # WHICH PATH TIMEOUT: the upstream unittest on PATH (sites) -> regress-WHICH.log; sglang's own test: only the sites on its path
   local t0; t0=$(elapsed)
-  run env PYTHONPATH="$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" "$REGRESS_TEST" -v \
-    > "$ART/regress-$1.log" 2>&1
+  # then sglang's own FlashInfer kit tests on the same sites ($KIT_CASES: its registered dense/swa
+  # cases and the DFlash SWA chain, with the site's kit); the exit status is the first failure's
+  run env PYTHONPATH="$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" bash -c \
+    '"$0" "$1" -v; a=$?; "$0" "$2" -v; b=$?; [ "$a" -eq 0 ] && exit "$b"; exit "$a"' \
+    "$PY" "$REGRESS_TEST" "$KIT_CASES" > "$ART/regress-$1.log" 2>&1
   local rc=$?; step "regress_$1" "$t0" "$rc"; return "$rc"
 }
 kit_edit() {  # SITE: the kit edits (docs/upstream/kit_*.diff) on SITE's sglang, in place

@@ -20,6 +20,7 @@ import pytest
 from conftest import REPO
 
 BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
+REGRESS = "docs/upstream/test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"
 REGRESS_TEST = "docs/upstream/test/registered/attention/unittests/swa/test_flashinfer_plan_time_params.py"
 
 MOCK_PY = r"""#!/usr/bin/env bash
@@ -152,7 +153,9 @@ def test_all_steps_in_order_each_on_its_own_site(rig):
     # path), never on $SITE (whose kit stays as shipped); the fixed site's kit is edited in the patch
     # step (so the kit step runs the changed case lists) and checked again before regress
     kit = rig.sites["kit"]
-    assert sorted(e[1] for e in ev if e[0] == "regress") == sorted([str(kit), str(fixed)])
+    # on each site the regression test, then sglang's own kit tests (tests/sglang_kit_flashinfer_cases.py)
+    assert sorted(e[1:3] for e in ev if e[0] == "regress") == sorted(
+        [[str(s), f] for s in (kit, fixed) for f in (REGRESS, "tests/sglang_kit_flashinfer_cases.py")])
     for site in (kit, fixed):
         assert _t(ev, "patch-apply", fixed) < _t(ev, "regress", site) < _t(ev, "audit-end", fixed)
         assert _t(ev, "kit-edit", site) < _t(ev, "regress", site)
@@ -243,6 +246,6 @@ def test_dry_run_prints_and_runs_nothing(rig):
     assert s.index("fi-0.7.2/install.sh") < s.index("sglang-0.5.23/install.sh") < s.index("+ cp -a")
     assert f"{rig.sites['fixed']}:{rig.sites['shipped']} python3 -m swa_repro.cli patch apply" in s
     assert "sglang-check --mode live --kit-only --json" in s
-    assert f"PYTHONPATH={rig.sites['kit']}:{rig.sites['shipped']} timeout" in s and f"{REGRESS_TEST} -v" in s
+    assert f"PYTHONPATH={rig.sites['kit']}:{rig.sites['shipped']} timeout" in s and f"python3 {REGRESS_TEST} tests/sglang_kit_flashinfer_cases.py" in s
     assert f"-m swa_repro.sglang.fix.kit_edits --site {rig.sites['fixed']}" in s
     assert f"cp -a {rig.sites['shipped']}/sglang {rig.sites['kit']}/" in s
