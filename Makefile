@@ -20,13 +20,19 @@ PYTEST_ARGS ?= -q -n 2 --dist loadfile
 PIP_ARGS    ?= --progress-bar off
 # uv installs the pinned stack ~7x faster than pip (benchmarks/REPORT.md); itself pinned, from PyPI.
 UV_VERSION  ?= 0.13.9
-# make lab: JupyterLab on notebooks/ (LAB_ROOT) with the venv's kernel. The shipped defaults (a .py
-# opens as a notebook: jupyter/labconfig/) come in through JUPYTER_CONFIG_PATH; Jupyter's, IPython's
-# and matplotlib's per-user state (settings, workspaces, runtime files) goes to LAB_STATE, not $HOME.
+# make lab: JupyterLab on scratch/ (LAB_ROOT), a git-ignored copy of notebooks/ (LAB_FROM), with the
+# venv's kernel: a save or autosave writes the copy, never a tracked notebook. Before the lab starts,
+# swa_repro/notebook/scratch.py copies what is new and refreshes every copy without edits whose
+# notebook changed; an edited copy is kept, and a line says when its notebook changed too.
+# LAB_ROOT=notebooks opens the tracked notebooks themselves (a save then writes them).
+# The shipped defaults (a .py opens as a notebook: jupyter/labconfig/) come in through
+# JUPYTER_CONFIG_PATH; Jupyter's, IPython's and matplotlib's per-user state (settings, workspaces,
+# runtime files) goes to LAB_STATE, not $HOME.
 # The shipped config also allows root (containers): jupyter/jupyter_server_config.json.
 LAB_PORT    ?= 8888
 LAB_ARGS    ?=
-LAB_ROOT    ?= notebooks
+LAB_ROOT    ?= scratch
+LAB_FROM    ?= notebooks
 LAB_STATE   ?= $(VENV)/lab-state
 LAB_ENV      = JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
   JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
@@ -48,7 +54,7 @@ help:
 	@echo "make test-matrix  the release matrix: the fixes and audits on every other sglang release"
 	@echo "make venv    only create/refresh $(VENV) (stamped on pyproject.toml's hash)"
 	@echo "make doctor  what is installed and which mode auto picks"
-	@echo "make lab     JupyterLab on notebooks/, a .py opens as a notebook (LAB_PORT=$(LAB_PORT), LAB_ARGS=...)"
+	@echo "make lab     JupyterLab on $(LAB_ROOT)/, your git-ignored copy of $(LAB_FROM)/; a .py opens as a notebook (LAB_PORT=$(LAB_PORT), LAB_ARGS=...)"
 	@echo "make lab-url the running lab's URL with its token"
 
 repro: $(STAMP)
@@ -72,6 +78,7 @@ doctor: $(STAMP)
 venv: $(STAMP)
 
 lab: $(STAMP)
+	@$(BIN)/python -m swa_repro.notebook.scratch '$(LAB_FROM)' '$(LAB_ROOT)'
 	$(LAB_ENV) $(BIN)/jupyter lab --ServerApp.root_dir='$(LAB_ROOT)' --ServerApp.port=$(LAB_PORT) $(LAB_ARGS)
 
 # The running lab's URL with its token: its runtime files are under LAB_STATE, where a bare

@@ -19,10 +19,16 @@
 # the verdict on *this* machine: on a CUDA GPU with flashinfer it runs the real kernel; elsewhere
 # it runs the CPU kernel model and holds it to the committed GPU recordings. The first output
 # below says which.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 recordings_dir = ""  # empty: the committed recordings/ of this repo
 # the seed case is story.SEED_SHAPES (three fresh requests of 6/8/12 tokens, window 4, 4/4 heads,
 # page 16); a value set here replaces that shape, None keeps it (e.g. window_left = 8)
@@ -37,9 +43,9 @@ backend = "fa2"  # what sglang constructs the wrapper with
 seed = 0
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("00_overview", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "00_overview")
 
 # %%

@@ -19,10 +19,16 @@
 # sglang ≤ 0.5.15.post1 planned without `window_left` and passed the window only to `forward()`.
 # Step by step: which module is chosen, what the plan decides, why `forward()` runs but `run()`
 # refuses, which rows come out wrong, and how fa2 and fa3 differ.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 recordings_dir = ""  # empty: the committed recordings/ of this repo
 # the seed case is story.SEED_SHAPES; a value set here replaces that shape, None keeps it
 prefix_lens = None
@@ -45,9 +51,9 @@ split_window_left = 128
 seed = 0
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("01_plan_with_and_without_window_left", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "01_plan_with_and_without_window_left")
 
 # %%

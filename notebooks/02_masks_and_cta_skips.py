@@ -29,10 +29,16 @@
 #
 # Large cases are reduced by blocks for drawing, never averaged: a cell is red if **any** key of
 # its block is attended outside the window, blue if any window key is dropped.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 recordings_dir = ""  # empty: the committed recordings/ of this repo
 # The cases are story.SEED_SHAPES, story.GQA_SHAPES and story.LONG_SHAPES; a value set here
 # replaces that shape, None keeps it (e.g. window_left = 8, gqa_window_left = 32).
@@ -57,9 +63,9 @@ plot_recordings = True  # one figure per recorded case not drawn above (newest f
 fuzz_selftest_cases = 4  # 0: none; else a CPU self-test of the fuzz pipeline (labelled: not kernel evidence)
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("02_masks_and_cta_skips", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 
 # %%

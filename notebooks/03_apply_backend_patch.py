@@ -23,10 +23,16 @@
 # they are the CPU kernel model behind the same calls (the first output says which). Last, the
 # fixes for every finding class, on the release you choose: its file's state per fix, each
 # fix's diff, and how to apply them for real.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 # one sliding-window EXTEND batch: the seed case (story.SEED_SHAPES: three fresh requests of
 # 6/8/12 tokens, window 4, the upstream regression case); a value set here replaces that shape,
 # None keeps it. window_left is RadixAttention.sliding_window_size: W keys left of the query.
@@ -43,9 +49,9 @@ sglang_release = "0.5.23"
 fixes = "all"  # all, or a comma list of swa_repro.sglang.fix.ORDER names
 
 # %%
-from swa_repro.notebook.runner import announce_mode, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("03_apply_backend_patch", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")
 
 # %%

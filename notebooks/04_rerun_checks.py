@@ -23,10 +23,16 @@
 # every finding class's check on a chosen release, as shipped and with the chosen fixes.
 # With `save_traces = True` every run's wrapper calls are saved as traces (~120 MB), so
 # `swa-repro replay` can re-issue them on a GPU.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 cases = []  # names from swa_repro.sglang.check.MATRIX; empty: all
 failing_case = "upstream_no_prefix_6_8_12"  # the one whose masks are drawn
 peer = True  # also run sglang's own dense_attention kit (extend cases)
@@ -37,9 +43,9 @@ sglang_release = "0.5.23"
 fixes = "all"  # all, or a comma list of swa_repro.sglang.fix.ORDER names
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("04_rerun_checks", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "04_rerun_checks")
 
 # %%

@@ -22,17 +22,23 @@
 # FlashInfer backend that plans a wrapper (on CPU, with recording stand-ins for the wrappers) and
 # lists each parameter whose `forward()` value differs from its plan value. Then: what the
 # paged-only bug does to real model configurations, and which FlashInfer backend does what.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("05_backend_matrix_and_audit", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "05_backend_matrix_and_audit")
 
 # %%

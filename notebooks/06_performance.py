@@ -27,10 +27,16 @@
 # warm-up, medians and rotated random inputs, and committed with provenance; useful FLOPs count only
 # the in-window (query, key) pairs. In **model** mode this notebook plots the committed results;
 # in **live** mode it also re-measures a small subset on this GPU.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
 
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
-output_dir = "artifacts"  # relative: from the repo root
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 live_seq_len = 8192  # live mode: one request of this many tokens
 live_windows = [128, 1024]
 live_backends = "fa2"  # fa3 modules take ~100 s each to build
@@ -39,9 +45,9 @@ gpu_results = ""  # default: the committed benchmarks/results/h200_swa_prefill.j
 cpu_results = ""  # default: the committed benchmarks/results/cpu_model.json
 
 # %%
-from swa_repro.notebook.runner import announce_mode, figure_saver, output_path
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
-output_dir = output_path(output_dir)  # also when the kernel runs in notebooks/ (the lab)
+output_dir = artifact_set("06_performance", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "06_performance")
 
 # %%

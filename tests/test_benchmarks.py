@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, gpu_timing, report, workflow_report  # noqa: E402
+from benchmarks import common, gpu_timing, report, targets_report, workflow_report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
 from benchmarks.h200_plan import Job, Shape  # noqa: E402
 from swa_repro.core.case import Case  # noqa: E402
@@ -162,9 +165,9 @@ def test_report_renders_targets_tables_and_findings(tmp_path):
 def test_report_says_not_measured_when_files_are_missing(tmp_path):
     out = tmp_path / "REPORT.md"
     report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"),
-                 "--workflow", str(tmp_path / "none3.json"), "--out", str(out)])
+                 "--workflow", str(tmp_path / "none3.json"), "--targets", str(tmp_path / "none4.json"), "--out", str(out)])
     text = out.read_text()
-    assert text.count("| not measured yet |") == 4
+    assert text.count("| not measured yet |") == 4 + len(targets_report.TARGETS)
     assert "Not measured yet: `benchmarks/results/h200_swa_prefill.json` is missing" in text
     assert "PASS" not in text and "FAIL" not in text
 
@@ -179,12 +182,13 @@ def test_report_flags_a_malformed_results_file(tmp_path):
 def test_committed_results_are_well_formed_and_report_is_current():
     gpu, cpu = common.load_json(common.GPU_RESULTS), common.load_json(common.CPU_RESULTS)
     workflow = common.load_json(common.WORKFLOW_RESULTS)
+    targets = common.load_json(targets_report.RESULTS)
     if gpu is not None:
         assert common.validate_gpu_results(gpu) == []
     if cpu is not None:
         assert common.validate_cpu_results(cpu) == []
     if report.REPORT.exists():
-        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow), "run python -m benchmarks.report"
+        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow, targets), "run python -m benchmarks.report"
 
 
 # ----------------------------------------------------------------------------- the GPU study, CPU side
@@ -357,3 +361,161 @@ def test_workflow_benchmark_reads_the_makefile_and_sizes_artifacts(tmp_path):
     (tmp_path / "a_fig.png").write_bytes(b"x" * 7)
     sizes = cpu_workflow.artifact_sizes(tmp_path)
     assert (sizes["total_bytes"], sizes["traces_bytes"], sizes["png_bytes"], sizes["largest_page"]) == (137, 100, 7, ("a.html", 30))
+
+
+# ----------------------------------------------------------------------------- issue 24's targets (measure_targets.sh)
+SLOW = [(113.25, "tests/test_notebooks.py::test_notebook[04_rerun_checks]"), (64.1, "tests/test_audit.py::test_fixed[0.5.23]"),
+        (58.0, "tests/test_bundle.py::test_real_bundle_installs_and_imports_under_cpython_312"),
+        (54.2, "tests/test_notebooks.py::test_notebook[02_masks_and_cta_skips]"), (49.0, "tests/test_x.py::test_regression"),
+        (40.3, "tests/test_notebooks.py::test_notebook[03 apply]"), (36.0, "tests/test_fix.py::test_all_fixes[0.5.20]"),
+        (30.5, "tests/test_fix.py::test_all_fixes[0.5.21]"), (25.0, "tests/test_kit.py::test_kit"), (24.0, "tests/test_y.py::test_z")]
+
+
+def pytest_log(passed=1290, failed=0, slow=SLOW) -> str:
+    """What `make test PYTEST_ARGS='-q -n 2 --dist loadfile --durations=10'` prints (the format of a real run)."""
+    rows = "\n".join(f"{s:.2f}s {'setup   ' if i == 3 else 'call    '} {t}" for i, (s, t) in enumerate(slow))
+    tail = f"{passed} passed" + (f", {failed} failed" if failed else "") + ", 14 skipped, 30 deselected in 201.33s (0:03:21)"
+    return (f"created: 2/2 workers\n2 workers [1320 items]\n{'.' * 70} [ 5%]\n"
+            f"============================= slowest 10 durations =============================\n{rows}\n\n"
+            f"(5 durations < 0.005s hidden.  Use -vv to show these durations.)\n{tail}\n")
+
+
+def fake_work(tmp_path, walls, rc=None, cores=2, failed_notebook=None, logs=None) -> Path:
+    """What measure_targets.sh leaves in its folder, for ``walls`` (step -> seconds)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "run.meta").write_text(f"commit=abc123def4567890\nsource_dirty=\nuv_cache=empty\ncores={cores}\n")
+    for step, wall in walls.items():
+        cmd = "make test 'PYTEST_ARGS=-q -n 2 --dist loadfile --durations=10'" if "test" in step or "suite" in step else "make repro"
+        (work / f"{step}.meta").write_text(
+            f"command={cmd}\nstart=1000.25\nend={1000.25 + wall}\nreturncode={(rc or {}).get(step, 0)}\n"
+            "loadavg_before=0.10 0.20 0.30\nloadavg_after=1.50 0.90 0.40\n")
+        if step in targets_report.TESTS:
+            (work / f"{step}.log").write_text((logs or {}).get(step, pytest_log()))
+        else:
+            nbs = [{"notebook": n, "status": "failed" if n == failed_notebook else "ok", "seconds": 9.0}
+                   for n in ("00_overview", "04_rerun_checks")]
+            (work / f"{step}.summary.json").write_text(json.dumps({"mode": "model", "notebooks": nbs}))
+            (work / f"{step}.log").write_text("2/2 notebooks ok\n")
+    return work
+
+
+ALL = {"make_test_from_nothing": 250.0, "suite_warm": 260.0, "repro_cold": 120.0, "repro_warm": 80.0}
+
+
+def verdicts(doc) -> dict:
+    return {step: targets_report.verdict(doc, step, limit)[:2] for step, _, limit in targets_report.TARGETS}
+
+
+def test_pytest_output_parses_into_counts_and_the_slowest_tests():
+    got = targets_report.parse_pytest(pytest_log())
+    assert got["counts"] == {"passed": 1290, "skipped": 14, "deselected": 30}
+    assert [(d["seconds"], d["test"]) for d in got["durations"]] == SLOW
+    assert got["durations"][3]["phase"] == "setup"
+    assert targets_report.parse_pytest("ERROR collecting\n2 errors in 0.5s\n")["counts"] == {"error": 2}
+
+
+def test_a_fake_measurement_gives_each_target_its_verdict(tmp_path):
+    doc = targets_report.collect(fake_work(tmp_path, ALL))
+    assert doc["provenance"]["cores"] == 2 and doc["provenance"]["commit"] == "abc123def4567890"
+    assert doc["steps"]["suite_warm"]["wall_s"] == 260.0 and doc["steps"]["suite_warm"]["loadavg_before"] == [0.1, 0.2, 0.3]
+    assert verdicts(doc) == {"make_test_from_nothing": (250.0, "PASS"), "suite_warm": (260.0, "FAIL"),
+                             "repro_cold": (120.0, "no target"), "repro_warm": (80.0, "PASS")}
+    out = tmp_path / "targets.json"
+    assert targets_report.main(["collect", str(tmp_path / "work"), "--out", str(out)]) == 0
+    text = "\n".join(targets_report.render_targets24(json.loads(out.read_text())))
+    assert "| `make test` from nothing: a fresh clone, no venv, empty caches | <= 300 s | 250 s | PASS | " \
+           "`make test 'PYTEST_ARGS=-q -n 2 --dist loadfile --durations=10'`; load 0.1 -> 1.5; 1290 passed, " \
+           "14 skipped, 30 deselected |" in text
+    assert "| `make repro` warm: the second run | <= 90 s | 80 s | PASS | `make repro`; load 0.1 -> 1.5; " \
+           "2 notebooks, mode model |" in text
+    assert "From `pytest --durations=10` of the `suite_warm` run:" in text
+    rows = [ln for ln in text.splitlines() if re.match(r"\| \d+ \| [\d.]+ \|", ln)]
+    assert len(rows) == 10 and rows[0] == "| 1 | 113.2 | call | `tests/test_notebooks.py::test_notebook[04_rerun_checks]` |"
+    assert rows[3].endswith("| setup | `tests/test_notebooks.py::test_notebook[02_masks_and_cta_skips]` |")
+    assert "commit abc123def456," in text and "(2 cores)" in text
+
+
+def test_the_report_renders_the_measurement_file(tmp_path):
+    targets = tmp_path / "targets.json"
+    targets_report.write(targets, targets_report.collect(fake_work(tmp_path, ALL)))
+    out, none = tmp_path / "REPORT.md", str(tmp_path / "none.json")
+    assert report.main(["--gpu", none, "--cpu", none, "--workflow", none, "--targets", str(targets), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "## Issue #24 targets: a fresh clone, the real make commands" in text
+    assert "| the suite warm: `make test` again in that clone (venv and caches warm) | <= 240 s | 260 s | FAIL |" in text
+
+
+@pytest.mark.parametrize("walls, kw, step, expect", [
+    ({k: v for k, v in ALL.items() if k != "repro_warm"}, {}, "repro_warm", (None, "not measured yet")),
+    (ALL, {"rc": {"make_test_from_nothing": 2}}, "make_test_from_nothing", (250.0, "FAIL")),
+    (ALL, {"logs": {"make_test_from_nothing": pytest_log(passed=1289, failed=1)}}, "make_test_from_nothing", (250.0, "FAIL")),
+    (ALL, {"logs": {"make_test_from_nothing": "make: *** [Makefile] Error 1\n"}}, "make_test_from_nothing", (250.0, "FAIL")),
+    (ALL, {"failed_notebook": "04_rerun_checks"}, "repro_warm", (80.0, "FAIL")),
+    (ALL, {"cores": 4}, "repro_warm", (80.0, "not comparable (4 cores)")),
+    (ALL, {"cores": 4}, "make_test_from_nothing", (250.0, "not comparable (4 cores)")),
+], ids=["step-not-run", "make-failed", "a-test-failed", "no-pytest-summary", "a-notebook-failed", "4-cores", "4-cores-test"])
+def test_no_pass_without_a_measurement_of_the_target(tmp_path, walls, kw, step, expect):
+    """Only a measured step, on 2 cores, exit 0, every test (notebook) passing, within the limit, is a PASS."""
+    doc = targets_report.collect(fake_work(tmp_path, walls, **kw))
+    assert verdicts(doc)[step] == expect
+
+
+def test_no_measurement_file_or_a_broken_record_is_never_a_pass():
+    text = "\n".join(targets_report.render_targets24(None))
+    assert "PASS" not in text and "FAIL" not in text and text.count("| not measured yet |") == 4
+    assert "Not measured yet: from `pytest --durations=10`" in text
+    broken = {"provenance": {"cores": 2}, "steps": {"repro_warm": {"wall_s": None, "returncode": 0}}}
+    assert targets_report.verdict(broken, "repro_warm", 90.0)[:2] == (None, "not measured")
+
+
+def test_measure_targets_runs_the_real_make_commands_in_a_fresh_clone():
+    script = Path(report.ROOT) / "benchmarks" / "measure_targets.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    r = subprocess.run(["bash", str(script)], env={**os.environ, "DRY_RUN": "1", "WORK": "/w"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pytest_args = re.search(r"(?m)^PYTEST_ARGS\s*\?=\s*(.*)$", (Path(report.ROOT) / "Makefile").read_text()).group(1).strip()
+    assert r.stdout.splitlines() == [
+        f"make_test_from_nothing: (cd /w/clone && make test 'PYTEST_ARGS={pytest_args} --durations=10')",
+        f"suite_warm: (cd /w/clone && make test 'PYTEST_ARGS={pytest_args} --durations=10')",
+        "repro_cold: (cd /w/clone && make repro PYTHONPYCACHEPREFIX=/w/pycache-repro)",
+        "repro_warm: (cd /w/clone && make repro PYTHONPYCACHEPREFIX=/w/pycache-repro)",
+        f"collect: python3 {report.ROOT}/benchmarks/targets_report.py collect /w --out "
+        f"{report.ROOT}/benchmarks/results/issue24_targets.json"]
+    assert [t[0] for t in targets_report.TARGETS] == re.search(r"STEPS=\(([^)]*)\)", script.read_text()).group(1).split()
+
+
+def test_measure_targets_times_each_step_and_collects_them(tmp_path):
+    """The script for real, its `make` a stand-in on PATH (the real one takes ~20 minutes): a fresh
+    clone, the four steps in order, each timed with its exit status, then the measurement file."""
+    script = Path(report.ROOT) / "benchmarks" / "measure_targets.sh"
+    bin_dir, log = tmp_path / "bin", tmp_path / "make-calls"
+    bin_dir.mkdir()
+    (tmp_path / "pytest.log").write_text(pytest_log())
+    (bin_dir / "make").write_text(f"""#!/bin/bash
+echo "$PWD $* XDG_CACHE_HOME=$XDG_CACHE_HOME" >> {log}
+case "$1" in
+  test) cat {tmp_path / 'pytest.log'}; sleep 0.3 ;;
+  repro) mkdir -p artifacts; echo '{{"mode": "model", "notebooks": [{{"notebook": "00_overview", "status": "ok"}}]}}' \\
+           > artifacts/summary.json ;;
+esac
+""")
+    (bin_dir / "make").chmod(0o755)
+    out, work = tmp_path / "targets.json", tmp_path / "work"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "WORK": str(work), "KEEP_WORK": "1"}
+    r = subprocess.run(["bash", str(script), str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == [str(work / "clone")] * 4
+    assert [c.split()[1] for c in calls] == ["test", "test", "repro", "repro"]
+    assert "XDG_CACHE_HOME=" + str(work / "cache") in calls[0] and str(work / "cache-repro") in calls[2]
+    doc = json.loads(out.read_text())
+    head = subprocess.run(["git", "-C", str(report.ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert doc["provenance"]["commit"] == head and doc["provenance"]["cores"] == len(os.sched_getaffinity(0))  # what taskset allows
+    steps = doc["steps"]
+    assert list(steps) == targets_report.STEPS and all(s["returncode"] == 0 for s in steps.values())
+    assert steps["suite_warm"]["wall_s"] >= 0.3 and steps["suite_warm"]["counts"]["passed"] == 1290
+    assert len(steps["make_test_from_nothing"]["durations"]) == 10
+    assert steps["repro_warm"]["notebooks"] == [{"notebook": "00_overview", "status": "ok", "seconds": None,
+                                                 "checks_passed": None, "checks_failed": None}]

@@ -4,7 +4,8 @@ Each server test starts the server with the very command `make lab` runs (throug
 LAB_PORT, LAB_ROOT, LAB_STATE, LAB_ARGS overridden; as root too, with no extra flag), HOME pointed
 at an empty temp dir that must still be empty after the server is gone, and always stops it
 (POST /api/shutdown, then the process group). The browser test needs Chromium (`chromium` on PATH)
-and skips cleanly without it.
+and skips cleanly without it. `make lab` itself opens scratch/, a git-ignored copy of notebooks/
+(tests/test_scratch.py); the browser test edits a notebook there and lets the lab autosave it.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def _files(root: Path) -> list[str]:
 class Lab:
     """A `make lab` server on a free loopback port, with a token and a throwaway HOME."""
 
-    def __init__(self, root: Path, tmp: Path, settings: dict | None = None):
-        self.root, self.tmp, self.settings = root, tmp, settings or {}
+    def __init__(self, root: Path, tmp: Path, settings: dict | None = None, source: Path | None = None):
+        self.root, self.tmp, self.settings, self.source = root, tmp, settings or {}, source
         self.home, self.state = tmp / "home", tmp / "lab-state"
         self.home.mkdir()
         self.port, self.token = _free_port(), secrets.token_hex(16)
@@ -92,7 +93,8 @@ class Lab:
             f.parent.mkdir(parents=True, exist_ok=True)
             f.write_text(json.dumps(values))
         args = "--no-browser --ServerApp.ip=127.0.0.1 --ServerApp.port_retries=0"  # no --allow-root, also as root
-        cmd = self.make("lab", f"LAB_PORT={self.port}", f"LAB_ROOT={self.root}", f"LAB_ARGS={args}")
+        cmd = self.make("lab", f"LAB_PORT={self.port}", f"LAB_ROOT={self.root}", f"LAB_ARGS={args}",
+                        *([f"LAB_FROM={self.source}"] if self.source else []))
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
@@ -151,8 +153,8 @@ class Lab:
 
 
 @contextlib.contextmanager
-def make_lab(root: Path, tmp: Path, settings: dict | None = None):
-    lab = Lab(root, tmp, settings)
+def make_lab(root: Path, tmp: Path, settings: dict | None = None, source: Path | None = None):
+    lab = Lab(root, tmp, settings, source)
     try:
         yield lab.start()
     finally:
@@ -304,7 +306,9 @@ def test_make_lab_config_allows_root(monkeypatch, tmp_path):
     that `make lab` puts on JUPYTER_CONFIG_PATH sets it, so the command as printed works as root."""
     from jupyter_server.serverapp import ServerApp
 
-    dry = subprocess.run(["make", "-s", "-n", "-C", str(REPO), "lab", f"LAB_STATE={tmp_path / 'state'}"],
+    (tmp_path / "scratch").mkdir()  # what make lab fills before the server starts (-n runs nothing)
+    dry = subprocess.run(["make", "-s", "-n", "-C", str(REPO), "lab", f"LAB_STATE={tmp_path / 'state'}",
+                          f"LAB_ROOT={tmp_path / 'scratch'}"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     words = shlex.split(next(ln for ln in dry.splitlines() if "/jupyter lab" in ln))
     lab_at = words.index("lab")  # ENV=... .venv/bin/jupyter lab ARGS
@@ -332,6 +336,7 @@ PROBE_JS = r"""(() => {
     notebook: !!panel,
     cells: cells.length,
     heading: panel ? [...panel.querySelectorAll('.jp-MarkdownOutput h1')].map(h => h.textContent) : [],
+    intro: panel ? ((panel.querySelector('.jp-MarkdownOutput') || {}).textContent || '') : '',
     fileEditor: !!document.querySelector('.jp-FileEditor'),
     dialog: !!document.querySelector('.jp-Dialog'),
     kernel: kernel ? kernel.textContent : null,
@@ -342,9 +347,30 @@ PROBE_JS = r"""(() => {
 })()"""
 
 
-async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path, saved=None) -> dict:
+EDIT_LINE = "window_left = 8  # explored in the lab"
+
+# The parameters cell's editor, scrolled into view: where its last line ends (a click there puts
+# the cursor at the end of the cell), and its prompt ("[N]:" once it ran).
+PARAMS_CELL_JS = r"""(() => {
+  const panel = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const cell = panel && [...panel.querySelectorAll('.jp-CodeCell')].find(
+    c => ((c.querySelector('.cm-content') || {}).textContent || '').includes('window_left = None'));
+  if (!cell) return JSON.stringify(null);
+  const lines = cell.querySelectorAll('.cm-content .cm-line');
+  lines[lines.length - 1].scrollIntoView({block: 'center'});
+  const r = lines[lines.length - 1].getBoundingClientRect();
+  return JSON.stringify({x: r.right - 4, y: r.top + r.height / 2,
+                         text: cell.querySelector('.cm-content').innerText,
+                         prompt: (cell.querySelector('.jp-InputPrompt') || {}).textContent || ''});
+})()"""
+
+
+async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path, saved=None, edited=None) -> dict:
     """What the lab shows once the notebook is open and its kernel idle; with ``saved`` (a
-    callable), then also wait until it says a save happened and the tab is clean again."""
+    callable), then also wait until it says a save happened and the tab is clean again; with
+    ``edited`` (a callable) then edit the parameters cell as a user does (a click at its end, Enter,
+    typed text, Shift+Enter to run it) and wait until the cell ran, ``edited()`` says the autosave
+    wrote the edit and the tab is clean again."""
     from tornado.websocket import websocket_connect
 
     conn = await websocket_connect(ws_url, max_message_size=256 << 20)
@@ -363,11 +389,21 @@ async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path, saved=None
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg["result"]
 
+    async def js(expression: str):
+        r = await call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return json.loads(r["result"].get("value") or "null")
+
+    async def key(name: str, code: int, modifiers: int = 0, text: str | None = None):
+        extra = {"text": text, "unmodifiedText": text} if text else {}
+        await call("Input.dispatchKeyEvent", type="keyDown", key=name, code=name, windowsVirtualKeyCode=code,
+                   modifiers=modifiers, **extra)
+        await call("Input.dispatchKeyEvent", type="keyUp", key=name, code=name, windowsVirtualKeyCode=code,
+                   modifiers=modifiers)
+
     try:
         state, deadline = {}, time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            r = await call("Runtime.evaluate", expression=PROBE_JS, returnByValue=True)
-            state = json.loads(r["result"].get("value") or "{}")
+            state = await js(PROBE_JS) or {}
             if state.get("notebook") and state.get("cells") and state.get("heading") \
                     and "| Idle" in state.get("statusbar", ""):
                 break  # opened as a notebook, and its kernel started and is idle
@@ -376,12 +412,31 @@ async def _cdp_probe(ws_url: str, timeout_s: float, screenshot: Path, saved=None
             await asyncio.sleep(0.5)
         opened, state["autosaved"] = dict(state), False
         while saved is not None and opened.get("notebook") and time.monotonic() < deadline:
-            r = await call("Runtime.evaluate", expression=PROBE_JS, returnByValue=True)
-            state = {**json.loads(r["result"].get("value") or "{}"), "opened": opened}
+            state = {**(await js(PROBE_JS) or {}), "opened": opened}
             state["autosaved"] = saved() and not state.get("dirty")
             if state["autosaved"]:
                 break
             await asyncio.sleep(0.5)
+        if edited is not None and state.get("autosaved"):
+            cell = await js(PARAMS_CELL_JS)
+            state["edit"] = {"before": cell}
+            if cell:
+                for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+                    await call("Input.dispatchMouseEvent", type=kind, x=cell["x"], y=cell["y"], button="left",
+                               clickCount=1)
+                await asyncio.sleep(0.3)
+                await key("End", 35)
+                await key("Enter", 13, text="\r")
+                await call("Input.insertText", text=EDIT_LINE)
+                await key("Enter", 13, modifiers=8, text="\r")  # Shift+Enter: run the cell
+                while time.monotonic() < deadline:
+                    probe, cell = await js(PROBE_JS) or {}, await js(PARAMS_CELL_JS) or {}
+                    ran = re.search(r"\[\d+\]", cell.get("prompt", "")) is not None
+                    state["edit"].update(after=cell, ran=ran, saved=edited(), dirty=probe.get("dirty"),
+                                         statusbar=probe.get("statusbar"))
+                    if ran and state["edit"]["saved"] and not probe.get("dirty"):
+                        break
+                    await asyncio.sleep(0.5)
         shot = await call("Page.captureScreenshot", format="png")
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         return state
@@ -399,23 +454,39 @@ def _git(root: Path, *args: str) -> str:
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (`chromium` on PATH, Debian package chromium)")
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
-    """Open a notebook in a real browser, let JupyterLab's own autosave write it (the interval
-    shortened as a user setting), and `git status` of the notebooks must stay clean."""
-    root = _notebooks_copy(tmp_path)
-    shutil.copy2(REPO / ".gitignore", root / ".gitignore")  # what `git status` ignores in the repo
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    _git(root, "commit", "-q", "-m", "notebooks as committed")
-    mtime = (root / NOTEBOOK).stat().st_mtime_ns
+    """`make lab` on a clone (notebooks/ committed, the project's .gitignore) in a real browser: it
+    opens scratch/, the notebook there opens as a notebook on the venv's kernel and says what a save
+    does; JupyterLab's own autosave (the interval shortened as a user setting) rewrites it unchanged;
+    then the parameters cell is edited and run as a user does it, and autosaved. `git status` stays
+    clean throughout: the edit is in the git-ignored scratch copy, the tracked notebook is as
+    committed, and the next `make lab` keeps the edit."""
+    from swa_repro.notebook import scratch
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    tracked = _notebooks_copy(repo)
+    shutil.copy2(REPO / ".gitignore", repo / ".gitignore")  # what `git status` ignores in the repo
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "notebooks as committed")
+    committed = (tracked / NOTEBOOK).read_bytes()
+    root = repo / "scratch"  # what make lab opens (LAB_ROOT's default, here in the clone)
+    copied: list[int] = []  # the mtime of the copy make lab wrote, before the browser opens it
 
     def saved() -> bool:
-        return (root / NOTEBOOK).stat().st_mtime_ns != mtime
+        return (root / NOTEBOOK).stat().st_mtime_ns != copied[0]
+
+    def edited() -> bool:
+        return EDIT_LINE in (root / NOTEBOOK).read_text(encoding="utf-8")
 
     profile, chrome_home = tmp_path / "chromium-profile", tmp_path / "chromium-home"
     chrome_home.mkdir()
     screenshot = tmp_path / "lab.png"
     settings = {"@jupyterlab/docmanager-extension:plugin": {"autosaveInterval": AUTOSAVE_S}}
-    with make_lab(root, tmp_path, settings) as lab:
+    with make_lab(root, tmp_path, settings, source=tracked) as lab:
+        assert (root / NOTEBOOK).read_bytes() == committed, "make lab did not copy the notebooks to scratch/"
+        copied.append((root / NOTEBOOK).stat().st_mtime_ns)
+        assert "make lab: opening" in lab.log_text() and "your git-ignored copy of" in lab.log_text()
         url = f"{lab.base}/lab/tree/{NOTEBOOK}?token={lab.token}"
         cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -438,7 +509,7 @@ def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
                 ws_url = pages[0]["webSocketDebuggerUrl"] if pages else None
                 time.sleep(0.2)
             assert ws_url, "no page with the lab in Chromium"
-            state = asyncio.run(asyncio.wait_for(_cdp_probe(ws_url, 120, screenshot, saved), timeout=180))
+            state = asyncio.run(asyncio.wait_for(_cdp_probe(ws_url, 150, screenshot, saved, edited), timeout=210))
         finally:
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 if chrome.poll() is not None:
@@ -456,11 +527,28 @@ def test_lab_opens_py_as_notebook_in_chromium(make_lab_ready, tmp_path):
         assert state.get("notebook") and not state.get("fileEditor"), f"not opened as a notebook: {state}"
         assert state["cells"] > 3, state
         assert any("Masks and CTA skips" in h for h in state["heading"]), state
+        intro = " ".join(state["intro"].split())  # the first cell, rendered: what a save does
+        assert "your copy in scratch/ (git-ignored)" in intro and "write that copy only" in intro, intro
         assert NOTEBOOK in state["tabs"], state
         assert not state["dialog"], f"a dialog is open (kernel selection?): {state}"
         assert state["kernel"] and "Python 3" in state["kernel"], state
         assert "| Idle" in state["statusbar"], f"the kernel did not start: {state}"
         # then JupyterLab saved it (autosave: nothing else writes here), and that save changed nothing
         assert final["autosaved"], f"no autosave (autosaveInterval {AUTOSAVE_S} s) left the tab clean: {final}"
-    assert not [p for p in _files(root) if p.endswith(".ipynb")], _files(root)
-    assert _git(root, "status", "--porcelain") == "", _git(root, "diff")
+        # then the edit: typed into the parameters cell, run, and autosaved into the scratch copy
+        edit = final.get("edit") or {}
+        assert edit.get("before"), f"no parameters cell with `window_left = None` on the page: {final}"
+        assert edit.get("ran"), f"the edited parameters cell did not run: {edit}"
+        assert EDIT_LINE in edit["after"]["text"], edit
+        assert edit.get("saved") and not edit.get("dirty"), f"no autosave wrote the edit: {edit}"
+    assert not [p for p in _files(repo) if p.endswith(".ipynb")], _files(repo)
+    text, original = (root / NOTEBOOK).read_text(encoding="utf-8"), committed.decode("utf-8")
+    last = next(ln for ln in original.splitlines() if ln.startswith("fuzz_selftest_cases = "))
+    assert text == original.replace(last + "\n", f"{last}\n{EDIT_LINE}\n", 1), "the save wrote more than the edit"
+    # the tracked notebook is as committed, and git sees nothing to commit (scratch/ is ignored)
+    assert (tracked / NOTEBOOK).read_bytes() == committed
+    assert _git(repo, "status", "--porcelain") == "", _git(repo, "status", "--porcelain")
+    assert "!! scratch/" in _git(repo, "status", "--porcelain", "--ignored").splitlines()
+    # the next make lab keeps the edit
+    assert {f: a for f, a, _ in scratch.sync(tracked, root)}[NOTEBOOK] == "kept"
+    assert EDIT_LINE in (root / NOTEBOOK).read_text(encoding="utf-8")

@@ -10,6 +10,7 @@ import pytest
 
 from swa_repro.cli import main
 from swa_repro.core.errors import UsageError
+from swa_repro.notebook import artifacts
 from swa_repro.notebook.params import check_parameters, declared, describe, fits, infer
 from swa_repro.notebook.runner import RESERVED, longest_first, parse_parameters, select_notebooks
 
@@ -27,8 +28,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from swa_repro.notebook.checks import Checks
 from swa_repro.notebook import plots
-from swa_repro.notebook.runner import announce_mode, figure_saver, save_figure
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver, save_figure
 
+output_dir = artifact_set(NAME, globals())
 info = announce_mode(mode, output_dir, NAME)
 checks = Checks(NAME, output_dir)
 '''
@@ -112,6 +114,22 @@ def test_each_figure_is_one_png_linked_from_the_notebook_and_its_html(both_run):
     assert "FAIL threshold above 5" in text and "AssertionError" in text
     after = next(c for c in cells if "never reached" in "".join(c["source"]))
     assert after["outputs"] == [] and after["execution_count"] is None  # execution stopped at the failure
+
+
+def test_each_set_records_its_run_and_parameters(both_run):
+    """Every notebook's files in the output folder are one run's, and say with what parameters:
+    NN.params.json (the cell's names, with the values injected), its summary.json entry, the
+    .ipynb's injected parameters, the mode and checks records, the figures."""
+    _, out, _ = both_run
+    summary = json.loads((out / "summary.json").read_text())  # as on disk now (another test may rerun 01)
+    for r in summary["notebooks"]:
+        rec = artifacts.read(out, r["notebook"])
+        assert rec["run"] == "headless" and rec["run_id"] == r["run_id"] and r["params"] == f"{r['notebook']}.params.json"
+        assert rec["parameters"] == r["parameters"]
+        assert rec["parameters"] == {"mode": "model", "output_dir": str(out),
+                                     "threshold": summary["parameters"].get("threshold", 1)}  # the cell's, or -p's
+        assert artifacts.problems(out, r["notebook"], r["run_id"]) == []
+    assert json.loads((out / "00_pass.params.json").read_text())["figures"].keys() == {"00_pass_line.png"}
 
 
 def test_kernel_is_this_interpreter(both_run):

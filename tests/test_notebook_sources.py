@@ -1,5 +1,6 @@
-"""What the notebooks promise an interactive run: outputs in the repo root's artifacts/ (where
-`make repro` writes), whatever the kernel's cwd, and headings a parameter cannot make stale."""
+"""What the notebooks promise an interactive run: outputs under the repo root's artifacts/ (where
+`make repro` writes), in a folder of their own, whatever the kernel's cwd; what a save does, said in
+the first cell; and headings a parameter cannot make stale."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import re
 
 import pytest
 
-from swa_repro.notebook import runner, story
+from swa_repro.notebook import artifacts, runner, story
+from swa_repro.notebook.params import notebook_parameters
 from swa_repro.notebook.runner import NOTEBOOKS_DIR, REPO_DIR, available_notebooks, output_path
 
 jupytext = pytest.importorskip("jupytext", reason="the notebooks extra (jupytext) is not installed")
@@ -24,9 +26,11 @@ def test_output_path_is_from_the_repo_root_whatever_the_cwd(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_interactive_run_writes_to_the_repo_roots_artifacts(path, monkeypatch, tmp_path):
+def test_interactive_run_writes_its_own_set_under_the_repo_roots_artifacts(path, monkeypatch, tmp_path):
     """The parameters cell and the cells up to announce_mode, run as the lab runs them: in a kernel
-    whose cwd is the notebook's folder, with the default output_dir. The repo root is a temp dir."""
+    whose cwd is the notebook's folder, with the default output_dir. The repo root is a temp dir.
+    The run's files go to artifacts/interactive/<notebook>-<hash>/, never artifacts/ itself
+    (make repro's), with every parameter of the cell recorded."""
     nb = jupytext.read(path)
     start = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     code = [c.source for c in nb.cells[start:] if c.cell_type == "code"]
@@ -40,8 +44,25 @@ def test_interactive_run_writes_to_the_repo_roots_artifacts(path, monkeypatch, t
     scope["mode"] = "model"  # the output path does not depend on it; "auto" would probe CUDA
     for src in code[1:upto + 1]:
         exec(src, scope)
-    assert (tmp_path / "repo" / "artifacts" / f"{path.stem}.mode.json").is_file()
+    art = tmp_path / "repo" / "artifacts"
+    assert [p.name for p in art.iterdir()] == ["interactive"], "wrote into make repro's artifacts/"
+    [folder] = (art / "interactive").iterdir()
+    assert folder.name.startswith(f"{path.stem}-") and (folder / f"{path.stem}.mode.json").is_file()
+    rec = artifacts.read(folder, path.stem)
+    assert rec["run"] == "interactive" and rec["parameters"]["output_dir"] == "artifacts"
+    assert set(rec["parameters"]) == set(notebook_parameters(path))
+    assert artifacts.problems(folder, path.stem) == []
+    assert scope["output_dir"] == folder
     assert not any(cwd.iterdir()), "wrote into the kernel's cwd"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_first_cell_says_what_a_save_and_a_run_write(path):
+    first = jupytext.read(path).cells[0]
+    text = " ".join(first.source.split())
+    assert first.cell_type == "markdown"
+    assert "your copy in `scratch/` (git-ignored)" in text and "write that copy only" in text
+    assert "`artifacts/interactive/<notebook>-<hash of the parameters>/`" in text
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -13,6 +13,8 @@ import json
 import math
 from pathlib import Path
 
+from swa_repro.notebook.artifacts import run_id_for  # the run whose artifact set this folder is, if any
+
 
 def jsonable(x, max_items: int = 64):
     """Details as JSON: numpy/torch scalars -> Python, small arrays -> lists, dataclasses -> dicts,
@@ -75,8 +77,8 @@ class Checks:
             raise AssertionError(f"{self.failed} of {len(self.items)} checks failed in {self.notebook}: {bad}")
 
     def _write(self) -> None:
-        doc = {"notebook": self.notebook, "passed": self.passed, "failed": self.failed,
-               "closed": self.closed, "items": self.items}
+        doc = {"notebook": self.notebook, "run_id": run_id_for(self.output_dir), "passed": self.passed,
+               "failed": self.failed, "closed": self.closed, "items": self.items}
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(doc, indent=1) + "\n")
         tmp.replace(self.path)

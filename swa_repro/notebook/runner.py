@@ -5,7 +5,10 @@ it with papermill (parameters ``mode``, ``output_dir`` and any ``--parameters``)
 interpreter's own kernel, and write ``DIR/<name>.ipynb`` (also when it fails: papermill saves after
 every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their own figures
 (``plots.publish(fig, name, figure_saver(output_dir))``) and say their mode (``announce_mode``);
-the runner reads both back.
+the runner reads both back. Each run of a notebook is one artifact set (``notebook.artifacts``): the
+runner injects a ``run_id``, the notebook records its parameters with it (``artifact_set``), and a
+set with a file of another run fails the notebook; a run without ``run_id`` (the lab) writes its own
+set under ``<output_dir>/interactive/``, never into the runner's.
 
 Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
 imports ``announce_mode``/``save_figure`` from here and needs none of them.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import re
 import sys
@@ -24,6 +28,8 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_dir
+from swa_repro.notebook import artifacts
+from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
@@ -92,7 +98,8 @@ def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
     print(f"Mode: {info.mode} ({info.reason})")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rec = {"notebook": notebook, "requested": requested, "python": sys.executable, **info.to_dict()}
+    rec = {"notebook": notebook, "requested": requested, "python": sys.executable, **info.to_dict(),
+           "run_id": artifacts.run_id_for(out)}
     (out / f"{notebook}.mode.json").write_text(json.dumps(rec, indent=1, default=str) + "\n")
     return info
 
@@ -111,6 +118,7 @@ def save_figure(fig, name: str, output_dir) -> Path:
     # second full draw (~30% of a plot_case save).
     tight = {} if fig.get_layout_engine() is not None else {"bbox_inches": "tight"}
     fig.savefig(path, dpi=FIGURE_DPI, **tight)
+    artifacts.add_figure(path)  # listed, with its sha256, in this run's NN.params.json
     return path
 
 
@@ -188,7 +196,7 @@ def ensure_kernel() -> str:
 
 def _clear_outputs(out: Path, name: str) -> None:
     """Results of an earlier run of this notebook must not be read back as this run's."""
-    for p in [out / f"{name}{s}" for s in (".ipynb", ".html", ".mode.json", ".checks.json")] + \
+    for p in [out / f"{name}{s}" for s in (".ipynb", ".html", ".mode.json", ".checks.json", artifacts.PARAMS_SUFFIX)] + \
             list(out.glob(f"{name}_*.png")):
         p.unlink(missing_ok=True)
 
@@ -217,18 +225,23 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
 
     from swa_repro.notebook.lean import link_notebook_images
 
+    pm_log = logging.getLogger("papermill")
+    if not any(isinstance(f, artifacts.KnownRunId) for f in pm_log.filters):
+        pm_log.addFilter(artifacts.KnownRunId())
+
     _nbconvert_data_path()
     name = path.stem
     _clear_outputs(out, name)
     ipynb, html = out / f"{name}.ipynb", out / f"{name}.html"
-    t0, error = time.perf_counter(), None
+    t0, error, run_id = time.perf_counter(), None, artifacts.new_run_id()
     with tempfile.TemporaryDirectory(prefix="swa-repro-nb-") as tmp:
         src = Path(tmp) / f"{name}.ipynb"
         nb = jupytext.read(path)
         nb.metadata["kernelspec"] = {"name": kernel, "language": "python", "display_name": kernel}
         jupytext.write(nb, src)
         try:
-            pm.execute_notebook(str(src), str(ipynb), parameters={"mode": mode, "output_dir": str(out), **params},
+            injected = {"mode": mode, "output_dir": str(out), **params, artifacts.RUN_ID: run_id}
+            pm.execute_notebook(str(src), str(ipynb), parameters=injected,
                                 kernel_name=kernel, language="python", cwd=str(path.parent), progress_bar=False,
                                 log_output=False, start_timeout=120, execution_timeout=cell_timeout)
         except Exception as e:  # PapermillExecutionError, kernel death, timeout: the notebook failed
@@ -236,6 +249,10 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
     if ipynb.exists():
         try:  # each figure once, as the PNG beside the notebook, linked from the .ipynb and the .html
             link_notebook_images(ipynb)
+            # images the notebook showed but did not save (linked as NN_outCC_K.png): this run's too,
+            # as every NN_*.png here is (_clear_outputs removed the earlier ones)
+            listed = (artifacts.read(out, name) or {}).get("figures") or {}
+            artifacts.add_files(out, name, [p for p in out.glob(f"{name}_*.png") if p.name not in listed])
         except Exception as e:
             error = error or f"linking the figures failed: {_error_text(e)}"
         try:
@@ -246,8 +263,14 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
     rec_path = out / f"{name}.mode.json"
     rec = json.loads(rec_path.read_text()) if rec_path.exists() else None
     checks = read_checks(out, name)
+    record = artifacts.read(out, name)
+    if error is None and record is None:
+        error = ("the notebook did not record its parameters: call "
+                 "output_dir = swa_repro.notebook.runner.artifact_set(name, globals()) after its parameters cell")
     if error is None and rec is None:
         error = "the notebook did not record its mode: call swa_repro.notebook.runner.announce_mode(mode, output_dir, name)"
+    if error is None and (bad := artifacts.problems(out, name, run_id)):
+        error = f"its artifact set mixes runs: {'; '.join(bad[:5])}"
     if error is None and checks and checks["failed"]:
         error = f"{checks['failed']} checks failed"
     return {
@@ -257,6 +280,8 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
         "checks_passed": checks and checks["passed"], "checks_failed": checks and checks["failed"],
         "seconds": round(seconds, 2), "error": error,
         "kernel_python": rec and rec.get("python"),
+        "run_id": run_id, "parameters": record and record.get("parameters"),
+        "params": artifacts.params_path(out, name).name if record else None,
         "ipynb": ipynb.name if ipynb.exists() else None, "html": html.name if html.exists() else None,
         "figures": sorted(p.name for p in out.glob(f"{name}_*.png")),
     }
