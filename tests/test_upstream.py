@@ -72,6 +72,13 @@ def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
     assert "swa_repro" not in TEST_FILE.read_text()
 
 
+def test_a_live_recording_of_another_all_diff_is_said_to_predate_it(text):
+    """The H200 run of the fixed file counts for today's all.diff only if its fix.diff makes the same file."""
+    assert up.stale_live(text, up.unified(text, apply_fixes(text, ORDER))) is None
+    assert "predates" in up.stale_live(text, up.unified(text, apply_fixes(text, ("soft_cap_decode",))))
+    assert up.stale_live(text, None) is None
+
+
 def test_live_section_renders_a_recording():
     doc = json.loads((REPO / "recordings/sglang-live/audit-live-sglang-0.5.15.post1-flashinfer-0.6.12.json").read_text())
     lines = up.live_lines(doc, doc)

@@ -50,6 +50,24 @@ def has_dflash() -> bool:
         "sglang.srt.speculative.dflash_info") is not None
 
 
+def has_ngram() -> bool:
+    """Whether this sglang has NGRAM speculative verify (``SpecInputType.NGRAM_VERIFY``,
+    ``speculative/ngram_info.py``)."""
+    try:
+        from sglang.srt.speculative.spec_info import SpecInputType  # lazy: sglang is heavy and optional
+    except ImportError:
+        return False
+    return hasattr(SpecInputType, "NGRAM_VERIFY") and importlib.util.find_spec(
+        "sglang.srt.speculative.ngram_info") is not None
+
+
+def preload_spec_input(path: str) -> None:
+    """Import a verify path's input module before the audit's environment is entered, so the
+    kv-indices port reaches the Triton kernel it binds by name (0.5.14 ngram_info.py:8)."""
+    if "ngram" in path:
+        importlib.import_module("sglang.srt.speculative.ngram_info")
+
+
 def has_full_prefill_graph(fb) -> bool:
     """Full prefill CUDA graph (plain EXTEND captured on dedicated wrappers): 0.5.15+
     (``_create_full_cg_prefill_wrappers``, 0.5.15.post1 :1085-1092); before, capture raises
@@ -68,6 +86,8 @@ def absent_reason(path: str, fb) -> str | None:
     """Why this release has no such path at all (None: it has)."""
     if path == "target_verify_dflash" and not has_dflash():
         return "no DFlash verify in this release (SpecInputType.DFLASH_VERIFY)"
+    if "ngram" in path and not has_ngram():
+        return "no NGRAM verify in this release (SpecInputType.NGRAM_VERIFY)"
     if path == "cuda_graph_extend" and not has_full_prefill_graph(fb):
         return "no full prefill CUDA graph in this release (FlashInferAttnBackend._create_full_cg_prefill_wrappers)"
     return None

@@ -15,9 +15,17 @@ call whose KV was already trimmed, or one that reads the wrong KV. So for every 
   mask instead (variants.cuh:79-86), the window only if compiled in at plan (prefill.py:2035),
   with the run's value: ``j + qo + W >= kv + r`` (variants.cuh:88-89); a paged fa2 call planned
   without the window but run with one starts each CTA at its first row's window (the kernel
-  model, ``kernel.model.simulate``; ``undefined`` rows under split-KV stay undefined);
+  model, ``kernel.model.simulate``; ``undefined`` rows under split-KV stay undefined), and with a
+  custom mask too: the CTA's first key is ``kv + q_tile * CTA_TILE_Q / group - qo - W`` whatever
+  was compiled in (flashinfer 0.7.2 prefill.cuh:3826-3827, ``W`` the run's value, variants.cuh:64);
 * **intended**: positions ``[p - W, p]`` with the layer's window ``W`` (HF's ``sliding_window - 1``),
-  ``[0, p]`` without one.
+  ``[0, p]`` without one. A speculative verify's draft tokens form a tree (``audit.spec``): a draft
+  node's real position is ``committed + depth`` (the positions the target's forward reads,
+  forward_batch_info.py:1219-1223), not its index in the flattened draft, and it attends only its
+  own ancestors. So for a verify run (``snapshot["spec_tree"]``: committed lengths and each
+  request's parent links) a node at depth ``d`` intends the committed positions ``[committed + d -
+  W, committed)`` and each ancestor-or-self within ``W`` of its depth, both derived from the parent
+  links alone (:func:`tree_oracle`), never from the custom mask sglang builds.
 
 Extra keys are attended and not intended; missing keys are intended positions that no call of the
 same stage lets the query see (the union over a ragged + paged pair, say).
@@ -33,7 +41,7 @@ import torch
 
 from swa_repro.core.case import Case
 from swa_repro.core.errors import CaseError
-from swa_repro.kernel.model import simulate
+from swa_repro.kernel.model import fa2_cta_tile_q, simulate
 from swa_repro.sglang.audit.env import DECODE, PAGED, RAGGED, STAND_INS
 from swa_repro.sglang.trace import PLAN_METHODS, decode
 
@@ -126,6 +134,8 @@ class RequestKeys:
     k_index: np.ndarray  # (kv,) where each key sits: paged slot, or ragged k row
     attended: np.ndarray | None  # (Hq, qo, kv) bool; None = undefined (split-KV partial outputs)
     intended: np.ndarray  # (qo, kv) bool
+    k_id: np.ndarray | None = None  # (kv,) which token each key is (its position; a verify: its request row index)
+    want: list | None = None  # per row, the token ids (as k_id) the layer intends: what "missing" counts against
 
     @property
     def extra(self) -> np.ndarray:
@@ -171,7 +181,22 @@ def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, r
     backend = "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
     if not compiled and w >= 0 and p.cls == PAGED and mask is None and causal and backend == "fa2":
         return _fa2_leak(plan, qo, kv, w, hq, req, geo)
+    if mask is not None and w >= 0 and p.cls == PAGED:  # a custom mask runs on fa2 (prefill.py:2974)
+        vis &= _fa2_cta_start(plan, geo, qo, kv, w, hq)
     return vis
+
+
+def _fa2_cta_start(plan: dict, geo, qo: int, kv: int, w: int, hq: int) -> np.ndarray:
+    """(Hq, qo, kv): keys at or after the first key of the CTA holding each (row, head): an fa2
+    CTA starts at ``kv + q_tile * CTA_TILE_Q / group - (qo + W)`` with the run's window ``W``
+    (prefill.cuh:3826-3827), compiled in or not, and packs rows as ``row * group + head % group``;
+    CTA_TILE_Q from the plan's mean packed query length (``kernel.model.fa2_cta_tile_q``)."""
+    group = int(plan["num_qo_heads"]) // int(plan["num_kv_heads"])
+    live = [n for n in geo[0] if n > 0]
+    tile = fa2_cta_tile_q(sum(n * group for n in live) // max(len(live), 1), int(plan["head_dim_qk"]))
+    packed = np.arange(qo)[None, :] * group + (np.arange(hq) % group)[:, None]  # (Hq, qo)
+    start = kv + (packed // tile * tile) // group - (qo + w)
+    return np.arange(kv)[None, None, :] >= start[:, :, None]
 
 
 def plan_case(plan: dict, geo, window: int, backend: str, **extra) -> tuple[Case | None, list[int]]:
@@ -203,6 +228,58 @@ def _fa2_leak(plan: dict, qo: int, kv: int, w: int, hq: int, req: int, geo) -> n
     return np.stack([rm.mask(h % g) for h in range(hq)])
 
 
+def tree_oracle(parents) -> tuple[np.ndarray, np.ndarray]:
+    """``(depth, ancestor_or_self)`` of a draft tree from its parent links alone (``parents[i]``:
+    node ``i``'s parent, -1 for the root): ``depth[i]`` edges up to the root, ``anc[i, j]`` when
+    ``j`` is ``i`` or lies on ``i``'s path to the root."""
+    n = len(parents)
+    depth, anc = np.zeros(n, np.int64), np.eye(n, dtype=bool)
+    for i in range(n):
+        p, seen = int(parents[i]), {i}
+        while p >= 0:
+            if p in seen or p >= n:
+                raise ValueError(f"parent links {list(parents)} are not a tree")
+            seen.add(p)
+            anc[i, p] = True
+            depth[i] += 1
+            p = int(parents[p])
+    return depth, anc
+
+
+def tree_intended(parents, committed: int, nodes: np.ndarray, k_tok: np.ndarray, window: int) -> np.ndarray:
+    """(len(nodes), kv) bool: the keys draft ``nodes`` of a request with ``committed`` tokens intend,
+    keys named by their index in the request's token row (``k_tok``; -1 another request's): a
+    node at depth ``d`` (position ``committed + d``) intends the committed tokens from ``committed +
+    d - window`` on and each ancestor-or-self ``c`` with ``d - depth(c) <= window`` (any without a window)."""
+    depth, anc = tree_oracle(parents)
+    n, w = len(parents), (window if window >= 0 else 1 << 62)
+    d = depth[nodes][:, None]
+    k = np.asarray(k_tok)[None, :]
+    c = np.clip(np.asarray(k_tok) - committed, 0, n - 1)
+    old = (k >= 0) & (k < committed) & (k >= committed + d - w)
+    draft = (k >= committed) & (k < committed + n) & anc[nodes][:, c] & (d - depth[c][None, :] <= w)
+    return old | draft
+
+
+def _tree_keys(snap: dict, i: int, rows: np.ndarray, row0: int, k_tok: np.ndarray, window: int):
+    """A verify call's request ``i``: its query positions, key positions and intended keys from the
+    tree's parent links (:func:`tree_intended`); each row's intended token ids for "missing"."""
+    tree = snap["spec_tree"]
+    parents, committed = tree["parents"][i], int(tree["committed"][i])
+    depth, _ = tree_oracle(parents)
+    nodes = rows - row0
+    if nodes.max() >= len(parents):
+        raise ValueError(f"verify request {i}: {len(rows)} query rows for a tree of {len(parents)} nodes")
+    n = len(parents)
+    q_pos = committed + depth[nodes]
+    k_pos = np.where((k_tok >= committed) & (k_tok < committed + n),
+                     committed + depth[np.clip(k_tok - committed, 0, n - 1)], k_tok)
+    intended = tree_intended(parents, committed, nodes, k_tok, window)
+    every = np.arange(committed + n)
+    want = [set(every[r].tolist()) for r in tree_intended(parents, committed, nodes, every, window)]
+    return q_pos, k_pos, intended, want
+
+
 def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
     """Per request of one effective call: attended and intended keys (``window``: the intended one)."""
     plan, fwd = p.plan[1], p.fwd[1]
@@ -214,13 +291,19 @@ def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
         if qo == 0:
             continue
         rows = np.arange(qo_ptr[i], qo_ptr[i] + qo)
-        q_pos = snap["positions"].numpy()[rows]
         slots = _key_slots(p.cls, plan, i, kv)
-        k_pos = snap["positions"].numpy()[slots] if p.cls == RAGGED else _positions_of_slots(snap, i, slots)
-        lo = q_pos[:, None] - (window if window >= 0 else 1 << 62)
-        intended = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= lo)
+        if "spec_tree" in snap and p.cls == PAGED:
+            k_tok = _positions_of_slots(snap, i, slots)
+            q_pos, k_pos, intended, want = _tree_keys(snap, i, rows, int(qo_ptr[i]), k_tok, window)
+        else:
+            q_pos = snap["positions"].numpy()[rows]
+            k_pos = snap["positions"].numpy()[slots] if p.cls == RAGGED else _positions_of_slots(snap, i, slots)
+            lo = q_pos[:, None] - (window if window >= 0 else 1 << 62)
+            intended = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= lo)
+            k_tok = k_pos
+            want = [set(range(0 if window < 0 else max(int(q) - window, 0), int(q) + 1)) for q in q_pos]
         out.append(RequestKeys(i, rows, q_pos, k_pos, slots, _kernel_visible(p, plan, fwd, qo, kv, hq, i, geo),
-                               intended))
+                               intended, k_tok, want))
     return out
 
 
@@ -253,13 +336,10 @@ def keys_of_run(run, window: int | None = None) -> dict:
                                      "n_extra": int(ex[r])}
             seen = rk.attended.any(0)  # (qo, kv) by some head
             for r, t in enumerate(rk.rows.tolist()):
-                st["seen"].setdefault(t, (int(rk.q_pos[r]), set()))[1].update(rk.k_pos[seen[r]].tolist())
+                st["seen"].setdefault(t, (rk.want[r], set()))[1].update(rk.k_id[seen[r]].tolist())
     out = {}
     for name, st in stages.items():
-        missing = 0
-        for p_, seen in st["seen"].values():
-            lo = 0 if window < 0 else max(p_ - window, 0)
-            missing += len(set(range(lo, p_ + 1)) - seen)
+        missing = sum(len(want - seen) for want, seen in st["seen"].values())
         out[name] = {"calls": st["calls"], "queries": len(st["queries"]), "queries_with_extra": len(st["extra_queries"]),
                      "extra_keys": st["extra_keys"], "max_extra_per_query": st["max_extra_per_query"],
                      "missing_keys": missing, "foreign_keys": st["foreign_keys"],

@@ -3,8 +3,10 @@ recording stand-ins for the three FlashInfer wrapper classes, on the device sgla
 (:func:`audit_device`: CUDA where torch sees a GPU, so sglang takes its serving path there).
 
 What runs is the importable sglang's own code (``FlashInferAttnBackend``, its indices updaters,
-``forward_extend`` / ``forward_decode``, the CUDA-graph metadata methods, EAGLE's and DFlash's
-``generate_attn_arg_prefill``), as it is unless a what-if swaps PR #31501's methods. The runner and
+``forward_extend`` / ``forward_decode``, the CUDA-graph metadata methods, EAGLE's, NGRAM's and
+DFlash's ``generate_attn_arg_prefill``), as it is unless a what-if swaps PR #31501's methods. The
+verify paths drive an EAGLE chain (topk 1), EAGLE trees (topk 2 and 4) and NGRAM trees, eager and
+CUDA-graph, with masks and positions laid out as sglang lays them (``audit.spec``). The runner and
 batches come from the release's own test kit (``releases_kit``), the inputs from
 ``harness._inputs``; calls are recorded by ``trace.record_class``. What is replaced around it
 (FlashInfer and CUDA pieces, inside ``audit.env.audit_env`` only) is listed in ``audit.env``; what
@@ -24,6 +26,8 @@ from swa_repro.core.case import Case
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang import patch as sglang_patch
 from swa_repro.sglang.audit.env import audit_env
+from swa_repro.sglang.audit.spec import (EAGLE_TREES, GRAPH_TREES, NGRAM_TREES, Spec, chain_parents, eagle_draft,
+                                         eagle_tree_layout, ngram_tree_layout)
 from swa_repro.sglang.trace import Trace
 
 # sglang itself is imported inside the functions that drive it: it is optional and slow to import
@@ -59,6 +63,7 @@ class PathRun:
     status: str = "driven"  # driven | absent (no such path in this release) | sglang raised | harness
     device: str = "cpu"  # where sglang's tensors lived
     snapshot: dict = field(default_factory=dict)  # the pools' token map and the batch's positions (audit.keys)
+    spec_tree: dict | None = None  # a verify path's committed lengths and each request's parent links
 
 
 def audit_device() -> str:
@@ -192,46 +197,77 @@ def chain_mask(committed, draft: int) -> torch.Tensor:
     return torch.cat([p.reshape(-1) for p in parts])
 
 
-def _verify_batch(fb, cfg, spec: str, device: str):
-    """TARGET_VERIFY over committed ``PREFIX`` with ``DRAFT`` draft tokens per request: the kit
-    lays out prefix + draft tokens, then ``seq_lens`` are the committed lengths, as in sglang."""
+CHAIN, DFLASH, NGRAM = Spec("eagle", DRAFT, 1, DRAFT - 1), Spec("dflash", DRAFT), Spec("ngram", 8)
+
+
+def verify_layout(spec: Spec, committed) -> tuple[torch.Tensor | None, torch.Tensor | None, list]:
+    """``(custom_mask, positions, parents)`` of a verify batch over ``committed`` tokens per request:
+    the mask and positions as sglang lays them out (``audit.spec``; DFlash: no mask, its block is
+    causal, positions ``committed + i``), and each request's parent links for the key oracle."""
+    n = spec.n
+    if spec.kind == "dflash" or (spec.kind == "eagle" and spec.topk == 1):
+        positions = torch.cat([torch.arange(c, c + n) for c in committed])
+        return (None if spec.kind == "dflash" else chain_mask(committed, n)), positions, \
+            [chain_parents(n) for _ in committed]
+    if spec.kind == "ngram":
+        trees = [NGRAM_TREES[i % len(NGRAM_TREES)] for i in range(len(committed))]
+        mask, positions = ngram_tree_layout(trees, committed, n)
+        return mask, positions, [list(t) for t in trees]
+    drafts = [eagle_draft(spec.topk, spec.steps, n, seed=7 + i) for i in range(len(committed))]
+    mask, positions = eagle_tree_layout(drafts, committed, spec.topk, spec.steps, n)
+    return mask, positions, [d.parents for d in drafts]
+
+
+def _verify_batch(fb, cfg, spec: Spec, device: str, run: PathRun | None = None):
+    """TARGET_VERIFY over committed ``PREFIX`` with ``spec.n`` draft tokens per request: the kit
+    lays out prefix + draft tokens, then ``seq_lens`` are the committed lengths and ``positions``
+    the verify input's (forward_batch_info.py:1219-1223: ``positions = spec_info.positions``), as
+    in sglang. The tree's parent links go to ``run.spec_tree`` for the key oracle."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    case = _case(cfg, PREFIX, (DRAFT,) * len(PREFIX))
+    n = spec.n
+    case = _case(cfg, PREFIX, (n,) * len(PREFIX))
     max_ctx = max(case.kv_lens)
     runner, backend, layer = _setup(fb, case, cfg, max_ctx, device)
     batch = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, device)
     seq = torch.tensor(PREFIX, dtype=torch.int32, device=device)
     batch.forward_mode, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = \
         ForwardMode.TARGET_VERIFY, seq, seq.cpu(), int(seq.sum())
-    n = DRAFT * len(PREFIX)
-    if spec == "eagle":
-        from sglang.srt.speculative.eagle_info import EagleVerifyInput
+    mask, positions, parents = verify_layout(spec, PREFIX)
+    batch.positions = positions.to(device)
+    if run is not None:
+        run.spec_tree = {"committed": list(PREFIX), "parents": parents}
+    draft = torch.zeros(n * len(PREFIX), dtype=torch.long, device=device)
+    if spec.kind == "eagle":
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
         batch.spec_info = releases.build(
-            EagleVerifyInput, draft_token=torch.zeros(n, dtype=torch.long, device=device),
-            custom_mask=chain_mask(PREFIX, DRAFT).to(device),
-            positions=batch.positions, retrieve_index=None, retrieve_next_token=None,
-            retrieve_next_sibling=None, retrieve_cum_len=None, topk=1, draft_token_num=DRAFT, spec_steps=DRAFT - 1,
-            capture_hidden_mode=CaptureHiddenMode.FULL, seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.cpu())
+            EagleVerifyInput, draft_token=draft, custom_mask=mask.to(device), positions=batch.positions,
+            retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
+            topk=spec.topk, draft_token_num=n, spec_steps=spec.steps, capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=int(seq.sum()), seq_lens_cpu=seq.cpu())
+    elif spec.kind == "ngram":
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        batch.spec_info = releases.build(NgramVerifyInput, draft_token=draft, custom_mask=mask.to(device),
+                                         positions=batch.positions, draft_token_num=n)
     else:
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
-        batch.spec_info = DFlashVerifyInput(draft_token=torch.zeros(n, dtype=torch.long, device=device),
-                                            positions=batch.positions, draft_token_num=DRAFT)
-    releases.spec_info_defaults(batch.spec_info, DRAFT)
-    return case, runner, backend, layer, batch, n
+        batch.spec_info = DFlashVerifyInput(draft_token=draft, positions=batch.positions, draft_token_num=n)
+    releases.spec_info_defaults(batch.spec_info, n)
+    return case, runner, backend, layer, batch, n * len(PREFIX)
 
 
-def _verify(fb, cfg, run, spec):
-    case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, spec, run.device)
+def _verify(fb, cfg, run, spec: Spec):
+    case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, spec, run.device, run)
     backend.init_forward_metadata(batch)
     _run_layer(backend, layer, batch, n, case, cfg, run.device)
     return runner, batch
 
 
-def _graph(fb, cfg, run: PathRun, mode: str):
+def _graph(fb, cfg, run: PathRun, mode: str, spec: Spec = CHAIN):
     """CUDA-graph capture then replay: ``init_cuda_graph_state`` (:860), then the capture's
     metadata call (``releases.graph_metadata``: ``init_forward_metadata_out_graph(in_capture=True)``,
     :646) and the captured forward, then the replay's metadata call on the same wrappers."""
@@ -249,7 +285,7 @@ def _graph(fb, cfg, run: PathRun, mode: str):
         runner, backend, layer = _setup(fb, case, cfg, max_ctx, dev)
         batch, n = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, dev), sum(EXTEND)
     else:
-        case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, "eagle", dev)
+        case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, spec, dev, run)
     backend.init_cuda_graph_state(max_bs=case.batch_size, max_num_tokens=max(n, case.batch_size) * 2)
     capture, replay = releases.graph_metadata(backend, batch, case.batch_size, n)
     capture()
@@ -266,11 +302,18 @@ PATHS = {  # each driver takes (flashinfer_backend module, layer config, PathRun
     "extend_ragged_no_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, (0, 0), False)),
     "extend_ragged_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, PREFIX, False)),
     "decode": dict(use_paged=False, fn=lambda fb, c, r: _decode(fb, c, r)),
-    "target_verify_eagle": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, "eagle")),
-    "target_verify_dflash": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, "dflash")),
+    "target_verify_eagle": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, CHAIN)),
+    **{f"target_verify_eagle_{t.name}": dict(use_paged=False, fn=lambda fb, c, r, t=t: _verify(fb, c, r, t))
+       for t in EAGLE_TREES},
+    "target_verify_ngram": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, NGRAM)),
+    "target_verify_dflash": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, DFLASH)),
     "cuda_graph_decode": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "decode")),
     "cuda_graph_extend": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "extend")),
     "cuda_graph_verify": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "verify")),
+    **{f"cuda_graph_verify_eagle_{t.name}": dict(use_paged=False,
+                                                  fn=lambda fb, c, r, t=t: _graph(fb, c, r, "verify", t))
+       for t in GRAPH_TREES},
+    "cuda_graph_verify_ngram": dict(use_paged=False, fn=lambda fb, c, r: _graph(fb, c, r, "verify", NGRAM)),
 }
 
 
@@ -298,10 +341,13 @@ def drive(path: str, cfg: LayerConfig, *, what_if: str | None = None, device: st
     if mismatch:
         run.status, run.error = "harness", mismatch
         return run
+    releases.preload_spec_input(path)
     with audit_env(trace, fb, use_paged=spec["use_paged"], device=device), WHAT_IFS[what_if](fb), torch.no_grad():
         try:
             runner, batch = spec["fn"](fb, cfg, run)
             run.snapshot = snapshot(runner, batch)
+            if run.spec_tree is not None:
+                run.snapshot["spec_tree"] = run.spec_tree
         except Exception as e:  # said, never hidden: whose code raised, and where
             run.status, run.error = releases.explain_error(e)
     return run

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.sglang.audit.spec import GRAPH_TREE_PATHS, TREE_PATHS
 
-PREFILL = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "target_verify_eagle",
-           "target_verify_dflash")
-GRAPH = ("cuda_graph_decode", "cuda_graph_extend", "cuda_graph_verify")
-_PATH_ORDER = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "decode", "target_verify_eagle",
+VERIFY = ("target_verify_eagle", *TREE_PATHS, "target_verify_ngram")  # the tree shapes: audit.spec
+GRAPH_VERIFY = ("cuda_graph_verify", *GRAPH_TREE_PATHS, "cuda_graph_verify_ngram")
+PREFILL = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", *VERIFY, "target_verify_dflash")
+GRAPH = ("cuda_graph_decode", "cuda_graph_extend", *GRAPH_VERIFY)
+_PATH_ORDER = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix", "decode", *VERIFY,
                "target_verify_dflash", *GRAPH)
 
 
@@ -41,8 +43,7 @@ class FindingClass:
 CLASSES = {
     "paged_only_window": FindingClass("paged-only window (#31501)", "window_left", ("extend_paged",)),
     "dflash_verify_window": FindingClass("DFlash verify window (#35208)", "window_left", ("target_verify_dflash",)),
-    "eagle_verify_window": FindingClass("EAGLE verify window", "window_left",
-                                        ("target_verify_eagle", "cuda_graph_verify")),
+    "eagle_verify_window": FindingClass("EAGLE / NGRAM verify window", "window_left", (*VERIFY, *GRAPH_VERIFY)),
     "ragged_no_prefix_window": FindingClass("ragged no-prefix window", "window_left", ("extend_ragged_no_prefix",)),
     "ragged_prefix_window": FindingClass("ragged-with-prefix window", "window_left", ("extend_ragged_prefix",)),
     "soft_cap_prefill": FindingClass("logits_soft_cap, prefill", "logits_soft_cap", PREFILL),

@@ -51,7 +51,7 @@ def _paged_for_swa(src: Source):
 
 
 def _eagle_gate_only(src: Source):
-    return _gate_edit(src, "EAGLE_VERIFY", _window_gate(src))
+    return _gate_edit(src, ("EAGLE_VERIFY",), _window_gate(src))
 
 
 ALTERNATIVES = {a.name: a for a in (

@@ -17,10 +17,27 @@ its arguments. Line numbers below are 0.5.23's.
   planned window: scheduler.cuh:632), so full layers keep the shared wrapper, planned as before.
   The no-prefix forward (:1464) also passes the layer's window (it passed none, so ``forward()``
   reset ``_window_left`` to -1).
-* ``eagle_verify_window``: wrapper 0 was planned over the first ``min(seq, window)`` keys (EAGLE's
-  ``generate_attn_arg_prefill`` takes no ``kv_start_idx``, :2281) under a tree mask laid out for
-  the whole sequence. The fix keeps wrapper 0's keys and mask whole, like wrapper 1's, and plans the
-  window in: FlashInfer ANDs the window with the custom mask per element (variants.cuh:80-90).
+* ``eagle_verify_window``: the verifies whose queries are draft-tree nodes under a custom mask
+  (EAGLE, Frozen-KV MTP, NGRAM: ``TREE_KINDS``). Wrapper 0 was planned over the first
+  ``min(seq, window)`` keys (their ``generate_attn_arg_prefill`` takes no ``kv_start_idx``, :2284;
+  eagle_info.py:90-155, ngram_info.py:60-117) under a tree mask laid out for the whole sequence,
+  with no window (the gate, :2097). Planning FlashInfer's window alone is not exact for a tree:
+  FlashInfer keeps key ``kv_idx`` for row ``qo_idx`` when ``kv_idx + qo_len + window_left >=
+  kv_len + qo_idx`` (flashinfer 0.7.2 variants.cuh:88-89), so it places draft token ``i`` at
+  ``committed + i``, while its position is ``committed + depth(i)`` (build_tree_kernel_efficient,
+  speculative/eagle_utils.py:138-233 and kernels/ops/speculative/spec_tree.py:142-207; NGRAM:
+  reconstruct_tree.py:21-28; the forward reads them, forward_batch_info.py:1219-1223): a node
+  after its siblings lost its oldest in-window keys (the audit's ``target_verify_eagle_k*`` paths:
+  missing keys). The same runtime value also starts each fa2 CTA at its first row's window
+  (prefill.cuh:3826-3827), compiled in or not, so no windowless plan is exact either. The fix:
+  wrapper 0 keeps the whole sequence and the tree mask (like wrapper 1); plan and ``forward()``
+  both take the window widened by ``draft_token_num - 1`` (``_spec_verify_window_left``: a node's
+  position is at most that far before its flattened index, so the widened window never cuts an
+  intended key, and KV tiles older than it are still skipped); and ``call_begin_forward`` ANDs
+  the window on real positions into the tree mask (``_spec_tree_mask_in_window``: depth = the
+  node's strict ancestors in the mask, as sglang computes positions; it touches only the keys
+  the widened window still lets in, and returns a new mask, so wrapper 1 keeps the original). A
+  topk-1 chain takes the same code (depth = index there, so the cut is the plain window).
 * ``dflash_verify_window``: DFlash trims with ``kv_start_idx`` (:2268) request-granularly; the fix
   plans the window in so the cut is per element.
 * ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the model's attention soft cap
@@ -32,8 +49,12 @@ its arguments. Line numbers below are 0.5.23's.
 
 A layer whose cap is not the planned one (grok.py's fallback of 30 without the config key, a
 ``logit_capping_method`` other than tanh, a layer of cap 0 in a capped model) is refused with a
-ValueError that names both caps (``_check_logits_soft_cap``; ``fix.cap_safety`` drives it). Limits: With the sliding-window KV pool, EAGLE's whole-sequence indices for wrapper 0 also name slots
-outside the window: the planned window masks them, but they are read.
+ValueError that names both caps (``_check_logits_soft_cap``; ``fix.cap_safety`` drives it).
+
+Limits: with the sliding-window KV pool, a tree verify's whole-sequence indices for wrapper 0 also
+name slots outside the window: the planned window skips the tiles before it, the mask the rest, but
+they are listed. The tree window needs ``FULL_MASK`` (the FlashInfer path's mode: sglang builds
+``QLEN_ONLY`` only on CPU, eagle_utils.py:132-135).
 """
 
 from __future__ import annotations
@@ -255,11 +276,9 @@ def _window_gate(src: Source):
     return usw, loop, test
 
 
-SPEC_KINDS = ("EAGLE_VERIFY", "DFLASH_VERIFY")
-
-
-def _spec_type(kind: str) -> str:
-    return f"spec_info.spec_input_type == SpecInputType.{kind}"
+TREE_KINDS = ("EAGLE_VERIFY", "FROZEN_KV_MTP_VERIFY", "NGRAM_VERIFY")  # verify with a tree mask, no kv_start_idx
+SPEC_KINDS = (*TREE_KINDS, "DFLASH_VERIFY")
+TREE_TEST, TREE_WINDOW, TREE_MASK = "_is_spec_tree_verify", "_spec_verify_window_left", "_spec_tree_mask_in_window"
 
 
 def _gate_lines(kinds: list[str]) -> list[str]:
@@ -268,7 +287,8 @@ def _gate_lines(kinds: list[str]) -> list[str]:
         f"def {WINDOW_GATE}(spec_info) -> bool:",
         '    """Whether a sliding-window plan carries the layer\'s window_left: FlashInfer',
         "    compiles it in at plan(), a window given only to forward() is ignored. Verify",
-        '    inputs listed here plan it (per element, ANDed with their custom mask)."""',
+        "    inputs listed here plan it too (a tree verify widened by its draft, its mask",
+        '    cut on the tree\'s positions)."""',
         "    return spec_info is None or spec_info.spec_input_type in (",
         *[f"        SpecInputType.{k}," for k in kinds],
         "    )",
@@ -276,15 +296,16 @@ def _gate_lines(kinds: list[str]) -> list[str]:
         ""]
 
 
-def _gate_edit(src: Source, kind: str, gate):
+def _gate_edit(src: Source, kinds, gate):
     """``spec_info is None`` -> ``_plans_window(spec_info)``, a module-level function whose tuple
-    of verify kinds grows by one per fix (a function, so the call line stays as short as before);
-    ``gate``: :func:`_window_gate`'s answer."""
+    of verify kinds grows by the kinds of each fix (a function, so the call line stays as short as
+    before); ``gate``: :func:`_window_gate`'s answer."""
+    order = lambda k: SPEC_KINDS.index(k) if k in SPEC_KINDS else len(SPEC_KINDS)  # noqa: E731
     usw, loop, test = gate
     helper = src.func(WINDOW_GATE)
     if helper is None:
         anchor = _need(src.cls(PREFILL), f"class {PREFILL}")
-        return [src.insert_lines_before(anchor, _gate_lines([kind]), indent=""),
+        return [src.insert_lines_before(anchor, _gate_lines(sorted(kinds, key=order)), indent=""),
                 src.replace(test, f"{WINDOW_GATE}(spec_info)")]
     ret = helper.body[-1]
     tup = ret.value.values[-1].comparators[0] if isinstance(ret, ast.Return) and isinstance(ret.value, ast.BoolOp) \
@@ -292,9 +313,10 @@ def _gate_edit(src: Source, kind: str, gate):
     if not isinstance(tup, ast.Tuple):
         raise Unknown(f"{WINDOW_GATE}() is not `return spec_info is None or spec_info.spec_input_type in (...)`")
     have = [ast.unparse(e).removeprefix("SpecInputType.") for e in tup.elts]
-    if kind in have:
+    add = [k for k in kinds if k not in have]
+    if not add:
         return []
-    kinds = sorted(have + [kind], key=lambda k: SPEC_KINDS.index(k) if k in SPEC_KINDS else len(SPEC_KINDS))
+    kinds = sorted(have + add, key=order)
     a = src.starts[helper.lineno - 1]
     b = src.starts[helper.end_lineno]
     return [Edit(a, b, "".join(f"{ln}{src.nl}" for ln in _gate_lines(kinds)[:-2]))]
@@ -303,29 +325,167 @@ def _gate_edit(src: Source, kind: str, gate):
 def _dflash(src: Source):
     if "DFLASH_VERIFY" not in src.text:
         raise Unknown("this release has no DFlash verify (SpecInputType.DFLASH_VERIFY)")
-    return _gate_edit(src, "DFLASH_VERIFY", _window_gate(src))
+    return _gate_edit(src, ("DFLASH_VERIFY",), _window_gate(src))
+
+
+TREE_HELPERS = [  # module level, next to the prefill indices updater; sglang's names and layouts
+    f"def {TREE_TEST}(spec_info) -> bool:",
+    '    """A verify whose queries are the nodes of a draft tree under a custom mask',
+    "    (EAGLE, Frozen-KV MTP, NGRAM): their generate_attn_arg_prefill reads each request",
+    "    from its first token on (no kv_start_idx) and returns the tree mask laid out for",
+    '    the whole sequence."""',
+    "    return spec_info is not None and spec_info.spec_input_type in {",
+    *[f"        SpecInputType.{k}," for k in TREE_KINDS],
+    "    }",
+    "",
+    "",
+    f"def {TREE_WINDOW}(window_left: int, spec_info) -> int:",
+    '    """The window a tree verify plans and runs its sliding-window wrapper with.',
+    "    FlashInfer places a query at its index in the flattened draft (kv_idx + qo_len +",
+    "    window_left >= kv_len + qo_idx), but a draft token's position is committed + its",
+    "    depth in the tree, up to draft_token_num - 1 earlier: widened by that, the window",
+    "    never cuts a key the query's real window holds, and it still skips every older KV",
+    f'    tile; the exact cut is in the tree mask ({TREE_MASK})."""',
+    f"    if window_left is None or window_left < 0 or not {TREE_TEST}(spec_info):",
+    "        return window_left",
+    "    return window_left + max(spec_info.draft_token_num - 1, 0)",
+    "",
+    "",
+    f"def {TREE_MASK}(",
+    "    custom_mask: torch.Tensor,",
+    "    kv_indptr: torch.Tensor,",
+    "    bs: int,",
+    "    draft_token_num: int,",
+    "    paged_kernel_lens_sum: int,",
+    "    window_left: int,",
+    ") -> torch.Tensor:",
+    '    """A tree verify mask (per request draft_token_num rows of committed +',
+    "    draft_token_num keys, the last draft_token_num the tree:",
+    "    build_tree_kernel_efficient's FULL_MASK, NGRAM's ones + corpus mask) cut to each",
+    "    query's window on real positions: a draft token sits at committed + its strict",
+    "    ancestors in the mask (the positions build_tree_kernel_efficient and",
+    "    reconstruct_indices_from_tree_mask give it). window_left is the planned one, the",
+    f"    layer's widened by draft_token_num - 1 ({TREE_WINDOW});",
+    "    only the keys it still lets in are touched: the committed keys just before each",
+    "    query's window and the tree keys. A new mask: wrapper 1 plans with the original.",
+    '    """',
+    "    n = draft_token_num",
+    "    window = window_left - (n - 1)  # the layer's",
+    "    device = custom_mask.device",
+    "    total = paged_kernel_lens_sum * n + n * n * bs",
+    "    # one spare element at the end takes the writes of positions outside the mask",
+    "    out = torch.cat(",
+    "        [custom_mask[:total].to(torch.bool), custom_mask.new_zeros(1, dtype=torch.bool)]",
+    "    )",
+    "    kv_lens = (kv_indptr[1 : bs + 1] - kv_indptr[:bs]).to(torch.int64)",
+    "    committed = kv_lens - n",
+    "    node = torch.arange(n, device=device)",
+    "    row_start = (",
+    "        kv_indptr[:bs].to(torch.int64)[:, None] * n + node[None, :] * kv_lens[:, None]",
+    "    )",
+    "    tree_at = row_start[:, :, None] + committed[:, None, None] + node[None, None, :]",
+    "    tree_at = torch.where(tree_at < total, tree_at, total)",
+    "    tree = out[tree_at]",
+    "    depth = (tree & (node[None, None, :] < node[None, :, None])).sum(-1)",
+    "    # ancestors further up than the window",
+    "    out[tree_at] = tree & (depth[:, :, None] - depth[:, None, :] <= window)",
+    "    # committed key committed - window + k, k in [1 - n, n - 1): seen from depth <= k",
+    "    k = torch.arange(1 - n, n - 1, device=device)",
+    "    col = committed[:, None, None] - window + k[None, None, :]",
+    "    at = row_start[:, :, None] + col",
+    "    cut = (",
+    "        (col >= 0)",
+    "        & (col < committed[:, None, None])",
+    "        & (k < depth[:, :, None])",
+    "        & (at < total)",
+    "    )",
+    "    out[torch.where(cut, at, total)] = False",
+    "    return out[:total]",
+    "",
+    "",
+]
+
+
+def _tree_helpers(src: Source) -> list[Edit]:
+    if src.func(TREE_MASK) is not None:
+        return []
+    anchor = _need(src.cls(PREFILL), f"class {PREFILL}")
+    return [src.insert_lines_before(anchor, TREE_HELPERS, indent="")]
+
+
+def _usw_window_value(src: Source):
+    """The ``window_left`` value of update_sliding_window's call when not -1: the IfExp's body."""
+    _, call, _ = _usw_call(src)
+    kw = keyword(call, "window_left")
+    if not isinstance(kw.value, ast.IfExp):
+        raise Unknown(f"{USW}'s window_left is not `<window> if <gate> else -1`")
+    return kw.value.body
+
+
+def _paged_forward_window(src: Source):
+    """``layer.sliding_window_size`` in the window_left of forward_extend's paged ``forward()``."""
+    fe = _need(src.method(BACKEND, "forward_extend"), f"{BACKEND}.forward_extend")
+    calls = calls_on(fe, "prefill_wrapper_paged", ("forward",))
+    if len(calls) != 1:
+        raise Unknown(f"forward_extend makes {len(calls)} prefill_wrapper_paged.forward(...) calls, expected 1")
+    kw = _need(keyword(calls[0], "window_left"), "window_left in forward_extend's paged forward()")
+    hits = [n for n in ast.walk(kw.value) if isinstance(n, ast.Attribute) and ast.unparse(n) == "layer.sliding_window_size"]
+    done = any(isinstance(n, ast.Call) and ast.unparse(n.func) == TREE_WINDOW for n in ast.walk(kw.value))
+    if len(hits) != 1:
+        raise Unknown("forward_extend's paged forward() does not pass layer.sliding_window_size once")
+    return hits[0], done
 
 
 def _eagle(src: Source):
+    """EAGLE / Frozen-KV MTP / NGRAM verify (``TREE_KINDS``) on the sliding-window wrapper."""
     gate = _window_gate(src)
-    edits = _gate_edit(src, "EAGLE_VERIFY", gate)
     usw, loop = gate[:2]
+    edits = _gate_edit(src, TREE_KINDS, gate)
+    edits += _tree_helpers(src)
+    body = _usw_window_value(src)
+    if not (isinstance(body, ast.Call) and ast.unparse(body.func) == TREE_WINDOW):
+        edits.append(src.replace(body, f"{TREE_WINDOW}({src.seg(body)}, spec_info)"))
     branch = next((n for n in ast.walk(usw) if isinstance(n, ast.If) and ast.unparse(n.test) == f"{loop} == 0"), None)
     branch = _need(branch, f"`if {loop} == 0:` branch in {USW}")
-    marker = f"{_spec_type('EAGLE_VERIFY')}"
-    if not any(marker in ast.unparse(s) for s in branch.body):
+    if not any(f"{TREE_TEST}(spec_info)" in ast.unparse(s) for s in branch.body):
         edits.append(src.insert_lines_after(branch.body[-1], [
-            "if (",
-            "    spec_info is not None",
-            f"    and {marker}",
-            "):",
-            "    # EAGLE's kv indices start at each request's first token and its",
-            "    # tree mask spans the whole sequence: keep both whole, as for",
-            "    # wrapper 1, and let the planned window cut",
+            f"if {TREE_TEST}(spec_info):",
+            "    # its kv indices start at each request's first token and its tree",
+            "    # mask spans the whole sequence: keep both whole, as for wrapper 1;",
+            "    # call_begin_forward cuts the window into the mask",
             "    paged_kernel_lens = seq_lens",
             "    paged_kernel_lens_sum = seq_lens_sum",
             "    kv_start_idx = None"],
             indent=src.indent_of(branch.body[0])))
+    cbf = _need(src.method(PREFILL, CBF), f"{PREFILL}.{CBF}")
+    if "window_left" not in [a.arg for a in cbf.args.args]:
+        raise Unknown(f"{PREFILL}.{CBF} takes no window_left (PR #31501's plumbing)")
+    if not any(f"{TREE_MASK}(" in ast.unparse(s) for s in cbf.body):
+        spec_if = _need(next((s for s in cbf.body if isinstance(s, ast.If) and ast.unparse(s.test) == "spec_info is None"),
+                             None), f"`if spec_info is None:` in {PREFILL}.{CBF}")
+        if not any(isinstance(n, ast.Name) and n.id == "custom_mask" for st in spec_if.orelse for n in ast.walk(st)):
+            raise Unknown(f"{PREFILL}.{CBF}'s spec branch does not set custom_mask")
+        edits.append(src.insert_lines_after(spec_if, [
+            "if (",
+            "    window_left >= 0",
+            "    and custom_mask is not None",
+            f"    and {TREE_TEST}(spec_info)",
+            "):",
+            "    # FlashInfer's window places a query at its index in the flattened",
+            "    # draft, not at its position in the tree: cut the window into the",
+            "    # tree mask, on real positions",
+            f"    custom_mask = {TREE_MASK}(",
+            "        custom_mask,",
+            "        kv_indptr,",
+            "        bs,",
+            "        spec_info.draft_token_num,",
+            "        paged_kernel_lens_sum,",
+            "        window_left,",
+            "    )"]))
+    window, done = _paged_forward_window(src)
+    if not done:
+        edits.append(src.replace(window, f"{TREE_WINDOW}(\n{src.indent_of(window)}    layer.sliding_window_size, "
+                                         f"forward_batch.spec_info\n{src.indent_of(window)})"))
     return edits
 
 
@@ -458,8 +618,9 @@ FIXES = {f.name: f for f in (
     Fix("ragged_no_prefix_window", "a ragged wrapper of the sliding-window layers' own, planned with "
         "window_left; the no-prefix forward passes the layer's window", edits=_ragged_no_prefix),
     Fix("ragged_prefix_window", "the same wrapper for the with-prefix ragged forward", edits=_ragged_prefix),
-    Fix("eagle_verify_window", "EAGLE verify: wrapper 0 keeps the whole sequence and its tree mask, "
-        "and plans window_left", needs_fixed_31501=True, edits=_eagle),
+    Fix("eagle_verify_window", "EAGLE / NGRAM tree verify: wrapper 0 keeps the whole sequence and its tree "
+        "mask, the window is cut into the mask on each draft token's tree position, and plan and forward "
+        "take it widened by draft_token_num - 1", needs_fixed_31501=True, edits=_eagle),
     Fix("dflash_verify_window", "DFlash verify: plan window_left", needs_fixed_31501=True, edits=_dflash),
     Fix("soft_cap_prefill", "ragged and paged prefill plans carry the model's logits soft cap; "
         "forward_extend refuses a layer whose cap is another",

@@ -106,11 +106,15 @@ def problems(text: str) -> dict[str, str]:
             f"({ragged_plan}) that only sets `_window_left`: the new tokens attend each other unwindowed "
             "(the paged prefix part is windowed by its custom mask and is exact)."),
         "eagle_verify_window": (
-            f"EAGLE verify plans wrapper 0 over the first `min(seq, window)` keys "
-            f"({L('paged_kernel_lens = torch.minimum(', 'class FlashInferIndicesUpdaterPrefill')}; its "
+            f"EAGLE (any topk), Frozen-KV MTP and NGRAM verify plan wrapper 0 over the first `min(seq, window)` keys "
+            f"({L('paged_kernel_lens = torch.minimum(', 'class FlashInferIndicesUpdaterPrefill')}; their "
             f"`generate_attn_arg_prefill` takes no `kv_start_idx`, {L('spec_info.generate_attn_arg_prefill(', pre_cbf, nth=2)}) "
             f"under a tree mask laid out for the whole sequence, and the window gate ({gate}) "
-            "keeps `window_left` out of verify plans."),
+            "keeps `window_left` out of verify plans. Planning the window alone would not be exact for a tree "
+            "(topk > 1, NGRAM): FlashInfer places a query at its index in the flattened draft "
+            "(`kv_idx + qo_len + window_left >= kv_len + qo_idx`, flashinfer's variants.cuh), while a draft token's "
+            "position is the committed length plus its depth in the tree, so a node after its siblings would lose "
+            "its oldest in-window keys."),
         "dflash_verify_window": (
             f"DFlash verify trims wrapper 0's keys per request (`kv_start_idx`, {L('kv_start_idx=kv_start_idx,', 'spec_input_type == SpecInputType.DFLASH_VERIFY:')}) "
             f"but the window gate ({gate}) plans no "
@@ -137,8 +141,13 @@ DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
     "from the planned window, and split-KV sizes its chunks from it), so one wrapper cannot serve both kinds.",
     "ragged_prefix_window": "Same wrapper as `ragged_no_prefix_window` (the two diffs share those hunks; "
     "`all.diff` has them once).",
-    "eagle_verify_window": "Wrapper 0 keeps the whole sequence and its tree mask, like wrapper 1, and the window "
-    "is planned in: FlashInfer applies the window and the custom mask together, per element.",
+    "eagle_verify_window": "Wrapper 0 keeps the whole sequence and its tree mask, like wrapper 1. The window on "
+    "each draft token's tree position (committed length + its strict ancestors in the mask, as sglang computes "
+    "positions) is ANDed into a copy of the tree mask (`_spec_tree_mask_in_window`, which touches only the keys "
+    "near the window's start and the tree keys), and plan and `forward()` both take the window widened by "
+    "`draft_token_num - 1` (`_spec_verify_window_left`): wider than any node's real window, so it cuts no key "
+    "the mask keeps (nor does fa2's per-tile start, which reads the run's value), while older KV tiles are "
+    "still skipped.",
     "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
     "keys a query sees.",
     "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
@@ -295,8 +304,23 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- README
+def stale_live(text: str, live_diff: str | None) -> str | None:
+    """Why the recorded H200 run of the fixed file is not a run of today's ``all.diff`` (None: it
+    is, or there is no recorded diff): the file its ``fix.diff`` makes differs from ``apply_fixes``'."""
+    if live_diff is None:
+        return None
+    try:
+        same = plus_side(text, live_diff) == apply_fixes(text, ORDER)
+    except (ValueError, IndexError):
+        same = False
+    return None if same else (
+        f"**The with-all.diff column predates today's `all.diff`:** the file it ran ({LIVE.relative_to(ROOT)}/fix.diff) "
+        "is not the one `all.diff` makes now, so it says nothing about the fixes changed since. Re-record with "
+        "`bash scripts/gpu_fix.sh` on an H200, then regenerate this file.")
+
+
 def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None,
-           cost=None) -> str:
+           live_diff: str | None = None, cost=None) -> str:
     st, probs = states(text), problems(text)
     shipped = runs["shipped"]
     lines = [
@@ -359,13 +383,15 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "fallback of 30), with another method than tanh, or a layer of cap 0 in a capped model, is refused "
               "at its first forward with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
               "drives each on 0.5.23: shipped computes them silently, fixed refuses them).",
-              "- EAGLE verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name slots "
-              "outside the window. The planned window masks them, but the kernel reads them, and verify reads the "
-              "whole sequence on the sliding-window layers (the cost of exact keys without re-slicing the tree mask).",
+              "- EAGLE / NGRAM verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name "
+              "slots outside the window. The planned (widened) window skips the tiles before it and the mask "
+              "masks the rest, but the indices are listed (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
     lines += alternative_lines(runs, cost)
-    lines += ["", "## Live on an H200", "", *live_lines(before, after), *regress_lines(regress_log, kit)]
+    stale = stale_live(text, live_diff) if after is not None else None
+    lines += ["", "## Live on an H200", "", *([stale, ""] if stale else []), *live_lines(before, after),
+              *regress_lines(regress_log, kit)]
     return "\n".join(lines) + "\n"
 
 
@@ -433,11 +459,13 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     written += write_series(out / "series", commits + [test_commit(out)])
     md = out / "README.md"
     regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
+    live_diff = LIVE / "fix.diff"
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
                          load_live(LIVE / "audit-live-after.json.xz"),
                          regress.read_text() if regress.is_file() else None,
                          json.loads(kit.read_text()) if kit.is_file() else None,
-                         json.loads(cost.read_text()) if cost.is_file() else None))
+                         live_diff=live_diff.read_text() if live_diff.is_file() else None,
+                         cost=json.loads(cost.read_text()) if cost.is_file() else None))
     return written + [md]
 
 
