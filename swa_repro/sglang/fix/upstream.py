@@ -248,12 +248,16 @@ def regress_results(log: str) -> dict:
     return out
 
 
-def regress_lines(log: str | None, kit: dict | None) -> list[str]:
-    """The regression test on each site and sglang's own kit on the fixed file, as recorded."""
+def regress_lines(log: str | None, kit: dict | None, stale: bool = False) -> list[str]:
+    """The regression test on each site and sglang's own kit on the fixed file, as recorded;
+    ``stale``: recorded with earlier fixes (:func:`stale_live`), when the test was the former
+    hand-written ``test_flashinfer_plan_time_params.py``, not today's file in sglang's layout."""
     out = []
     if log is not None:
         res = regress_results(log)
-        out += ["", f"`{TEST}` on CUDA (regress.log), per case: **fail** / **error** / pass.", "",
+        which = (f"The regression test as recorded with the fixes of then (the former hand-written "
+                 f"`{Path(TEST).name}`, before it moved to `{TEST}` on the kit)") if stale else f"`{TEST}`"
+        out += ["", f"{which} on CUDA (regress.log), per case: **fail** / **error** / pass.", "",
                 "| case | as shipped | with all.diff |", "|---|---|---|"]
         cases = sorted({t for r in res.values() for t in r["status"]})
         out += [f"| {t} | {res.get('shipped', {}).get('status', {}).get(t, '-')} | "
@@ -391,7 +395,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
     lines += alternative_lines(runs, cost)
     stale = stale_live(text, live_diff) if after is not None else None
     lines += ["", "## Live on an H200", "", *([stale, ""] if stale else []), *live_lines(before, after),
-              *regress_lines(regress_log, kit)]
+              *regress_lines(regress_log, kit, stale=stale is not None)]
     return "\n".join(lines) + "\n"
 
 
