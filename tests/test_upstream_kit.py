@@ -109,17 +109,18 @@ def test_apply_to_site_edits_in_place_once(texts, tmp_path, capsys):
         (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / p).write_text(t)
     assert ke.main(["--site", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.count("applied now") == 3
+    assert capsys.readouterr().out.count("applied now") == len(ke.ORDER)
     assert ke.read(tmp_path) == {**texts, **ke.edit(texts)}
     assert ke.main(["--site", str(tmp_path)]) == 0  # again: nothing to do, nothing changed
-    assert capsys.readouterr().out.count("already applied") == 3
+    assert capsys.readouterr().out.count("already applied") == len(ke.ORDER)
     assert ke.read(tmp_path) == {**texts, **ke.edit(texts)}
     (tmp_path / ke.VERIFY).write_text(texts[ke.VERIFY])  # one edit undone, and another half-done
     half = ke.read(tmp_path)[ke.DENSE].replace("            logit_cap=logit_cap,\n", "", 1)
     (tmp_path / ke.DENSE).write_text(half)
     assert ke.main(["--site", str(tmp_path)]) == 1
     assert "partly edited kit" in capsys.readouterr().err
-    assert ke.main(["--site", str(tmp_path / "nowhere")]) == 1
+    assert ke.main(["--site", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # one line
 
 
 # ----------------------------------------------------------------------------- the registered test

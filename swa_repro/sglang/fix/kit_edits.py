@@ -2,7 +2,7 @@
 
 The kit (``sglang/test/kits/attention_unittest``, python/sglang/test/kits/... in sglang's repo) is
 what sglang's own attention tests run (test/registered/attention/unittests/<method>/test_<backend>.py).
-Three edits, each a small textual change found by anchors that must each occur exactly once where
+Four edits, each a small textual change found by anchors that must each occur exactly once where
 they are looked for; a kit without one raises :class:`KitEditError` naming it (never a partial edit):
 
 * ``kit_swa_cases`` (dense_attention.py): the SWA case lists gain a case whose keys fall outside the
@@ -17,6 +17,11 @@ they are looked for; a kit without one raises :class:`KitEditError` naming it (n
   masks encode the request-granular trim (keys from ``prefix_len - window`` for the whole draft
   block), which ``dflash_verify_window`` replaces by FlashInfer's per-element window planned in:
   the query at ``q_pos`` attends keys ``q_pos - window .. q_pos``.
+* ``kit_tree_verify_window`` (dense_attention.py): the custom-mask reference windows a draft token
+  from its index in the flattened draft, FlashInfer's rule (variants.cuh:88-89), which for a tree
+  (topk > 1) cuts keys inside the token's real window: its position is committed + its depth
+  (build_tree_kernel_efficient's positions, eagle_utils.py:138-233), which ``eagle_verify_window``
+  windows by. A chain's index and depth agree, so chain cases are unchanged.
 
 ``python -m swa_repro.sglang.fix.kit_edits --site DIR [--names ...]`` edits DIR/sglang's kit in place
 (scripts/gpu_fix.sh); an edit already there is left as it is.
@@ -35,7 +40,7 @@ KIT = "sglang/test/kits/attention_unittest"
 DENSE = f"{KIT}/attention_methods/dense_attention.py"
 VERIFY = f"{KIT}/runner_modes/speculative_target_verify_runner.py"
 FILES = (DENSE, VERIFY)
-ORDER = ("kit_swa_cases", "kit_logit_cap", "kit_dflash_swa_verify")
+ORDER = ("kit_swa_cases", "kit_logit_cap", "kit_dflash_swa_verify", "kit_tree_verify_window")
 ALL = "kit"  # every edit, one diff over both files
 
 
@@ -202,10 +207,29 @@ DFLASH = [
         after="def _make_spec_verify_input(", before="def _make_eagle_verify_input("),
 ]
 
+TREE = [
+    Anchored(
+        "custom-mask reference: a draft token's window from its tree position", _lines(
+            "                query_pos = case.prefix_lens[req_idx] + offset",
+            "                # Target-verify draft tokens are appended through the extend",
+            "                # kernel, which applies `kv_id >= q_id - sliding_window_size`",
+            "                # (see `dense_attention_reference` note). The custom-mask",
+            "                # reference must use the same rule."),
+        _lines(
+            "                # A draft token sits at its depth in the tree (its ancestors",
+            "                # and itself in the draft part of its mask row), not at its",
+            "                # index in the flattened draft: that is the position its",
+            "                # window counts from (a chain's are the same).",
+            "                draft = req_mask[offset, case.prefix_lens[req_idx] :]",
+            "                query_pos = case.prefix_lens[req_idx] + int(draft.sum()) - 1"),
+        after=_REF_MASK, before="def _copy_dense_weights("),
+]
+
 EDITS: dict[str, tuple[str, list[Anchored]]] = {
     "kit_swa_cases": (DENSE, SWA_CASES),
     "kit_logit_cap": (DENSE, LOGIT_CAP),
     "kit_dflash_swa_verify": (VERIFY, DFLASH),
+    "kit_tree_verify_window": (DENSE, TREE),
 }
 
 
@@ -334,7 +358,11 @@ def main(argv=None) -> int:
     names = tuple(n for n in a.names.split(",") if n)
     try:
         before = apply_to_site(a.site, names)
-    except (KitEditError, FileNotFoundError) as e:
+    except FileNotFoundError as e:  # bad input: one line, exit 2
+        print(f"error: {e.filename or e}: no sglang kit there; give --site the directory holding the "
+              "sglang package", file=sys.stderr)
+        return 2
+    except KitEditError as e:  # not the kit the edits know: nothing was written
         print(f"error: {e}", file=sys.stderr)
         return 1
     for n, s in before.items():

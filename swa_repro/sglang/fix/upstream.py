@@ -428,8 +428,10 @@ def test_commit(out: Path):
     body = ("The attention kit's SWA cases never put a key outside the window (window 4, lengths 3-5), "
             "it cannot express a logits soft cap, and its DFlash SWA verify expectation encodes the "
             "request-granular trim that the DFlash fix replaces with the per-element window (as in "
-            "sgl-project/sglang#35208). Adds cases past the window, a logit_cap case field (default "
-            "0.0: every existing case unchanged), the per-element DFlash expectation, and a regression "
+            "sgl-project/sglang#35208), and its custom-mask reference windows a tree's draft tokens from "
+            "their index in the flattened draft, not their position in the tree. Adds cases past the "
+            "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
+            "per-element DFlash expectation, the tree-position window, and a regression "
             "test of every plan path for window, cap and window+cap layers, EAGLE and DFlash verify.")
     import textwrap
 

@@ -10,8 +10,9 @@ of a sliding-window model, with keys outside the window, against the kit's
 references.
 
 Needs the attention kit's `logit_cap` (DenseAttentionCase, references, model
-config), its SWA case lists with keys outside the window, and its DFlash SWA
-verify expectation with the per-element window.
+config), its SWA case lists with keys outside the window, its DFlash SWA verify
+expectation with the per-element window, and its custom-mask reference windowing
+a draft token from its position in the tree (EAGLE topk > 1).
 """
 
 import unittest
