@@ -400,3 +400,18 @@ def test_values_the_notebooks_use_still_pass(capfd):
     assert main(["run", "--list", "03", "04", "-p", "fixes=ragged_prefix_window,soft_cap_decode",
                  "sglang_release=0.5.15.post1"]) == 0
     assert capfd.readouterr().out.split() == ["03_apply_backend_patch", "04_rerun_checks"]
+
+
+def test_a_written_file_has_the_permissions_open_would_give_it(tmp_path):
+    """mkstemp makes 0600 files: a regenerated table or a new output must not turn private."""
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "new.md", b"x")
+        assert (tmp_path / "new.md").stat().st_mode & 0o777 == 0o644
+        kept = tmp_path / "kept.md"
+        kept.write_bytes(b"old")
+        kept.chmod(0o640)
+        write_atomic(kept, b"new")
+        assert kept.stat().st_mode & 0o777 == 0o640 and kept.read_bytes() == b"new"
+    finally:
+        os.umask(old)

@@ -99,7 +99,8 @@ def replace_file(path, flag: str) -> Path:
 
 def write_atomic(path, data: bytes, like=None) -> None:
     """``data`` to ``path`` all or nothing: a temp file in the same folder, synced, then
-    ``os.replace`` (which replaces a link, never writes through one); ``like``'s permission bits.
+    ``os.replace`` (which replaces a link, never writes through one); ``like``'s permission bits,
+    else the replaced file's, else the umask's (as ``open()`` would).
     On any failure the temp file is removed and ``path`` is as it was."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -108,8 +109,13 @@ def write_atomic(path, data: bytes, like=None) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if like is not None and Path(like).exists():
+        like = like if like is not None and Path(like).exists() else (path if path.is_file() else None)
+        if like is not None:  # the file it replaces keeps its permission bits
             shutil.copymode(like, tmp)
+        else:  # a new file gets what open() would give it, not mkstemp's 0600
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
