@@ -150,7 +150,8 @@ def test_0523_fixed_live_cells_equal_the_cpu_fixed_table(fixed23, live23):
 
     row = table.committed_row("0.5.23", ROOT / "docs" / "audit" / "fixed" / "releases.json")
     assert {k: c["state"] for k, c in d["classes"][0].items()} == {k: c["state"] for k, c in row["cells"].items()}
-    assert table.key_cells(r) == row["keys"]
+    live_keys = table.key_cells(r)  # the paths the recording drove; the CPU table has the newer ones too
+    assert live_keys and live_keys == {p: row["keys"][p] for p in live_keys}
     assert "holds" not in {c["state"] for c in d["classes"][0].values()}
     was_wrong = {(dr["path"], dr["layer"]) for dr in live23[1]["driven"] if dr["live"]["wrong_rows"] > 0}
     assert len(was_wrong) >= 10
