@@ -109,7 +109,8 @@ def test_0523_every_finding_class_holds_on_the_real_kernel(live23):
     d, r = live23
     row = table.committed_row("0.5.23")
     assert {k: c["state"] for k, c in d["classes"][0].items()} == {k: c["state"] for k, c in row["cells"].items()}
-    assert table.key_cells(r) == row["keys"]
+    live_keys = table.key_cells(r)  # the recording's paths (the CPU table also has newer ones)
+    assert live_keys and live_keys == {p: row["keys"][p] for p in live_keys}
     for key, c in d["classes"][0].items():
         if c["state"] == "holds":
             cls = table.CLASSES[key]
