@@ -13,6 +13,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One OpenMP thread per process, before anything imports torch; every child (a release's overlay
+# run, a notebook kernel, the CLI) inherits it. The suite's tensors are small, so torch's intra-op
+# threads only spin: on 2 cores, with `make test`'s two xdist workers each running torch, one
+# upstream_cpu child took 15.6-28 s with 2 threads and 14 s with one (issue #24). An
+# OMP_NUM_THREADS already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @functools.cache
 def cuda_available() -> bool:
