@@ -108,7 +108,7 @@ def notebook_parameters(path: Path) -> dict | None:
     return None
 
 
-_CELL = re.compile(r"^# %%(?P<rest>.*)$", re.M)
+_CELL = re.compile(r"^# %%(?P<rest>.*)$", re.MULTILINE)
 _TAGS = re.compile(r"\btags=(\[[^\]]*\])")
 
 

@@ -80,8 +80,10 @@ def provision(version: str, *, any_release: bool = False) -> tuple[Path, dict]:
 
     target = overlay_dir(version)
     marker = target / MARKER
-    made = lambda: (target, {**json.loads(marker.read_text()), "flashinfer_pin": flashinfer_pin(target),  # noqa: E731
-                             "cached": True})
+
+    def made():
+        return target, {**json.loads(marker.read_text()), "flashinfer_pin": flashinfer_pin(target), "cached": True}
+
     if marker.is_file():
         return made()
     # One installer per overlay: two processes (xdist workers, a notebook beside the suite) asking for
