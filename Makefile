@@ -14,9 +14,10 @@ EXTRAS  ?= baseline,notebooks,dev
 OUTPUT  ?= artifacts
 MODE    ?= auto
 RUN_ARGS ?=
-# Two pytest-xdist workers, one test file each at a time (module fixtures stay once per file);
+# Two pytest-xdist workers, one test file each at a time (module fixtures stay once per file),
+# handed out in collection order: tests/conftest.py puts the heaviest files first (HEAVY_FIRST);
 # benchmarks/REPORT.md has the suite's time with and without.
-PYTEST_ARGS ?= -q -n 2 --dist loadfile
+PYTEST_ARGS ?= -q -n 2 --dist loadfile --no-loadscope-reorder
 PIP_ARGS    ?= --progress-bar off
 # uv installs the pinned stack ~7x faster than pip (benchmarks/REPORT.md); itself pinned, from PyPI.
 UV_VERSION  ?= 0.13.9

@@ -13,6 +13,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One OpenMP thread per process, before anything imports torch; every child (a release's overlay
+# run, a notebook kernel, the CLI) inherits it. The suite's tensors are small, so torch's intra-op
+# threads only spin: on 2 cores, with `make test`'s two xdist workers each running torch, one
+# upstream_cpu child took 15.6-28 s with 2 threads and 14 s with one (issue #24). An
+# OMP_NUM_THREADS already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @functools.cache
 def cuda_available() -> bool:
@@ -37,8 +44,37 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
                                    reason="needs a CUDA device (torch.cuda.is_available() is False)")
 
 
+# The files that take longest from nothing (an empty swa-repro cache: each computes its release's
+# audits / kit runs / notebooks), heaviest first; seconds measured serially on 2 cores (issue #24).
+# `make test` (--dist loadfile --no-loadscope-reorder) hands whole files to its two workers in
+# collection order, so these start first and no long file is left to start last; xdist's own order
+# (most tests first) had started test_upstream_kit.py (11 tests, 95 s) after 60 lighter files.
+HEAVY_FIRST = (
+    "test_upstream_kit.py",  # 95 s: four upstream_cpu children on 0.5.23
+    "test_sglang_check.py",  # 61 s: notebooks 03 and 04 (0.5.23's audits)
+    "test_story.py",  # 59 s: notebooks 00, 01, 02 (twice)
+    "test_sglang_kit.py",  # 31 s: the kit on 0.5.23 fixed and 0.5.14
+    "test_cap_safety.py",  # 28 s
+    "test_sglang_bundle.py",  # 25 s
+    "test_gpu_fuzz_script.py",  # 22 s, mostly its stand-in's sleeps
+    "test_lab.py",  # 18 s
+    "test_alternatives.py",  # 17 s
+    "test_artifact_sets.py",  # 14 s: notebook 00 twice
+    "test_fuzz.py",  # 12 s
+    "test_bundle.py",  # 10 s
+    "test_sglang_fix.py",  # 9 s
+    "test_gpu_fix_script.py",  # 8 s
+    "test_probe.py",  # 8 s
+    "test_cli_errors.py",  # 8 s
+    "test_notebook_runner.py",  # 7 s
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """`@pytest.mark.gpu` tests skip cleanly unless CUDA is usable and flashinfer imports."""
+    """The :data:`HEAVY_FIRST` files first (the rest keep their order); `@pytest.mark.gpu` tests skip
+    cleanly unless CUDA is usable and flashinfer imports."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(rank)))  # stable
     gpu_items = [it for it in items if it.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -174,3 +174,28 @@ def test_run_child_runs_once_per_content_and_again_when_the_code_changes(root, t
     assert overlay_run.run_child("fake_child", overlay, args, "fake", cache=False)[2] == {"cache": "off"}
     assert log.read_text().count("ran") == 4
     assert sys.executable  # the child ran on this interpreter (its torch/numpy are in the key)
+
+
+def test_two_workers_provision_one_release_once(root, monkeypatch):
+    """Two xdist workers asking for a release no one has installed yet: one installs it, the other
+    waits and takes it (before, both filled one .partial folder and renamed it over the other's)."""
+    import threading
+
+    calls = []
+
+    def install(version, target):
+        calls.append(version)
+        time.sleep(0.3)
+        (target / "sglang").mkdir(parents=True)
+        (target / provision.MARKER).write_text(json.dumps({"sglang": version}))
+        return target, {"sglang": version, "cached": False}
+
+    monkeypatch.setattr(provision, "_install", install)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(provision.provision("0.5.99"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert calls == ["0.5.99"] and sorted(info["cached"] for _, info in got) == [False, True]
+    assert {d for d, _ in got} == {root / "sglang" / "0.5.99"}

@@ -183,13 +183,14 @@ def problems(folder, notebook: str, run_id: str | None = None) -> list[str]:
 def parameter_names(notebook: str) -> list[str]:
     """The names of ``notebook``'s ``parameters`` cell: of the copy the kernel runs (its cwd: the
     lab's scratch/ copy, or the folder ``swa-repro run`` ran it from), else of the repo's notebook."""
-    from swa_repro.notebook.params import notebook_parameters
+    from swa_repro.notebook.params import notebook_parameters, percent_parameters
     from swa_repro.notebook.runner import NOTEBOOKS_DIR, RESERVED
 
     for path in (Path.cwd() / f"{notebook}.py", NOTEBOOKS_DIR / f"{notebook}.py"):
         if path.is_file():
             with contextlib.suppress(Exception):  # a cell that does not parse: its names are unknown
-                names = notebook_parameters(path)
+                names = percent_parameters(path)  # jupytext's reading, without its 2 s import
+                names = notebook_parameters(path) if names is None else names
                 if names is not None:
                     return list(names)
     return list(RESERVED)

@@ -76,10 +76,24 @@ def provision(version: str, *, any_release: bool = False) -> tuple[Path, dict]:
     ``MIN_RELEASE`` are refused (nothing drives them) unless ``any_release`` (a file read from it)."""
     if parse(version) < MIN_RELEASE and not any_release:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
+    from swa_repro.core.cache import locked
+
     target = overlay_dir(version)
     marker = target / MARKER
-    if marker.is_file():
+
+    def made():
         return target, {**json.loads(marker.read_text()), "flashinfer_pin": flashinfer_pin(target), "cached": True}
+
+    if marker.is_file():
+        return made()
+    # One installer per overlay: two processes (xdist workers, a notebook beside the suite) asking for
+    # the same release from nothing would share the .partial folder, and the later rename would pull
+    # the overlay from under a child already importing it. The second waits and takes the first's.
+    with locked(target.with_name(f".{version}.lock")):
+        return made() if marker.is_file() else _install(version, target)
+
+
+def _install(version: str, target: Path) -> tuple[Path, dict]:
     partial = target.with_name(f".{version}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)

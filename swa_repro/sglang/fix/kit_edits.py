@@ -325,7 +325,15 @@ def apply_to_site(site: Path, names=ORDER) -> dict[str, str]:
 def kit_overlay(overlay: Path, names=ORDER) -> Path:
     """A hard-linked copy of ``overlay`` (a release's, shipped or fixed: ``fix.overlay``) whose kit
     has ``names`` applied, in ``sglang-kit/`` beside the overlays; made once, reused after (the kit's
-    text, the edits and this file decide its name). The overlay itself is never written to."""
+    text, the edits and this file decide its name), by one process at a time. The overlay itself is
+    never written to."""
+    from swa_repro.core.cache import locked
+
+    with locked(overlay.parent.parent / "sglang-kit" / f".{overlay.parent.name}-{overlay.name}.lock"):
+        return _kit_overlay(overlay, names)
+
+
+def _kit_overlay(overlay: Path, names=ORDER) -> Path:
     import hashlib
     import json
 

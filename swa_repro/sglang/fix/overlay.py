@@ -31,7 +31,15 @@ def code_key(names) -> str:
 
 
 def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
-    """``overlay`` (release ``version`` as shipped) with ``names`` applied; ``(dir, info)``."""
+    """``overlay`` (release ``version`` as shipped) with ``names`` applied; ``(dir, info)``. Made by one
+    process at a time (two xdist workers making it from nothing would share its .partial folder)."""
+    from swa_repro.core.cache import locked
+
+    with locked(overlay.parent.parent / "sglang-fixed" / f".{version}.lock"):
+        return _fixed_overlay(version, names, overlay)
+
+
+def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     from swa_repro.sglang.fix import apply_fixes
     from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
     from swa_repro.sglang.patch.files import sha256_hex
