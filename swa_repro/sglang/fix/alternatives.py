@@ -23,7 +23,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from swa_repro.sglang.fix.fixes import BACKEND, Unknown, _assign_to, _gate_edit, _need, _window_gate
+from swa_repro.sglang.fix.anchors import BACKEND, Unknown, _assign_to, _need
+from swa_repro.sglang.fix.spec_verify import _gate_edit, _window_gate
 from swa_repro.sglang.fix.source import Source, apply_edits
 
 

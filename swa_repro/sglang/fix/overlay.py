@@ -23,8 +23,8 @@ def code_key(names) -> str:
     """Changes with the fix names and with the code that makes the edits."""
     h = hashlib.sha256(",".join(names).encode())
     here = Path(__file__).resolve().parent
-    code = [here / n for n in ("__init__.py", "fixes.py", "source.py", "alternatives.py")] + \
-        sorted((here.parent / "patch").glob("*.py"))
+    edits = ("__init__.py", "anchors.py", "fixes.py", "soft_cap.py", "source.py", "spec_verify.py", "alternatives.py")
+    code = [here / n for n in edits] + sorted((here.parent / "patch").glob("*.py"))
     for f in code:
         h.update(f.read_bytes())
     return h.hexdigest()[:12]

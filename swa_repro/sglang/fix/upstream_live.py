@@ -1,0 +1,117 @@
+"""The H200 part of ``docs/upstream/README.md``: the recorded live audits before and after the
+fixes, the regression test's log on each site and sglang's kit, read from
+``recordings/sglang-live/fix-0.5.23/`` (``scripts/gpu_fix.sh``'s files), and whether that recording
+is of today's ``all.diff``.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import re
+from pathlib import Path
+
+from swa_repro.sglang.fix import ORDER, apply_fixes
+from swa_repro.sglang.fix.upstream_diff import LIVE, ROOT, TEST, VERSION, plus_side
+
+def load_live(path: Path) -> dict | None:
+    return json.loads(lzma.decompress(path.read_bytes())) if path.is_file() else None
+
+
+_SITE = re.compile(r"^== regress (shipped|fixed) on ")
+_TEST = re.compile(r"\b(test_\w+) \(__main__\.")
+_BAD = re.compile(r"^(FAIL|ERROR): (test_\w+) \(")
+_RAN = re.compile(r"^Ran (\d+) tests? in ")
+
+
+def regress_results(log: str) -> dict:
+    """``scripts/gpu_fix.sh``'s regress.log -> ``{site: {"ran": N, "status": {test: pass|fail|error}}}``.
+    Read off unittest's own report (``-v`` names every test; its summary heads each failure with
+    ``FAIL:`` / ``ERROR:``), not off the ``ok`` after a name: log lines of the run can come between."""
+    out, cur = {}, None
+    for line in log.splitlines():
+        if m := _SITE.match(line):
+            cur = out.setdefault(m.group(1), {"ran": None, "status": {}})
+        elif cur is None:
+            continue
+        elif m := _BAD.match(line):
+            cur["status"][m.group(2)] = m.group(1).lower()
+        elif m := _RAN.match(line):
+            cur["ran"] = int(m.group(1))
+        elif m := _TEST.search(line):
+            cur["status"].setdefault(m.group(1), "pass")
+    return out
+
+
+def regress_lines(log: str | None, kit: dict | None, stale: bool = False) -> list[str]:
+    """The regression test on each site and sglang's own kit on the fixed file, as recorded;
+    ``stale``: recorded with earlier fixes (:func:`stale_live`), when the test was the former
+    hand-written ``test_flashinfer_plan_time_params.py``, not today's file in sglang's layout."""
+    out = []
+    if log is not None:
+        res = regress_results(log)
+        which = (f"The regression test as recorded with the fixes of then (the former hand-written "
+                 f"`{Path(TEST).name}`, before it moved to `{TEST}` on the kit)") if stale else f"`{TEST}`"
+        out += ["", f"{which} on CUDA (regress.log), per case: **fail** / **error** / pass.", "",
+                "| case | as shipped | with all.diff |", "|---|---|---|"]
+        cases = sorted({t for r in res.values() for t in r["status"]})
+        out += [f"| {t} | {res.get('shipped', {}).get('status', {}).get(t, '-')} | "
+                f"{res.get('fixed', {}).get('status', {}).get(t, '-')} |" for t in cases]
+        for site, r in sorted(res.items()):
+            bad = sum(v != "pass" for v in r["status"].values())
+            out.append(f"\n{site}: {r['ran']} ran, {bad} failed or errored.")
+    if kit is not None:
+        n = {s: sum(r["status"] == s for r in kit["results"]) for s in ("passed", "failed", "skipped", "error")}
+        out += ["", f"sglang's own attention kit (`swa-repro sglang-check --mode live --kit-only`, kit-after.json) "
+                f"on the fixed file: {n['passed']} passed, {n['failed']} failed, {n['error']} errors, "
+                f"{n['skipped']} skipped ({kit['mode']})."]
+    return out
+
+
+def live_lines(before: dict | None, after: dict | None) -> list[str]:
+    """Per path x layer, the real kernel's wrong rows and max error before and after the fixes."""
+    if before is None:
+        return [f"Not yet run. On an H200 with sglang {VERSION} and its flashinfer pin installed, record "
+                f"`swa-repro audit --mode live --json` as shipped and after applying `all.diff` (`swa-repro patch "
+                f"apply --fix all --in-place`), as {LIVE.relative_to(ROOT)}/audit-live-before.json.xz and "
+                "audit-live-after.json.xz (`bash scripts/gpu_fix.sh` does all of it), then regenerate this file. "
+                f"The regression test ({TEST}) is run there as well."]
+    from swa_repro.sglang.audit.core import key_table
+
+    def rows(doc):
+        return {(t["path"], t["layer"]): t for t in key_table(doc["runs"][0])}
+
+    def fmt(t):
+        if t is None or t["live_rows"] is None:
+            return "not run" if t and t["live_errors"] else "-"
+        err = "-" if t["max_err"] is None else f"{t['max_err']:.3g}"
+        return f"{t['live_wrong_rows']}/{t['live_rows']} wrong, max err {err}"
+
+    b, a = rows(before), rows(after) if after is not None else {}
+    rel = before["runs"][0]["release"]
+    out = [f"Recorded on {before['runs'][0].get('device', 'cuda')} (sglang {rel['sglang']}; "
+           f"{LIVE.relative_to(ROOT)}/README.md has the machine and the command); rows: the real kernel's "
+           "output rows off the float64 reference over the keys the layer intends, with its cap.", ""]
+    if after is None:
+        out += [f"**After the fixes: not recorded yet.** No `audit-live-after.json.xz` in {LIVE.relative_to(ROOT)}: "
+                "the CPU audit above is the only verdict on the fixed file so far. Record it with "
+                "`bash scripts/gpu_fix.sh install,patch,after,regress` on an H200, then regenerate this file.", ""]
+    out += ["| path | layer | as shipped | with all.diff |", "|---|---|---|---|"]
+    out += [f"| {p} | {ly} | {fmt(b.get((p, ly)))} | {fmt(a.get((p, ly))) if after is not None else 'not recorded'} |"
+            for p, ly in sorted({*b, *a})]
+    return out
+
+
+def stale_live(text: str, live_diff: str | None) -> str | None:
+    """Why the recorded H200 run of the fixed file is not a run of today's ``all.diff`` (None: it
+    is, or there is no recorded diff): the file its ``fix.diff`` makes differs from ``apply_fixes``'."""
+    if live_diff is None:
+        return None
+    try:
+        same = plus_side(text, live_diff) == apply_fixes(text, ORDER)
+    except (ValueError, IndexError):
+        same = False
+    return None if same else (
+        f"**The with-all.diff column predates today's `all.diff`:** the file it ran ({LIVE.relative_to(ROOT)}/fix.diff) "
+        "is not the one `all.diff` makes now, so it says nothing about the fixes changed since. Re-record with "
+        "`bash scripts/gpu_fix.sh` on an H200, then regenerate this file.")
