@@ -30,6 +30,7 @@ from swa_repro.sglang import model_configs as mc
 CHECKPOINT_KEYS = {
     "gemma2": {"hidden_act": "gelu_pytorch_tanh"},  # google/gemma-2-9b config.json (beside hidden_activation)
     "gpt-oss": {"swiglu_limit": 7.0},  # openai/gpt-oss-20b config.json
+    "exaone4": {"sliding_window_pattern": "LLLG"},  # LGAI-EXAONE/EXAONE-4.0-32B config.json (the class: 4)
 }
 FAMILIES = tuple(mc.MODELS)
 SLIDING, FULL = "sliding", "full"

@@ -86,6 +86,8 @@ def _bounds(a) -> list:
 def main(a) -> int:
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)
+    if a.release_table and a.model is not None:
+        return _family_table(a)
     if a.model is not None or a.gpu is not None:
         return _families(a)
     paths = _paths(a.paths)
@@ -219,6 +221,30 @@ def _families(a) -> int:
     for x in ["audit incomplete: not everything the release has was driven:"] + bad if bad else []:
         print(f"  {x}" if x[0] != "a" else x, file=sys.stderr)
     return 1 if bad else 0
+
+
+def _family_table(a) -> int:
+    """``--release-table --model all [--gpu G[,G]]``: docs/audit/families.{md,json}."""
+    from swa_repro.sglang import families
+    from swa_repro.sglang.audit import family_table
+
+    if a.model != "all":
+        raise UsageError("--release-table --model takes all: the table has every family each release serves")
+    gpus = [g.strip() for g in (a.gpu or families.DEFAULT_GPU).split(",") if g.strip()]
+    for g in gpus:
+        families.check_args("all", g)
+    versions = [v.strip() for v in a.releases.split(",") if v.strip()]
+    if not versions or a.what_if or a.sglang or a.paths or a.fix:
+        raise UsageError("--release-table --model all takes --releases, --gpu, --jobs and --out only")
+    out_dir(a.out, "--out")
+    for v in versions:
+        if provision.parse(v) < provision.MIN_RELEASE:
+            raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
+    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
+    md, js = family_table.write(table, a.out)
+    print(f"wrote {md} and {js}")
+    return 0
 
 
 def _table(a) -> int:

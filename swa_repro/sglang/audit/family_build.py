@@ -74,19 +74,89 @@ def single_rank() -> str:
     return how
 
 
+def mock_server_args(model_path: str):
+    """The release's test-kit ``ServerArgs``: ``make_mock_server_args()`` (test/kits/attention_unittest/
+    mock_server_args.py:28, dataclass defaults without ``__post_init__``), single rank on the CPU."""
+    try:
+        from sglang.test.kits.attention_unittest.mock_server_args import make_mock_server_args
+    except ImportError:
+        from swa_repro.sglang.releases_kit import plain_server_args as make_mock_server_args
+    return make_mock_server_args(tp_size=1, pp_size=1, dp_size=1, device="cpu", model_path=model_path)
+
+
+_INSTALLED = []  # the published test context, kept for the process
+
+
+def server_args(model_path: str) -> str:
+    """Releases that read a process-global ``ServerArgs`` while building a model (0.5.14-0.5.19,
+    e.g. 0.5.14 rotary_embedding/base.py:152 ``get_global_server_args()``) get the kit's, as the kit
+    installs it (``set_global_server_args_for_scheduler``, 0.5.14 dense_attention.py:375). 0.5.20+
+    retired it (``RuntimeError``) for namespace bags: a context is published the kits' way,
+    ``get_context().override_server_args(...).install()`` (0.5.20 runtime_context.py:1225-1245)."""
+    sa = importlib.import_module("sglang.srt.server_args")
+    try:
+        sa.get_global_server_args()
+        return "already set"
+    except RuntimeError:  # retired: namespace bags
+        pass
+    except ValueError:
+        sa.set_global_server_args_for_scheduler(mock_server_args(model_path))
+        return "set_global_server_args_for_scheduler(make_mock_server_args())"
+    except AttributeError:
+        return "no global server args in this release"
+    rc = importlib.import_module("sglang.srt.runtime_context")
+    try:
+        rc.get_exec()
+        return "a context is published"
+    except ValueError:
+        _INSTALLED.append(rc.get_context().override_server_args(tp_size=1, pp_size=1, dp_size=1, device="cpu",
+                                                                model_path=model_path))
+        _INSTALLED[-1].install()
+        return "get_context().override_server_args(tp=pp=dp=1, device=cpu).install()"
+
+
+def dp_attention(mc, model_path: str) -> str:
+    """Releases up to 0.5.20 keep attention-DP ranks in module globals that some model files read
+    while building (gpt-oss, exaone4: 0.5.14 dp_attention.py:355-371): set by the release's own
+    ``initialize_dp_attention(server_args, model_config)`` (:279), as the model runner does."""
+    dpa = importlib.import_module("sglang.srt.layers.dp_attention")
+    init = getattr(dpa, "initialize_dp_attention", None)
+    if init is None or getattr(dpa, "_ATTN_DP_SIZE", 0) is not None:
+        return "not needed"
+    try:
+        args = mock_server_args(model_path)
+    except TypeError as e:  # 0.5.20's composed ServerArgs has no kit recipe: a model that needs DP says so
+        return f"skipped: {e}"
+    init(args, mc)
+    return "initialize_dp_attention(make_mock_server_args(), model_config)"
+
+
 def vllm_placeholder() -> None:
     """``vllm._custom_ops`` whose names raise when called (``releases._Missing``)."""
     from swa_repro.sglang.releases import _Missing
 
     if "vllm._custom_ops" in sys.modules:
         return
+    def missing(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"vllm._custom_ops.{name}")
+
     pkg, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
     pkg.__path__ = []
-    ops.__getattr__ = lambda name: _Missing(f"vllm._custom_ops.{name}")
+    ops.__getattr__ = missing
     sys.modules.update({"vllm": pkg, "vllm._custom_ops": ops})
 
 
-def model_config(small: SmallConfig, context_length: int):
+def config_folder(small: SmallConfig) -> str:
+    """A checkpoint folder holding only the small config's ``config.json``."""
+    folder = tempfile.mkdtemp(prefix=f"swa-repro-{small.family}-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(small.config, f)
+    return folder
+
+
+def model_config(folder: str, context_length: int):
     """The release's ``ModelConfig`` read from the small config's ``config.json`` (offline). A
     published default shorter than the audit's batches (Exaone4Config: 2048 positions) is extended
     the way the release's own refusal says (0.5.23 model_config.py:1302-1316,
@@ -95,19 +165,18 @@ def model_config(small: SmallConfig, context_length: int):
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
-    folder = tempfile.mkdtemp(prefix=f"swa-repro-{small.family}-")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(small.config, f)
     return ModelConfig(model_path=folder, context_length=context_length)
 
 
 def build_model(mc):
-    """The release's loader builds the model class for ``mc`` on the meta device."""
+    """The release's loader builds the model class for ``mc`` on the meta device. The model
+    registry is imported first, off meta: some model modules make tensors at import (0.5.14)."""
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.model_loader.loader import _initialize_model
+    from sglang.srt.model_loader import loader
 
+    loader.get_model_architecture(mc)
     with torch.device("meta"):
-        return _initialize_model(mc, LoadConfig())
+        return loader._initialize_model(mc, LoadConfig())
 
 
 def attention_layers(model) -> tuple:
@@ -149,7 +218,10 @@ def build(small: SmallConfig, context_length: int) -> Built:
     """Steps 1-4 of the module docstring for one family."""
     vllm_placeholder()
     single_rank()
-    mc = model_config(small, context_length)
+    folder = config_folder(small)
+    server_args(folder)
+    mc = model_config(folder, context_length)
+    dp_attention(mc, folder)
     model = build_model(mc)
     window, rule = runner_window(model, mc)
     cls = type(model)

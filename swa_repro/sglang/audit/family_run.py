@@ -107,7 +107,9 @@ def child(overlay: Path, families: list[str], gpu: str) -> dict:
     from swa_repro.sglang import harness
     from swa_repro.sglang.audit import core as audit_core
     from swa_repro.sglang.audit import family as audit_family
+    from swa_repro.sglang.audit.family_build import vllm_placeholder
 
+    vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
     harness.backend_module()
     t_import = time.monotonic() - t0
     out = []
