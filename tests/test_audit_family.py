@@ -60,7 +60,7 @@ def no_work(monkeypatch, tmp_path):
     monkeypatch.setattr(provision, "provision", _never)
     monkeypatch.setattr(overlay_run, "run_child", _never)
     monkeypatch.setattr(family_run, "run_child", _never)
-    monkeypatch.setattr(family_run, "overlay_for", lambda v, **k: (tmp_path / "ov", {}, None))
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes=None, **k: (tmp_path / "ov", {}, None))
     return tmp_path
 
 
@@ -75,6 +75,7 @@ def no_work(monkeypatch, tmp_path):
     (["--sglang", "0.5.23;x", "--model", "gemma2"], "give a release number"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--both"], "--model goes without"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--paths", "decode"], "--model goes without"),
+    (["--sglang", "0.5.23", "--model", "gemma2", "--fix", "bogus"], "bogus"),
     (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: sglang 0.5.23 has no model file for "
                                                    "Cohere2ForCausalLM; it serves gemma2"),
 ])
@@ -83,6 +84,34 @@ def test_bad_input_is_one_line_exit_2_before_any_work(argv, must, no_work, capfd
     rc = main(["audit", *argv])
     err = capfd.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and must in err[0], (rc, err)
+
+
+@pytest.mark.parametrize("argv, must", [
+    (["--release-table", "--model", "gemma2"], "--release-table --model takes all"),
+    (["--release-table", "--model", "all", "--gpu", "sm75"], "--gpu 'sm75'"),
+    (["--release-table", "--model", "all", "--releases", "0.5.9"], "0.5.10 and later"),
+    (["--release-table", "--model", "all", "--both"], "takes --releases, --gpu, --jobs and --out only"),
+])
+def test_family_table_input_is_checked_before_any_audit(argv, must, no_work, capfd, monkeypatch):
+    from swa_repro.sglang.audit import family_table
+
+    monkeypatch.setattr(family_table, "build", _never)
+    capfd.readouterr()
+    rc = main(["audit", *argv, "--out", str(no_work / "t")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and must in err[0], (rc, err)
+    assert not (no_work / "t").exists()
+
+
+def test_the_family_table_markdown_is_its_json_rendered():
+    from swa_repro.sglang.audit import family_table, table
+
+    p = table.TABLE_DIR / "families.json"
+    if not p.is_file():
+        pytest.skip("docs/audit/families.json not generated yet")
+    t = table.committed(p)
+    assert (table.TABLE_DIR / "families.md").read_text() == family_table.markdown(t)
+    assert {r["sglang"] for r in t["rows"]} >= {"0.5.14", "0.5.23"} and t["gpus"]
 
 
 def test_all_keeps_the_families_the_release_serves(no_work):

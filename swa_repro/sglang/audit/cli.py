@@ -210,11 +210,12 @@ def _families(a) -> int:
     families.check_args(a.model, a.gpu)
     if not a.sglang:
         raise UsageError("--model audits a family on a release's own code: add --sglang VERSION (e.g. 0.5.23)")
-    if a.release_table or a.what_if or a.fix or a.paths or a.mode == "live":
-        raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --fix, --paths "
-                         "and --mode live")
+    if a.release_table or a.what_if or a.paths or a.mode == "live":
+        raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
+                         "--mode live")
     provision.parse(a.sglang)
-    doc = family_run.audit_families(a.sglang, a.model, a.gpu, note=lambda s: print(s, file=sys.stderr))
+    doc = family_run.audit_families(a.sglang, a.model, a.gpu, fixes=_fixes(a),
+                                    note=lambda s: print(s, file=sys.stderr))
     print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
     sys.stdout.flush()
     bad = family_run.incomplete(doc)

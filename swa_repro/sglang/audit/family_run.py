@@ -28,18 +28,19 @@ ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA gr
 
 
 # ----------------------------------------------------------------------------- parent
-def audit_families(version: str, family: str, gpu: str | None, *, note=print) -> dict:
-    """Audit ``family`` (comma-separated, or ``all``) of release ``version`` on ``gpu``."""
+def audit_families(version: str, family: str, gpu: str | None, *, fixes=None, note=print) -> dict:
+    """Audit ``family`` (comma-separated, or ``all``) of release ``version`` on ``gpu``; ``fixes``:
+    with these ``swa-repro patch --fix`` fixes applied to a copy of its overlay (``fix.overlay``)."""
     from swa_repro.sglang import provision
 
     names, gclass = fam.check_args(family, gpu)
     if provision.parse(version) < provision.MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
-    overlay, info, _ = overlay_for(version, note=note, doing=f"building {','.join(names)}")
+    overlay, info, fixed = overlay_for(version, fixes, note=note, doing=f"building {','.join(names)}")
     names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
     doc, secs, how = run_child("swa_repro.sglang.audit.family_run", overlay,
                                ["--families", ",".join(names), "--gpu", gclass.name], f"auditing sglang {version}")
-    doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how)
+    doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how, fixes=fixed)
     serving = _serving(overlay, version)
     for f in doc["families"]:
         f["serving"] = serving.get(f["family"])
@@ -93,7 +94,7 @@ def answer(f: dict, gpu: str) -> dict:
                                 ("only with speculative decoding", spec, None)):
         bad = _bad(f, paths)
         if bad:
-            return {"state": state, "why": bad[:6], "flags": flags, "default_backend": backend, "note": note}
+            return {"state": state, "why": bad, "flags": flags, "default_backend": backend, "note": note}
     undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f["paths"]
                 if r.get("status") not in ("driven", "absent")]
     state = "not affected" if not undriven else "unknown (not driven)"
@@ -148,7 +149,9 @@ def render(doc: dict) -> list[str]:
     """The audit as text: per family, what the release built and derived, then per layer kind and
     path the key verdict at the real window, the cap and the backends, then the answer."""
     rel = doc["release"]
-    out = [f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {rel['state']}; GPU class {doc['gpu']} "
+    fx = rel.get("fixes")
+    out = [("FIXED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
+           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {rel['state']}; GPU class {doc['gpu']} "
            f"({fam.GPU_CLASSES[doc['gpu']].cards})"]
     for f in doc["families"]:
         if f.get("error"):
@@ -175,8 +178,9 @@ def render(doc: dict) -> list[str]:
                        f"{r['cap'][:60]}; {wr}{vs}")
         a = f["answer"]
         extra = "; ".join(str(x) for x in (a.get("flags"), a.get("note")) if x)
-        out += [f"  ANSWER: {a['state']}" + (f" ({extra})" if extra else ""),
-                *(f"    {w}" for w in ([a["why"]] if isinstance(a.get("why"), str) else a.get("why") or [])), ""]
+        why = [a["why"]] if isinstance(a.get("why"), str) else a.get("why") or []
+        out += [f"  ANSWER: {a['state']}" + (f" ({extra})" if extra else ""), *(f"    {w}" for w in why[:8]),
+                *([f"    ... {len(why) - 8} more"] if len(why) > 8 else []), ""]
     return out
 
 

@@ -20,6 +20,26 @@ SHORT = {"affected on the default path": "**affected**", "only with flags": "fla
          "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown"}
 
 
+TAG = {"extend_paged": "paged", "extend_ragged_no_prefix": "ragged", "extend_ragged_prefix": "ragged+prefix",
+       "decode": "decode", "cuda_graph_decode": "decode graph", "cuda_graph_extend": "prefill graph"}
+
+
+def tags(why) -> str:
+    """``["sliding extend_paged: extra", "full decode: cap dropped", ...]`` -> ``S paged; F decode; cap``."""
+    kinds, cap = {}, False
+    for w in why or []:
+        head, _, what = w.partition(": ")
+        kind, _, path = head.partition(" ")
+        if what == "cap dropped":
+            cap = True
+            continue
+        t = TAG.get(path, "verify" if "verify" in path else path)
+        if t not in kinds.setdefault(kind, []):
+            kinds[kind].append(t)
+    parts = [f"{k[0].upper()} {', '.join(v)}" for k, v in kinds.items()] + (["cap"] if cap else [])
+    return "; ".join(parts)
+
+
 def cell_of(f: dict) -> dict:
     """One family of one audit: the answer and the facts behind it."""
     a = f["answer"]
@@ -78,6 +98,15 @@ def _families(table: dict) -> list[str]:
     return [f for f in FAMILIES if f in seen]
 
 
+def _main(c: dict | None) -> str:
+    """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
+    if c is None:
+        return "absent"
+    t = tags(c["why"]) if c["state"] in ("affected on the default path", "only with flags",
+                                         "only with speculative decoding") else ""
+    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "")
+
+
 def _win(c: dict) -> str:
     if "window_hf" not in c:
         return "-"
@@ -107,8 +136,7 @@ def markdown(table: dict) -> str:
     for g in table["gpus"]:
         rows = [r for r in table["rows"] if r["gpu"] == g]
         lines += [f"## {g}", "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        lines += [f"| {r['sglang']} | " + " | ".join(SHORT.get(r["cells"].get(f, {}).get("state"), "absent")
-                                                 for f in fams) + " |" for r in rows]
+        lines += [f"| {r['sglang']} | " + " | ".join(_main(r["cells"].get(f)) for f in fams) + " |" for r in rows]
         lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({g}):",
                   "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
         lines += [f"| {r['sglang']} | " + " | ".join(
@@ -121,7 +149,8 @@ def markdown(table: dict) -> str:
         for f, c in r["cells"].items():
             extra = "; ".join(x for x in (str(c.get("flags") or ""), c.get("note") or "") if x)
             lines.append(f"- **{f}: {c['state']}**" + (f" ({extra})" if extra else ""))
-            lines += [f"  - {w}" for w in c["why"][:6]]
+            lines += [f"  - {w}" for w in c["why"][:12]] + ([f"  - ... {len(c['why']) - 12} more"]
+                                                            if len(c["why"]) > 12 else [])
         lines.append("")
     t = pv["timings_s"]
     lines += ["## Timings (s, this machine)", "", "| sglang | import | audit (all families) | subprocess |",
