@@ -100,11 +100,16 @@ def sglang_models_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "srt" / "models"
 
 
-@lru_cache(maxsize=None)
 def model_file(architecture: str) -> Path | None:
-    """The sglang model file whose ``EntryClass`` lists ``architecture`` (the registry's rule,
-    sglang/srt/models/registry.py, read without importing every model)."""
-    for p in sorted(sglang_models_dir().glob("*.py")):
+    """The installed sglang's model file for ``architecture`` (:func:`model_file_in`)."""
+    return model_file_in(sglang_models_dir(), architecture)
+
+
+@lru_cache(maxsize=None)
+def model_file_in(models_dir: Path, architecture: str) -> Path | None:
+    """The model file under ``models_dir`` whose ``EntryClass`` lists ``architecture`` (the registry's
+    rule, sglang/srt/models/registry.py, read without importing every model)."""
+    for p in sorted(models_dir.glob("*.py")):
         text = p.read_text()
         if "EntryClass" not in text or architecture not in text:
             continue

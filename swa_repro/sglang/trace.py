@@ -34,20 +34,27 @@ FORMAT = "swa-repro-trace/1"
 
 
 # ----------------------------------------------------------------------------- encoding
-def encode(x, *, workspace: bool = False):
-    """Python/torch values -> containers ``torch.load(weights_only=True)`` accepts."""
+SHAPE_ONLY_NUMEL = 1 << 16  # float tensors above this many elements: shape and dtype only (``values=False``)
+
+
+def encode(x, *, workspace: bool = False, values: bool = True):
+    """Python/torch values -> containers ``torch.load(weights_only=True)`` accepts. ``values=False``:
+    floating-point tensors over :data:`SHAPE_ONLY_NUMEL` elements (q, k, v, the KV cache, outputs)
+    keep their shape and dtype only; index tensors and masks are always copied."""
     if torch.is_tensor(x):
         if workspace:  # flashinfer's float workspace: its size (and which one it is) matters, not its bytes
             return {"__workspace__": int(x.numel() * x.element_size()), "id": int(x.data_ptr())}
+        if not values and x.is_floating_point() and x.numel() > SHAPE_ONLY_NUMEL:
+            return {"__shape__": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")}
         return x.detach().to("cpu").clone()
     if isinstance(x, torch.dtype):
         return {"__dtype__": str(x).removeprefix("torch.")}
     if isinstance(x, tuple):
-        return {"__tuple__": [encode(v) for v in x]}
+        return {"__tuple__": [encode(v, values=values) for v in x]}
     if isinstance(x, list):
-        return [encode(v) for v in x]
+        return [encode(v, values=values) for v in x]
     if isinstance(x, dict):
-        return {str(k): encode(v) for k, v in x.items()}
+        return {str(k): encode(v, values=values) for k, v in x.items()}
     if x is None or isinstance(x, (bool, int, float, str)):
         return x
     return {"__repr__": repr(x)}
@@ -70,6 +77,8 @@ def decode(x, device="cpu", workspaces: dict | None = None):
             return workspaces[key]
         if "__dtype__" in x:
             return getattr(torch, x["__dtype__"])
+        if "__shape__" in x:  # recorded without its values: a meta tensor of its shape
+            return torch.empty(x["__shape__"], dtype=getattr(torch, x["dtype"]), device="meta")
         if "__tuple__" in x:
             return tuple(decode(v, device) for v in x["__tuple__"])
         if "__repr__" in x:
@@ -104,6 +113,7 @@ class Call:
 class Trace:
     calls: list[Call] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+    values: bool = True  # False: large float tensors recorded as shape only (``encode``); such a trace cannot replay
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -157,14 +167,15 @@ class TracedWrapper:
             return attr
 
         def call(*args, **kwargs):
-            rec = Call(self._wid, self._cls, name, encode(list(args)), encode(kwargs))
+            v = self._trace.values
+            rec = Call(self._wid, self._cls, name, encode(list(args), values=v), encode(kwargs, values=v))
             try:
                 res = attr(*args, **kwargs)
             except BaseException as e:
                 rec.error = f"{type(e).__name__}: {e}"
                 self._trace.calls.append(rec)
                 raise
-            rec.result = encode(res)
+            rec.result = encode(res, values=self._trace.values)
             self._trace.calls.append(rec)
             return res
 

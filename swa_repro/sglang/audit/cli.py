@@ -8,6 +8,8 @@
   in-process); their header starts ``WHAT-IF`` and their JSON carries ``"what_if"``.
 * ``--release-table``: every release in ``--releases``, one subprocess each ->
   ``releases.md`` + ``releases.json`` (``audit.table``).
+* ``--sglang X --model FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: the family's own layers, built by
+  release X's model code, at the family's real window (``audit.family_run``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ def register(sub) -> None:
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
     p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
+    p.add_argument("--model", metavar="FAMILY[,FAMILY]|all", help="with --sglang: the family's own attention layers, "
+                   "built by that release's model code from a small config (transformers' defaults), at the "
+                   "family's real window; all = every family the release serves")
+    p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class the backend is built "
+                   "for (default sm90)")
     p.set_defaults(func=main, what_if=None)
 
 
@@ -79,6 +86,10 @@ def _bounds(a) -> list:
 def main(a) -> int:
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)
+    if a.release_table and a.model is not None:
+        return _family_table(a)
+    if a.model is not None or a.gpu is not None:
+        return _families(a)
     paths = _paths(a.paths)
     check_bounds(_bounds(a))
     fixes = _fixes(a)
@@ -187,6 +198,54 @@ def key_rows(r: dict) -> list[str]:
                     f"{_fmt(t['max_err_uncapped']):>12} {agree:>15}"
                     + (f"  ({t['live_errors'][:160]})" if t["live_errors"] else ""))
     return rows
+
+
+def _families(a) -> int:
+    """``--model`` (and ``--gpu``): names checked, then the release; one line for each misuse."""
+    from swa_repro.sglang import families
+    from swa_repro.sglang.audit import family_run
+
+    if a.model is None:
+        raise UsageError("--gpu goes with --model FAMILY: the GPU class of a family's audit")
+    families.check_args(a.model, a.gpu)
+    if not a.sglang:
+        raise UsageError("--model audits a family on a release's own code: add --sglang VERSION (e.g. 0.5.23)")
+    if a.release_table or a.what_if or a.paths or a.mode == "live":
+        raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
+                         "--mode live")
+    provision.parse(a.sglang)
+    doc = family_run.audit_families(a.sglang, a.model, a.gpu, fixes=_fixes(a),
+                                    note=lambda s: print(s, file=sys.stderr))
+    print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
+    sys.stdout.flush()
+    bad = family_run.incomplete(doc)
+    for x in ["audit incomplete: not everything the release has was driven:"] + bad if bad else []:
+        print(f"  {x}" if x[0] != "a" else x, file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _family_table(a) -> int:
+    """``--release-table --model all [--gpu G[,G]]``: docs/audit/families.{md,json}."""
+    from swa_repro.sglang import families
+    from swa_repro.sglang.audit import family_table
+
+    if a.model != "all":
+        raise UsageError("--release-table --model takes all: the table has every family each release serves")
+    gpus = [g.strip() for g in (a.gpu or families.DEFAULT_GPU).split(",") if g.strip()]
+    for g in gpus:
+        families.check_args("all", g)
+    versions = [v.strip() for v in a.releases.split(",") if v.strip()]
+    if not versions or a.what_if or a.sglang or a.paths or a.fix:
+        raise UsageError("--release-table --model all takes --releases, --gpu, --jobs and --out only")
+    out_dir(a.out, "--out")
+    for v in versions:
+        if provision.parse(v) < provision.MIN_RELEASE:
+            raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
+    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
+    md, js = family_table.write(table, a.out)
+    print(f"wrote {md} and {js}")
+    return 0
 
 
 def _table(a) -> int:

@@ -36,8 +36,27 @@ from swa_repro.sglang.trace import Trace
 
 # ----------------------------------------------------------------------------- one layer configuration
 @dataclass(frozen=True)
+class Shape:
+    """Heads and lengths of every path's batch: ``prefix`` + ``extend`` for the extend paths,
+    ``committed`` for decode and verify (default: past a window of 8, one request short)."""
+    num_qo_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    page_size: int = 1  # sglang plans page size 1
+    prefix: tuple = (20, 3)
+    extend: tuple = (24, 12)
+    committed: tuple = (20, 3)
+
+    @property
+    def heads(self) -> dict:
+        return dict(num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                    page_size=self.page_size)
+
+
+@dataclass(frozen=True)
 class LayerConfig:
-    """One attention layer: window (``-1`` none) and soft cap (``0`` none)."""
+    """One attention layer: window (``-1`` none) and soft cap (``0`` none). Its methods build what
+    a path drives (``audit.family`` overrides them with a model's own layer and runner window)."""
     window_left: int
     logit_cap: float
 
@@ -46,9 +65,30 @@ class LayerConfig:
         return f"{'swa' if self.window_left >= 0 else 'full'}{'' if self.window_left < 0 else self.window_left}" \
                f"{'_cap' + format(self.logit_cap, 'g') if self.logit_cap else ''}"
 
+    @property
+    def shape(self) -> Shape:
+        return SHAPE
 
+    def setup(self, fb, case: Case, max_ctx: int, device: str, use_paged: bool = False):
+        return _setup(fb, case, self, max_ctx, device, use_paged)
+
+    def extend_inputs(self, case: Case, runner, layer, max_ctx: int, device: str):
+        """``(batch, q, k, v)`` of an extend path: seeded inputs, shuffled pages, prefix KV written."""
+        _, batch, (q, k, v) = harness._inputs(case, runner, layer, dtype=torch.bfloat16, device=device, seed=0,
+                                             max_context_len=max_ctx, kit=releases_kit.kit_module())
+        return batch, q * q_scale(self), k, v
+
+    def inputs(self, n_tokens: int, case: Case):
+        """Seeded q, k, v of ``n_tokens`` rows (decode, verify, graph)."""
+        g = torch.Generator().manual_seed(2)
+        q = torch.randn(n_tokens, case.num_qo_heads * case.head_dim, generator=g) * q_scale(self)
+        return (q, torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g),
+                torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g))
+
+
+SHAPE = Shape()
 LAYER_CONFIGS = (LayerConfig(8, 0.0), LayerConfig(8, 50.0), LayerConfig(-1, 50.0), LayerConfig(-1, 0.0))
-HEADS = dict(num_qo_heads=4, num_kv_heads=2, head_dim=64, page_size=1)  # sglang plans page size 1
+HEADS = SHAPE.heads
 
 
 @dataclass
@@ -106,7 +146,7 @@ def q_scale(cfg: "LayerConfig") -> float:
 
 def _case(cfg: LayerConfig, prefix_lens, extend_lens) -> Case:
     return Case(prefix_lens=tuple(prefix_lens), extend_lens=tuple(extend_lens), window_left=cfg.window_left,
-                name=f"audit_{cfg.name}", **HEADS)
+                name=f"audit_{cfg.name}", **cfg.shape.heads)
 
 
 def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, device: str, use_paged: bool = False):
@@ -145,10 +185,7 @@ def model_cap(runner, cap: float) -> None:
 
 
 def _run_layer(backend, layer, batch, n_tokens: int, case: Case, cfg: LayerConfig, device: str):
-    g = torch.Generator().manual_seed(2)
-    q = torch.randn(n_tokens, case.num_qo_heads * case.head_dim, generator=g) * q_scale(cfg)
-    k = torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g)
-    v = torch.randn(n_tokens, case.num_kv_heads * case.head_dim, generator=g)
+    q, k, v = cfg.inputs(n_tokens, case)
     with releases.attach(backend, batch):
         layer(*(x.to(device, torch.bfloat16) for x in (q, k, v)), batch)
 
@@ -160,16 +197,14 @@ def _kit_batch(case: Case, runner, mode, max_ctx: int, device: str):
 
 
 # ----------------------------------------------------------------------------- the paths
-PREFIX, EXTEND, DRAFT = (20, 3), (24, 12), 4  # lengths past the window of 8, one request short
+PREFIX, EXTEND, DRAFT = SHAPE.prefix, SHAPE.extend, 4  # lengths past the window of 8, one request short
 
 
 def _extend(fb, cfg, run, prefix, use_paged: bool):
-    case = _case(cfg, prefix, EXTEND)
+    case = _case(cfg, prefix, cfg.shape.extend)
     max_ctx = max(case.kv_lens)
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx, run.device, use_paged)
-    _, batch, (q, k, v) = harness._inputs(case, runner, layer, dtype=torch.bfloat16, device=run.device, seed=0,
-                                         max_context_len=max_ctx, kit=releases_kit.kit_module())
-    q = q * q_scale(cfg)
+    runner, backend, layer = cfg.setup(fb, case, max_ctx, run.device, use_paged)
+    batch, q, k, v = cfg.extend_inputs(case, runner, layer, max_ctx, run.device)
     with releases.attach(backend, batch):
         backend.init_forward_metadata(batch)
         layer(q.reshape(q.shape[0], -1), k.reshape(k.shape[0], -1), v.reshape(v.shape[0], -1), batch)
@@ -179,9 +214,10 @@ def _extend(fb, cfg, run, prefix, use_paged: bool):
 def _decode(fb, cfg, run):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    case = _case(cfg, PREFIX, (1,) * len(PREFIX))
+    committed = cfg.shape.committed
+    case = _case(cfg, committed, (1,) * len(committed))
     max_ctx = max(case.kv_lens) + 1
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx, run.device)
+    runner, backend, layer = cfg.setup(fb, case, max_ctx, run.device)
     batch = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx, run.device)
     backend.init_forward_metadata(batch)
     _run_layer(backend, layer, batch, case.batch_size, case, cfg, run.device)
@@ -219,25 +255,25 @@ def verify_layout(spec: Spec, committed) -> tuple[torch.Tensor | None, torch.Ten
 
 
 def _verify_batch(fb, cfg, spec: Spec, device: str, run: PathRun | None = None):
-    """TARGET_VERIFY over committed ``PREFIX`` with ``spec.n`` draft tokens per request: the kit
+    """TARGET_VERIFY over ``cfg.shape.committed`` tokens with ``spec.n`` draft tokens per request: the kit
     lays out prefix + draft tokens, then ``seq_lens`` are the committed lengths and ``positions``
     the verify input's (forward_batch_info.py:1219-1223: ``positions = spec_info.positions``), as
     in sglang. The tree's parent links go to ``run.spec_tree`` for the key oracle."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    n = spec.n
-    case = _case(cfg, PREFIX, (n,) * len(PREFIX))
+    n, committed = spec.n, cfg.shape.committed
+    case = _case(cfg, committed, (n,) * len(committed))
     max_ctx = max(case.kv_lens)
-    runner, backend, layer = _setup(fb, case, cfg, max_ctx, device)
+    runner, backend, layer = cfg.setup(fb, case, max_ctx, device)
     batch = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, device)
-    seq = torch.tensor(PREFIX, dtype=torch.int32, device=device)
+    seq = torch.tensor(committed, dtype=torch.int32, device=device)
     batch.forward_mode, batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum = \
         ForwardMode.TARGET_VERIFY, seq, seq.cpu(), int(seq.sum())
-    mask, positions, parents = verify_layout(spec, PREFIX)
+    mask, positions, parents = verify_layout(spec, committed)
     batch.positions = positions.to(device)
     if run is not None:
-        run.spec_tree = {"committed": list(PREFIX), "parents": parents}
-    draft = torch.zeros(n * len(PREFIX), dtype=torch.long, device=device)
+        run.spec_tree = {"committed": list(committed), "parents": parents}
+    draft = torch.zeros(n * len(committed), dtype=torch.long, device=device)
     if spec.kind == "eagle":
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
         from sglang.srt.speculative.eagle_info import EagleVerifyInput
@@ -257,7 +293,7 @@ def _verify_batch(fb, cfg, spec: Spec, device: str, run: PathRun | None = None):
 
         batch.spec_info = DFlashVerifyInput(draft_token=draft, positions=batch.positions, draft_token_num=n)
     releases.spec_info_defaults(batch.spec_info, n)
-    return case, runner, backend, layer, batch, n * len(PREFIX)
+    return case, runner, backend, layer, batch, n * len(committed)
 
 
 def _verify(fb, cfg, run, spec: Spec):
@@ -275,15 +311,15 @@ def _graph(fb, cfg, run: PathRun, mode: str, spec: Spec = CHAIN):
 
     dev = run.device
     if mode == "decode":
-        case = _case(cfg, PREFIX, (1,) * len(PREFIX))
+        case = _case(cfg, cfg.shape.committed, (1,) * len(cfg.shape.committed))
         max_ctx = max(case.kv_lens) + 1
-        runner, backend, layer = _setup(fb, case, cfg, max_ctx, dev)
+        runner, backend, layer = cfg.setup(fb, case, max_ctx, dev)
         batch, n = _kit_batch(case, runner, ForwardMode.DECODE, max_ctx, dev), case.batch_size
     elif mode == "extend":  # full prefill CUDA graph: plain EXTEND on capture-stable wrappers (:1084)
-        case = _case(cfg, PREFIX, EXTEND)
+        case = _case(cfg, cfg.shape.prefix, cfg.shape.extend)
         max_ctx = max(case.kv_lens)
-        runner, backend, layer = _setup(fb, case, cfg, max_ctx, dev)
-        batch, n = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, dev), sum(EXTEND)
+        runner, backend, layer = cfg.setup(fb, case, max_ctx, dev)
+        batch, n = _kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, dev), sum(cfg.shape.extend)
     else:
         case, runner, backend, layer, batch, n = _verify_batch(fb, cfg, spec, dev, run)
     backend.init_cuda_graph_state(max_bs=case.batch_size, max_num_tokens=max(n, case.batch_size) * 2)
@@ -298,9 +334,9 @@ def _graph(fb, cfg, run: PathRun, mode: str, spec: Spec = CHAIN):
 
 
 PATHS = {  # each driver takes (flashinfer_backend module, layer config, PathRun), returns (runner, batch)
-    "extend_paged": dict(use_paged=True, fn=lambda fb, c, r: _extend(fb, c, r, PREFIX, True)),
+    "extend_paged": dict(use_paged=True, fn=lambda fb, c, r: _extend(fb, c, r, c.shape.prefix, True)),
     "extend_ragged_no_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, (0, 0), False)),
-    "extend_ragged_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, PREFIX, False)),
+    "extend_ragged_prefix": dict(use_paged=False, fn=lambda fb, c, r: _extend(fb, c, r, c.shape.prefix, False)),
     "decode": dict(use_paged=False, fn=lambda fb, c, r: _decode(fb, c, r)),
     "target_verify_eagle": dict(use_paged=False, fn=lambda fb, c, r: _verify(fb, c, r, CHAIN)),
     **{f"target_verify_eagle_{t.name}": dict(use_paged=False, fn=lambda fb, c, r, t=t: _verify(fb, c, r, t))
@@ -329,7 +365,8 @@ def drive(path: str, cfg: LayerConfig, *, what_if: str | None = None, device: st
     (``device`` not where sglang dispatches, among others)."""
     spec = PATHS[path]
     device = device or audit_device()
-    trace = Trace(meta={"path": path, "layer": cfg.name, "what_if": what_if, "device": device})
+    trace = Trace(meta={"path": path, "layer": cfg.name, "what_if": what_if, "device": device},
+                  values=getattr(cfg, "trace_values", True))
     run = PathRun(path, cfg, trace, cfg.window_left, cfg.logit_cap, device=device)
     releases.ensure_sgl_kernel()
     fb = harness.backend_module()

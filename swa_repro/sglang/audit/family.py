@@ -1,0 +1,204 @@
+"""A model family through release X's FlashInfer backend, at the family's real window (child side).
+
+For each family (``audit.family_build``: the release's own ModelConfig, loader and model file, the
+runner's ``sliding_window_size`` from the release's own model-runner code), one layer of each kind
+transformers declares (sliding / full) is driven down every audit path (``audit.paths``) with:
+
+* the release's test-kit runner carrying the release's ``ModelConfig`` and the derived window, the
+  backend built as the release builds it (``FlashInferAttnBackend(runner)``) under the GPU class
+  (:func:`gpu_env`: the release's own platform switch);
+* the model's own ``RadixAttention`` (its window, cap, heads and head_dim), its id mapped to the
+  kit's one-layer KV pool;
+* batches past the window: extend ``prefix + extend`` with ``extend > window``, decode and verify
+  over ``window + 256`` committed tokens, one request short.
+
+What FlashInfer is told is read off the recorded calls (``audit.core.analyze``, ``plan_texts``);
+the keys each query attends are counted as ranges (``audit.spans``) against the window transformers
+intends for that layer kind, with what FlashInfer runs for each wrapper on that GPU class
+(``families.GpuClass.resolve``); the cap is applied only where ``plan()`` carries it and the backend
+applies one (cutlass does not: flashinfer 0.7.2 prefill.py:1815-1819, :5442-5460).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass
+
+import torch
+
+from swa_repro.sglang import harness, releases, releases_kit
+from swa_repro.sglang.audit import core as audit_core
+from swa_repro.sglang.audit import family_build as fbuild
+from swa_repro.sglang.audit import keys as ak
+from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit import spans
+from swa_repro.sglang.audit.env import DECODE
+from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
+
+
+def family_shape(layer, window: int) -> ap.Shape:
+    """The family's heads; lengths past its window (HF's count): ragged no-prefix queries beyond
+    it, paged prefixes, decode and verify over ``window + 256`` committed tokens."""
+    return ap.Shape(num_qo_heads=int(layer.tp_q_head_num), num_kv_heads=int(layer.tp_k_head_num),
+                    head_dim=int(layer.head_dim), prefix=(256, 3), extend=(window + 256, 40),
+                    committed=(window + 256, 3))
+
+
+def context_length(window: int) -> int:
+    """The longest request any path builds, with margin: a server's ``--context-length``."""
+    return window + 576
+
+
+@dataclass(frozen=True, eq=False)
+class FamilyLayer(ap.LayerConfig):
+    """A model's own attention layer as a path drives it (``paths.LayerConfig``'s hooks)."""
+    kind: str = SLIDING
+    built: object = None  # family_build.Built
+    attn: object = None  # the model's RadixAttention of this kind
+    family_shape: ap.Shape = ap.SHAPE
+    trace_values = False  # the audit reads indices, masks and parameters; q/k/v/KV by shape only
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind}:{ap.LayerConfig(self.window_left, self.logit_cap).name}"
+
+    @property
+    def shape(self) -> ap.Shape:
+        return self.family_shape
+
+    def setup(self, fb, case, max_ctx: int, device: str, use_paged: bool = False):
+        """The kit's runner with the release's ModelConfig and derived window; the model's layer."""
+        runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
+                                           deterministic=use_paged and not releases.has_paged_switch())
+        runner.model_config = self.built.model_config
+        runner.sliding_window_size = self.built.runner_window
+        releases.newer_release_attrs(runner)
+        layer = copy.copy(self.attn)
+        layer.layer_id = 0  # the kit's pool holds one layer
+        return runner, fb.FlashInferAttnBackend(runner), layer
+
+    def extend_inputs(self, case, runner, layer, max_ctx: int, device: str):
+        """The kit's batch (contiguous slots); zero q/k/v: the stand-ins never read values."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        batch = ap._kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, device)
+        return (batch, *self.inputs(sum(case.extend_lens), case))
+
+    def inputs(self, n_tokens: int, case):
+        return (torch.zeros(n_tokens, case.num_qo_heads * case.head_dim),
+                torch.zeros(n_tokens, case.num_kv_heads * case.head_dim),
+                torch.zeros(n_tokens, case.num_kv_heads * case.head_dim))
+
+
+@contextlib.contextmanager
+def gpu_env(fb, gpu: GpuClass):
+    """The release's own switch for the GPU class: ``override_platform(is_sm100=...)`` (0.5.19+,
+    runtime_context.py ``_PlatformOverride``; read at 0.5.23 flashinfer_backend.py:502), else the
+    backend's ``is_sm100_supported()`` (0.5.14 :428)."""
+    try:
+        from sglang.srt.runtime_context import override_platform
+    except ImportError:
+        override_platform = None
+    if override_platform is not None and hasattr(fb, "get_platform"):
+        with override_platform(is_sm100=gpu.is_sm100):
+            yield
+        return
+    with harness._namespace(fb, {"is_sm100_supported": lambda *a, **k: gpu.is_sm100}):
+        yield
+
+
+# ----------------------------------------------------------------------------- one run's record
+def backend_of(gpu: GpuClass):
+    """``(pair, plan) -> backend FlashInfer runs`` on ``gpu`` (decode: fa2, its only backend here)."""
+    return lambda p, plan: "fa2" if p.cls == DECODE else gpu.resolve(
+        p.backend, int(plan.get("head_dim_qk") or plan.get("head_dim") or 0), plan.get("custom_mask") is not None)
+
+
+def wrappers(run, gpu: GpuClass) -> dict:
+    """Per wrapper class: the backend sglang built it with and what FlashInfer runs on ``gpu``."""
+    out = {}
+    for p in ak.pairs(run):
+        out.setdefault(p.cls.replace("BatchPrefillWith", "").replace("BatchDecodeWith", "Decode:"),
+                       set()).add(f"{p.backend} -> {backend_of(gpu)(p, p.plan[1])}")
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def cap_state(run, gpu: GpuClass) -> str:
+    """``applied`` (every call plans the layer's cap on a backend that applies one), ``dropped``
+    (with which wrapper plans what, or runs on cutlass), ``none`` (the layer has no cap)."""
+    cap = float(run.layer_cap or 0.0)
+    if cap <= 0:
+        return "none"
+    why = set()
+    for p in ak.pairs(run):
+        planned, be = float(p.plan[1].get("logits_soft_cap") or 0.0), backend_of(gpu)(p, p.plan[1])
+        short = p.cls.replace("BatchPrefillWith", "").replace("KVCacheWrapper", "").replace("BatchDecodeWithPaged", "Decode")
+        if planned != cap:
+            why.add(f"{short} plans {planned:g}")
+        elif be == "cutlass":
+            why.add(f"{short} on cutlass")
+    return "applied" if not why else "dropped (" + ", ".join(sorted(why)) + ")"
+
+
+def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
+    """One path x layer kind: status, what the plans carried, backends, keys, verdict, cap."""
+    d = {"path": run.path, "kind": layer.kind, "layer": layer.name}
+    if run.error:
+        return {**d, "status": run.status, "why": run.error}
+    keys = spans.keys_of_run(run, intended, backend_of(gpu))
+    d.update(status="driven", plans=audit_core.plan_texts(run), wrappers=wrappers(run, gpu), keys=keys,
+             verdict=ak.verdict(keys), cap=cap_state(run, gpu),
+             findings=[f.to_dict() for f in audit_core.analyze(run)])
+    if run.layer_window != intended:  # the same calls against the window the layer itself asked for
+        d["verdict_vs_layer"] = ak.verdict(spans.keys_of_run(run, run.layer_window, backend_of(gpu)))
+    return d
+
+
+# ----------------------------------------------------------------------------- one family
+def layers_of(built) -> list[FamilyLayer]:
+    """The first layer of each kind transformers declares, as the model built it."""
+    small, out = built.small, []
+    for kind in (SLIDING, FULL):
+        if kind not in small.kinds:
+            continue
+        attn = built.layers[small.kinds.index(kind)]
+        win = attn.sliding_window_size
+        out.append(FamilyLayer(-1 if win is None or win < 0 else int(win), float(attn.logit_cap or 0.0), kind, built,
+                               attn, family_shape(attn, small.sliding_window or 0)))
+    return out
+
+
+def audit_family(family: str, gpu: GpuClass, paths=None) -> dict:
+    """Build ``family`` with the importable release and drive every path x layer kind."""
+    t0 = time.monotonic()
+    small = small_config(family)
+    built = fbuild.build(small, context_length(small.sliding_window or 0))
+    t_build = time.monotonic() - t0
+    layers = layers_of(built)
+    fb = harness.backend_module()
+    with gpu_env(fb, gpu):
+        runs = [(ap.drive(p, layer, device="cpu"), layer) for p in paths or ap.PATHS for layer in layers]
+    t_drive = time.monotonic() - t0 - t_build
+    recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu) for r, layer in runs]
+    return {"family": family, "gpu": {"name": gpu.name, "cards": gpu.cards},
+            "config": {"hf_class": mc_name(family), "sliding_window": small.sliding_window, "head_dim": small.head_dim,
+                       "num_qo_heads": small.num_qo_heads, "num_kv_heads": small.num_kv_heads, "cap": small.cap,
+                       "layers_built": len(small.kinds), "layers_published": small.full_layers,
+                       "kinds": list(small.kinds)},
+            "build": {"model_class": built.facts["model_class"], "model_file": built.model_file,
+                      "runner_window": built.runner_window, "runner_rule": built.runner_rule,
+                      "model_config": built.facts, "layers": [fbuild.layer_text(x) for x in built.layers]},
+            "kinds": {x.kind: {"layer": fbuild.layer_text(x.attn), "layer_window": x.window_left,
+                               "intended_window": small.intended_window if x.kind == SLIDING else -1,
+                               "cap": x.logit_cap} for x in layers},
+            "paths": recs,
+            "seconds": {"build": round(t_build, 1), "drive": round(t_drive, 1),
+                        "keys": round(time.monotonic() - t0 - t_build - t_drive, 1)}}
+
+
+def mc_name(family: str) -> str:
+    from swa_repro.sglang.model_configs import MODELS
+
+    return MODELS[family][0]

@@ -1,0 +1,244 @@
+"""A model family's attention layers, built by the release's own model-loading code (child side).
+
+In the child of ``audit --sglang X --model FAMILY`` (X's overlay first on ``sys.path``):
+
+1. one rank of sglang's own process groups (gloo, world size 1), as sglang's layer tests set them up
+   (0.5.23 test/layer_ut_utils.py:13-35 ``init_single_process_dist``; ``publish_build_topology``
+   where the release has it, 0.5.21+): the model's parallel linears read the TP size from them;
+2. the family's small config (``families.small_config``) written as ``config.json`` and read by the
+   release's ``ModelConfig`` (configs/model_config.py), as a server reads a checkpoint folder, with
+   ``context_length`` at what the audit's batches need (a server's ``--context-length``);
+3. the model built by the release's loader, ``model_loader.loader._initialize_model`` (0.5.23
+   loader.py:285-312), on the meta device (no weights, no download);
+4. the runner's ``sliding_window_size`` derived by the release's own code: 0.5.16+
+   ``resolve_sliding_window_size`` (0.5.23 model_runner_components/load_model_utils.py:144-157,
+   called at model_runner.py:1353), before that the statements of ``ModelRunner.load_model`` that set
+   it (0.5.14 model_runner.py:1469-1482), executed on the built model and config.
+
+``vllm._custom_ops`` is a placeholder (the rotary embedding imports it on a CPU host, 0.5.23
+rotary_embedding/base.py:138; nothing here runs a rotary).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import socket
+import sys
+import tempfile
+import textwrap
+import types
+from dataclasses import dataclass, field
+
+import torch
+
+from swa_repro.sglang.families import SmallConfig, rel_line
+
+
+@dataclass(frozen=True, eq=False)
+class Built:
+    """What the release built for one family."""
+    small: SmallConfig
+    model_config: object  # the release's ModelConfig
+    layers: tuple  # the model's RadixAttention modules, by layer id
+    runner_window: int | None  # ModelRunner.sliding_window_size, as the release derives it
+    runner_rule: str  # which code derived it, file:line
+    model_file: str  # the model class's file:line
+    facts: dict = field(default_factory=dict)  # ModelConfig's is_hybrid_swa, sliding_window_size, ...
+
+
+def single_rank() -> str:
+    """sglang's process groups for one CPU rank (gloo), once per process; how, for the record."""
+    ps = importlib.import_module("sglang.srt.distributed.parallel_state")
+    if ps.model_parallel_is_initialized():
+        return "already initialized"
+    how = "init_distributed_environment(gloo, world 1) + initialize_model_parallel()"
+    try:
+        from sglang.test.test_utils import publish_build_topology  # 0.5.21+
+    except ImportError:
+        publish_build_topology = None
+    if publish_build_topology is not None:
+        publish_build_topology(tp_size=1, ep_size=1, pp_size=1)
+        how = "publish_build_topology(tp=ep=pp=1) + " + how
+    if not torch.distributed.is_initialized():
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+    ps.initialize_model_parallel(backend="gloo")
+    return how
+
+
+def mock_server_args(model_path: str):
+    """The release's test-kit ``ServerArgs``: ``make_mock_server_args()`` (test/kits/attention_unittest/
+    mock_server_args.py:28, dataclass defaults without ``__post_init__``), single rank on the CPU."""
+    try:
+        from sglang.test.kits.attention_unittest.mock_server_args import make_mock_server_args
+    except ImportError:
+        from swa_repro.sglang.releases_kit import plain_server_args as make_mock_server_args
+    return make_mock_server_args(tp_size=1, pp_size=1, dp_size=1, device="cpu", model_path=model_path)
+
+
+_INSTALLED = []  # the published test context, kept for the process
+
+
+def server_args(model_path: str) -> str:
+    """Releases that read a process-global ``ServerArgs`` while building a model (0.5.14-0.5.19,
+    e.g. 0.5.14 rotary_embedding/base.py:152 ``get_global_server_args()``) get the kit's, as the kit
+    installs it (``set_global_server_args_for_scheduler``, 0.5.14 dense_attention.py:375). 0.5.20+
+    retired it (``RuntimeError``) for namespace bags: a context is published the kits' way,
+    ``get_context().override_server_args(...).install()`` (0.5.20 runtime_context.py:1225-1245)."""
+    sa = importlib.import_module("sglang.srt.server_args")
+    try:
+        sa.get_global_server_args()
+        return "already set"
+    except RuntimeError:  # retired: namespace bags
+        pass
+    except ValueError:
+        sa.set_global_server_args_for_scheduler(mock_server_args(model_path))
+        return "set_global_server_args_for_scheduler(make_mock_server_args())"
+    except AttributeError:
+        return "no global server args in this release"
+    rc = importlib.import_module("sglang.srt.runtime_context")
+    try:
+        rc.get_exec()
+        return "a context is published"
+    except ValueError:
+        _INSTALLED.append(rc.get_context().override_server_args(tp_size=1, pp_size=1, dp_size=1, device="cpu",
+                                                                model_path=model_path))
+        _INSTALLED[-1].install()
+        return "get_context().override_server_args(tp=pp=dp=1, device=cpu).install()"
+
+
+def dp_attention(mc, model_path: str) -> str:
+    """Releases up to 0.5.20 keep attention-DP ranks in module globals that some model files read
+    while building (gpt-oss, exaone4: 0.5.14 dp_attention.py:355-371): set by the release's own
+    ``initialize_dp_attention(server_args, model_config)`` (:279), as the model runner does."""
+    dpa = importlib.import_module("sglang.srt.layers.dp_attention")
+    init = getattr(dpa, "initialize_dp_attention", None)
+    if init is None or getattr(dpa, "_ATTN_DP_SIZE", 0) is not None:
+        return "not needed"
+    try:
+        args = mock_server_args(model_path)
+    except TypeError as e:  # 0.5.20's composed ServerArgs has no kit recipe: a model that needs DP says so
+        return f"skipped: {e}"
+    init(args, mc)
+    return "initialize_dp_attention(make_mock_server_args(), model_config)"
+
+
+def vllm_placeholder() -> None:
+    """``vllm._custom_ops`` whose names raise when called (``releases._Missing``)."""
+    from swa_repro.sglang.releases import _Missing
+
+    if "vllm._custom_ops" in sys.modules:
+        return
+    def missing(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Missing(f"vllm._custom_ops.{name}")
+
+    pkg, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
+    pkg.__path__ = []
+    ops.__getattr__ = missing
+    sys.modules.update({"vllm": pkg, "vllm._custom_ops": ops})
+
+
+def config_folder(small: SmallConfig) -> str:
+    """A checkpoint folder holding only the small config's ``config.json``."""
+    folder = tempfile.mkdtemp(prefix=f"swa-repro-{small.family}-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(small.config, f)
+    return folder
+
+
+def model_config(folder: str, context_length: int):
+    """The release's ``ModelConfig`` read from the small config's ``config.json`` (offline). A
+    published default shorter than the audit's batches (Exaone4Config: 2048 positions) is extended
+    the way the release's own refusal says (0.5.23 model_config.py:1302-1316,
+    ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``)."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    return ModelConfig(model_path=folder, context_length=context_length)
+
+
+def build_model(mc):
+    """The release's loader builds the model class for ``mc`` on the meta device. The model
+    registry is imported first, off meta: some model modules make tensors at import (0.5.14)."""
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader import loader
+
+    loader.get_model_architecture(mc)
+    with torch.device("meta"):
+        return loader._initialize_model(mc, LoadConfig())
+
+
+def attention_layers(model) -> tuple:
+    """The model's ``RadixAttention`` modules in layer order."""
+    found = [m for m in model.modules() if type(m).__name__ == "RadixAttention"]
+    return tuple(sorted(found, key=lambda m: m.layer_id))
+
+
+def runner_window(model, mc) -> tuple[int | None, str]:
+    """``(sliding_window_size, rule)`` exactly as the release's model runner sets it after loading."""
+    try:
+        lmu = importlib.import_module("sglang.srt.model_executor.model_runner_components.load_model_utils")
+        fn = lmu.resolve_sliding_window_size
+    except (ImportError, AttributeError):
+        return _inline_runner_window(model, mc)
+    src, line = inspect.getsourcelines(fn)
+    return fn(model, mc), f"resolve_sliding_window_size ({rel_line(inspect.getsourcefile(fn), line)})"
+
+
+def _inline_runner_window(model, mc) -> tuple[int | None, str]:
+    """Releases before 0.5.16 set it inside ``ModelRunner.load_model``: the statement
+    ``self.sliding_window_size = None`` and the ``if`` chain after it, executed with ``self`` holding
+    the built model and config (the module's globals: its logger)."""
+    mr = importlib.import_module("sglang.srt.model_executor.model_runner")
+    path = inspect.getsourcefile(mr)
+    tree = ast.parse(open(path).read())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "load_model")
+    body = fn.body
+    i = next(k for k, s in enumerate(body) if isinstance(s, ast.Assign) and ast.unparse(s) ==
+             "self.sliding_window_size = None")
+    block = ast.Module(body=body[i:i + 2], type_ignores=[])
+    env = dict(vars(mr), self=types.SimpleNamespace(model=model, model_config=mc, sliding_window_size=None))
+    exec(compile(block, path, "exec"), env)
+    return env["self"].sliding_window_size, \
+        f"ModelRunner.load_model ({rel_line(path, body[i].lineno)}-{body[i + 1].end_lineno})"
+
+
+def build(small: SmallConfig, context_length: int) -> Built:
+    """Steps 1-4 of the module docstring for one family."""
+    vllm_placeholder()
+    single_rank()
+    folder = config_folder(small)
+    server_args(folder)
+    mc = model_config(folder, context_length)
+    dp_attention(mc, folder)
+    model = build_model(mc)
+    window, rule = runner_window(model, mc)
+    cls = type(model)
+    where = rel_line(inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1])
+    facts = {k: _plain(getattr(mc, k, None)) for k in ("is_hybrid_swa", "sliding_window_size", "attention_chunk_size",
+                                                      "context_len", "head_dim", "num_attention_heads")}
+    facts["num_kv_heads"] = mc.get_num_kv_heads(1)
+    facts["model_class"] = cls.__name__
+    return Built(small, mc, attention_layers(model), window, rule, where, facts)
+
+
+def _plain(x):
+    return x if x is None or isinstance(x, (bool, int, float, str)) else str(x)
+
+
+def layer_text(layer) -> str:
+    """What a layer asks of the backend, in its own attribute names."""
+    return textwrap.shorten(f"RadixAttention(layer_id={layer.layer_id}, sliding_window_size="
+                            f"{layer.sliding_window_size}, logit_cap={layer.logit_cap}, head_dim={layer.head_dim}, "
+                            f"q_heads={layer.tp_q_head_num}, kv_heads={layer.tp_k_head_num})", 200)

@@ -1,0 +1,196 @@
+"""``swa-repro audit --sglang X --model FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: parent and child.
+
+Parent (:func:`audit_families`): arguments checked (``families.check_args``), the release's overlay
+(``provision``), the families it serves read off its model files (a family it lacks, named: one
+line), then one child for all families (``overlay_run.run_child``, cached by content). To the
+child's document it adds what the release's own server code says about the family
+(``serving_path``: flashinfer kept or refused, the default prefill path and the default backend on
+that GPU class), and :func:`answer` turns both into the sentence a user acts on.
+
+Child: ``python -m swa_repro.sglang.audit.family_run --overlay DIR --out F --families a,b --gpu sm90``
+(``audit.family`` per family; a family the release cannot build is recorded with why).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import families as fam
+from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, import_release, overlay_for, \
+    run_child
+
+SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
+DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
+ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
+
+
+# ----------------------------------------------------------------------------- parent
+def audit_families(version: str, family: str, gpu: str | None, *, fixes=None, note=print) -> dict:
+    """Audit ``family`` (comma-separated, or ``all``) of release ``version`` on ``gpu``; ``fixes``:
+    with these ``swa-repro patch --fix`` fixes applied to a copy of its overlay (``fix.overlay``)."""
+    from swa_repro.sglang import provision
+
+    names, gclass = fam.check_args(family, gpu)
+    if provision.parse(version) < provision.MIN_RELEASE:
+        raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
+    overlay, info, fixed = overlay_for(version, fixes, note=note, doing=f"building {','.join(names)}")
+    names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
+    doc, secs, how = run_child("swa_repro.sglang.audit.family_run", overlay,
+                               ["--families", ",".join(names), "--gpu", gclass.name], f"auditing sglang {version}")
+    doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how, fixes=fixed)
+    serving = _serving(overlay, version)
+    for f in doc["families"]:
+        f["serving"] = serving.get(f["family"])
+        f["answer"] = answer(f, gclass.name)
+    return doc
+
+
+def _serving(overlay: Path, version: str) -> dict:
+    """family -> the release's server facts (``serving_path``), for the families it reads."""
+    from dataclasses import asdict
+
+    from swa_repro.sglang import serving_path
+
+    out = {}
+    for fp in serving_path.analyze_release(overlay / "sglang", version):
+        if fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
+            out[fp.family] = asdict(fp)
+    return out
+
+
+def _bad(f: dict, paths) -> list[str]:
+    """``kind path: verdict`` / ``kind path: cap dropped`` of the driven runs on ``paths``."""
+    out = []
+    for r in f.get("paths", []):
+        if r["path"] in paths and r.get("status") == "driven":
+            if r["verdict"] != "exact":
+                out.append(f"{r['kind']} {r['path']}: {r['verdict']}")
+            if r["cap"].startswith("dropped"):
+                out.append(f"{r['kind']} {r['path']}: cap dropped")
+    return out
+
+
+def answer(f: dict, gpu: str) -> dict:
+    """The user's answer: affected on the default path / only with flags / only with speculative
+    decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``."""
+    if f.get("error"):
+        return {"state": "not built", "why": f["error"]}
+    sv = f.get("serving") or {}
+    backend = (sv.get("default_backend") or {}).get(SERVING_GPU[gpu])
+    note = None if backend in (None, "flashinfer") else \
+        f"default backend on {gpu} is {backend}: FlashInfer only with --attention-backend flashinfer"
+    if not sv:
+        note = "serving_path reads no server rule for this family: default path taken as ragged, default backend unknown"
+    if sv.get("flashinfer_kept") is False:
+        return {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+    default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
+    other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
+    spec = tuple(r["path"] for r in f["paths"] if "verify" in r["path"])
+    for state, paths, flags in (("affected on the default path", default + ALWAYS, None),
+                                ("only with flags", other, sv.get("to_other")),
+                                ("only with speculative decoding", spec, None)):
+        bad = _bad(f, paths)
+        if bad:
+            return {"state": state, "why": bad, "flags": flags, "default_backend": backend, "note": note}
+    undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f["paths"]
+                if r.get("status") not in ("driven", "absent")]
+    state = "not affected" if not undriven else "unknown (not driven)"
+    return {"state": state, "why": undriven[:6], "default_backend": backend, "note": note}
+
+
+# ----------------------------------------------------------------------------- child
+def child(overlay: Path, families: list[str], gpu: str) -> dict:
+    t0 = time.monotonic()
+    import_release(overlay)
+    from swa_repro.sglang import harness
+    from swa_repro.sglang.audit import core as audit_core
+    from swa_repro.sglang.audit import family as audit_family
+    from swa_repro.sglang.audit.family_build import vllm_placeholder
+
+    vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
+    harness.backend_module()
+    t_import = time.monotonic() - t0
+    out = []
+    for name in families:
+        try:
+            out.append(audit_family.audit_family(name, fam.GPU_CLASSES[gpu]))
+        except Exception as e:  # one family the release cannot build: said, the others still run
+            from swa_repro.sglang import releases
+
+            out.append({"family": name, "error": " ".join(releases.explain_error(e))})
+    n = check_no_foreign(overlay)
+    rel = audit_core.release_info()
+    rel.update(origin="overlay", overlay=str(overlay), import_seconds=round(t_import, 1),
+               audit_seconds=round(time.monotonic() - t0 - t_import, 1), sglang_modules_from_overlay=n)
+    return {"release": rel, "gpu": gpu, "families": out}
+
+
+def main(argv=None) -> int:
+    p = child_parser("swa_repro.sglang.audit.family_run")
+    p.add_argument("--families", required=True)
+    p.add_argument("--gpu", required=True, choices=tuple(fam.GPU_CLASSES))
+    return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpu), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+# ----------------------------------------------------------------------------- text
+def _count(r: dict, key: str, agg=sum) -> int:
+    vals = [s[key] for s in r["keys"].values()]
+    return agg(vals) if vals else 0
+
+
+def render(doc: dict) -> list[str]:
+    """The audit as text: per family, what the release built and derived, then per layer kind and
+    path the key verdict at the real window, the cap and the backends, then the answer."""
+    rel = doc["release"]
+    fx = rel.get("fixes")
+    out = [("FIXED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
+           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {rel['state']}; GPU class {doc['gpu']} "
+           f"({fam.GPU_CLASSES[doc['gpu']].cards})"]
+    for f in doc["families"]:
+        if f.get("error"):
+            out += [f"{f['family']}: not built: {f['error']}", ""]
+            continue
+        c, b = f["config"], f["build"]
+        out.append(f"{f['family']}: transformers {c['hf_class']}() window {c['sliding_window']} (HF, inclusive), "
+                   f"head_dim {c['head_dim']}, heads {c['num_qo_heads']}/{c['num_kv_heads']}, cap {c['cap']:g}; "
+                   f"{c['layers_built']} of {c['layers_published']} layers built by {b['model_class']} ({b['model_file']})")
+        out.append(f"  runner sliding_window_size = {b['runner_window']}  <- {b['runner_rule']}")
+        for kind, k in f["kinds"].items():
+            out.append(f"  {kind:<7} layer: {k['layer']}; intended window_left {k['intended_window']}")
+        out.append(f"  {'path':<32} {'kind':<7} {'keys':<9} {'q+extra':>11} {'max extra':>9} {'missing':>7}  cap; "
+                   "wrapper: sglang's backend -> what FlashInfer runs")
+        for r in f["paths"]:
+            if r.get("status") != "driven":
+                out.append(f"  {r['path']:<32} {r['kind']:<7} {r['status']}: {r['why'][:120]}")
+                continue
+            vs = f" (vs the layer's own window: {r['verdict_vs_layer']})" if "verdict_vs_layer" in r else ""
+            wr = "; ".join(f"{k}: {', '.join(v)}" for k, v in r["wrappers"].items())
+            out.append(f"  {r['path']:<32} {r['kind']:<7} {r['verdict']:<9} "
+                       f"{str(_count(r, 'queries_with_extra')) + '/' + str(_count(r, 'queries')):>11} "
+                       f"{_count(r, 'max_extra_per_query', max):>9} {_count(r, 'missing_keys'):>7}  "
+                       f"{r['cap'][:60]}; {wr}{vs}")
+        a = f["answer"]
+        extra = "; ".join(str(x) for x in (a.get("flags"), a.get("note")) if x)
+        why = [a["why"]] if isinstance(a.get("why"), str) else a.get("why") or []
+        out += [f"  ANSWER: {a['state']}" + (f" ({extra})" if extra else ""), *(f"    {w}" for w in why[:8]),
+                *([f"    ... {len(why) - 8} more"] if len(why) > 8 else []), ""]
+    return out
+
+
+def incomplete(doc: dict) -> list[str]:
+    """Families not built and paths the release has that were not driven."""
+    out = []
+    for f in doc["families"]:
+        if f.get("error"):
+            out.append(f"{f['family']}: not built: {f['error']}")
+            continue
+        out += [f"{f['family']} {r['kind']} {r['path']}: {r['status']}: {r['why']}" for r in f["paths"]
+                if r.get("status") not in ("driven", "absent")]
+    return out

@@ -1,0 +1,159 @@
+"""The family x release x GPU class table: ``docs/audit/families.{md,json}`` (issue #25).
+
+``swa-repro audit --release-table --model all [--gpu sm90[,sm80,...]] [--releases ...]`` audits every
+family each release serves (``audit.family_run``: the release's own model code at the family's real
+window) and writes, per cell, the answer a user acts on (``family_run.answer``), the window as
+transformers counts it, as the model file hands it to its layers and as the runner derives it,
+and whether the soft cap reaches ``plan()``. Generated; never edited by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from swa_repro.core.outputs import write_atomic
+from swa_repro.sglang.audit.table import TABLE_DIR, provenance
+
+SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
+         "only with speculative decoding": "spec only", "not affected": "not affected",
+         "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown"}
+
+
+TAG = {"extend_paged": "paged", "extend_ragged_no_prefix": "ragged", "extend_ragged_prefix": "ragged+prefix",
+       "decode": "decode", "cuda_graph_decode": "decode graph", "cuda_graph_extend": "prefill graph"}
+
+
+def tags(why) -> str:
+    """``["sliding extend_paged: extra", "full decode: cap dropped", ...]`` -> ``S paged; F decode; cap``."""
+    kinds, cap = {}, False
+    for w in why or []:
+        head, _, what = w.partition(": ")
+        kind, _, path = head.partition(" ")
+        if what == "cap dropped":
+            cap = True
+            continue
+        t = TAG.get(path, "verify" if "verify" in path else path)
+        if t not in kinds.setdefault(kind, []):
+            kinds[kind].append(t)
+    parts = [f"{k[0].upper()} {', '.join(v)}" for k, v in kinds.items()] + (["cap"] if cap else [])
+    return "; ".join(parts)
+
+
+def cell_of(f: dict) -> dict:
+    """One family of one audit: the answer and the facts behind it."""
+    a = f["answer"]
+    if f.get("error"):
+        return {"state": a["state"], "why": [a["why"]]}
+    kinds = f["kinds"]
+    caps = sorted({r["cap"].split(" (")[0] for r in f["paths"] if r.get("status") == "driven"})
+    bad = {}
+    for r in f["paths"]:
+        if r.get("status") == "driven" and r["verdict"] != "exact":
+            bad.setdefault(r["kind"], []).append(f"{r['path']}: {r['verdict']}")
+    why = a.get("why")
+    return {"state": a["state"], "why": [why] if isinstance(why, str) else why or [],
+            "flags": a.get("flags"), "default_backend": a.get("default_backend"), "note": a.get("note"),
+            "window_hf": f["config"]["sliding_window"],
+            "layer_window": {k: v["layer_window"] for k, v in kinds.items()},
+            "runner_window": f["build"]["runner_window"], "runner_rule": f["build"]["runner_rule"],
+            "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad}
+
+
+def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print) -> dict:
+    """Audit every family of each release on each GPU class (``jobs`` children at a time)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.audit.family_run import audit_families
+
+    def one(vg):
+        v, g = vg
+        try:
+            return v, g, audit_families(v, "all", g, note=note)
+        except UsageError as e:  # a release this machine cannot install or run: a row that says so
+            note(f"sglang {v} ({g}): {e}")
+            return v, g, {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []}
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        done = list(ex.map(one, [(v, g) for v in versions for g in gpus]))
+    rows = [{"sglang": v, "gpu": g, "error": d["release"].get("error"),
+             "cells": {f["family"]: cell_of(f) for f in d["families"]}} for v, g, d in done]
+    docs = [d for _, _, d in done if "state" in d["release"]]
+    return {"provenance": provenance(command, docs), "gpus": list(gpus), "rows": rows}
+
+
+def write(table: dict, out: Path = TABLE_DIR) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "families.json", out / "families.md"
+    write_atomic(js, (json.dumps(table, indent=1) + "\n").encode())
+    write_atomic(md, markdown(table).encode())
+    return md, js
+
+
+def _families(table: dict) -> list[str]:
+    from swa_repro.sglang.families import FAMILIES
+
+    seen = {f for r in table["rows"] for f in r["cells"]}
+    return [f for f in FAMILIES if f in seen]
+
+
+def _main(c: dict | None) -> str:
+    """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
+    if c is None:
+        return "absent"
+    t = tags(c["why"]) if c["state"] in ("affected on the default path", "only with flags",
+                                         "only with speculative decoding") else ""
+    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "")
+
+
+def _win(c: dict) -> str:
+    if "window_hf" not in c:
+        return "-"
+    lw = c["layer_window"].get("sliding", c["layer_window"].get("full"))
+    return f"{c['window_hf']} / {lw} / {c['runner_window']}"
+
+
+def markdown(table: dict) -> str:
+    pv, fams = table["provenance"], _families(table)
+    lines = ["# Is my model, on my GPU, on my release affected? (sglang's FlashInfer backend)", "",
+             f"Generated by `{pv['command']}` on {pv['date']} (swa-repro {pv['swa_repro_commit']}, python "
+             f"{pv['python']}, torch {pv['torch']}). Do not edit: regenerate.", "",
+             "How: each release's own sglang (an overlay, its own subprocess) builds each family's attention "
+             "layers from a small config of that family (transformers' published defaults: head_dim, GQA, "
+             "window, cap, layer pattern; a few layers on the meta device), derives the runner's window "
+             "with its own model-runner code and builds `FlashInferAttnBackend` as it does for that GPU "
+             "class; every path is driven at the family's real window with prompts past it, and the keys "
+             "each query attends are counted as ranges against the window transformers intends "
+             "(`swa-repro audit --sglang X --model FAMILY --gpu G` shows one cell in full).", "",
+             "A cell: **affected** (a default path — ragged or paged-only extend as the release's server "
+             "picks it, decode, decode CUDA graph — lets a query see keys outside its window, or drops the "
+             "cap), flags only (only paths that flags such as `SGLANG_FLASHINFER_USE_PAGED=1` or "
+             "deterministic inference switch on), spec only (speculative verify), not affected, refused "
+             "(sglang refuses `--attention-backend flashinfer` for it), not built (why in the JSON). Where "
+             "FlashInfer is not the default backend on that GPU class, a cell applies with "
+             "`--attention-backend flashinfer` (the JSON's `default_backend`).", ""]
+    for g in table["gpus"]:
+        rows = [r for r in table["rows"] if r["gpu"] == g]
+        lines += [f"## {g}", "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+        lines += [f"| {r['sglang']} | " + " | ".join(_main(r["cells"].get(f)) for f in fams) + " |" for r in rows]
+        lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({g}):",
+                  "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+        lines += [f"| {r['sglang']} | " + " | ".join(
+            (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else "absent")
+            for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
+        lines.append("")
+    lines += ["## Why (per cell: the paths and layer kinds that are not exact)", ""]
+    for r in table["rows"]:
+        lines.append(f"### sglang {r['sglang']}, {r['gpu']}" + (f": {r['error']}" if r.get("error") else ""))
+        for f, c in r["cells"].items():
+            extra = "; ".join(x for x in (str(c.get("flags") or ""), c.get("note") or "") if x)
+            lines.append(f"- **{f}: {c['state']}**" + (f" ({extra})" if extra else ""))
+            lines += [f"  - {w}" for w in c["why"][:12]] + ([f"  - ... {len(c['why']) - 12} more"]
+                                                            if len(c["why"]) > 12 else [])
+        lines.append("")
+    t = pv["timings_s"]
+    lines += ["## Timings (s, this machine)", "", "| sglang | import | audit (all families) | subprocess |",
+              "|---|---|---|---|"]
+    lines += [f"| {v} | {x['import_seconds']} | {x['audit_seconds']} | {x['child_seconds']} |" for v, x in t.items()]
+    return "\n".join(lines) + "\n"

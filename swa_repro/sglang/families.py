@@ -1,0 +1,158 @@
+"""Model families and GPU classes for ``swa-repro audit --sglang X --model FAMILY --gpu CLASS``.
+
+A family is a transformers config class with its published defaults (``model_configs.MODELS``:
+head_dim, GQA, window, cap and layer pattern, nothing typed here) and the sglang architecture that
+serves it. :func:`small_config` keeps those and cuts the layer count to the shortest prefix of the
+published pattern that holds every layer kind (gemma2: 2 layers, gemma3: 6, qwen2-swa: 29), so the
+release's own model code builds a model whose layers are the real ones.
+
+The layer kind a user's checkpoint asks for is transformers': ``layer_types[i] ==
+"sliding_attention"``, or every layer when the class has ``sliding_window`` and no ``layer_types``
+(Mistral). HF counts the window inclusive of the query (``sliding_window=4096``: keys ``q - 4095 ..
+q``), so the keys a sliding layer intends are FlashInfer's ``window_left = sliding_window - 1``
+(transformers masking_utils.py ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``).
+
+Nothing here imports torch or sglang: the CLI checks its arguments with it before any work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import model_configs as mc
+
+# Keys a published checkpoint's config.json carries that the transformers class does not set, read by
+# sglang's model file outside attention (no size, window or cap among them).
+CHECKPOINT_KEYS = {
+    "gemma2": {"hidden_act": "gelu_pytorch_tanh"},  # google/gemma-2-9b config.json (beside hidden_activation)
+    "gpt-oss": {"swiglu_limit": 7.0},  # openai/gpt-oss-20b config.json
+    "exaone4": {"sliding_window_pattern": "LLLG"},  # LGAI-EXAONE/EXAONE-4.0-32B config.json (the class: 4)
+}
+FAMILIES = tuple(mc.MODELS)
+SLIDING, FULL = "sliding", "full"
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    """What the release and FlashInfer read of the GPU: sm100 or not (sglang's ragged wrapper
+    backend, 0.5.23 flashinfer_backend.py:501-522), sm90 or not (FlashInfer's ``auto``: fa3 on
+    sm90a, flashinfer 0.7.2 utils.py:616-628)."""
+    name: str
+    arch: tuple
+    cards: str
+
+    @property
+    def is_sm100(self) -> bool:
+        return self.arch[0] == 10
+
+    def resolve(self, backend: str, head_dim: int, custom_mask: bool) -> str:
+        """What FlashInfer runs for a wrapper built with ``backend``: explicit backends are never
+        rewritten (flashinfer 0.7.2 prefill.py:4815-4816); ``auto`` is fa3 on sm90 where fa3 takes
+        the call (no custom mask, head_dim 64/128/256: utils.py:504-507, :616-628), else fa2 (on
+        sm100, ``auto`` may move a windowless, capless call on to cudnn/cutlass, prefill.py:1833-1843,
+        which serve exactly what fa2 does)."""
+        if backend != "auto":
+            return backend
+        return "fa3" if self.arch[0] == 9 and not custom_mask and head_dim in (64, 128, 256) else "fa2"
+
+
+GPU_CLASSES = {g.name: g for g in (GpuClass("sm80", (8, 0), "A100 / A10 / L40 (sm80, sm86, sm89)"),
+                                   GpuClass("sm90", (9, 0), "H100 / H200"),
+                                   GpuClass("sm100", (10, 0), "B200 / GB200"))}
+DEFAULT_GPU = "sm90"
+
+
+# ----------------------------------------------------------------------------- the small config
+@dataclass(frozen=True)
+class SmallConfig:
+    family: str
+    config: dict  # config.json of the small model (transformers' to_dict + architectures)
+    kinds: tuple  # per layer of the small model: sliding | full | other (transformers')
+    full_layers: int  # the published default's layer count
+    sliding_window: int | None  # HF, inclusive of the query
+    head_dim: int
+    num_qo_heads: int
+    num_kv_heads: int
+    cap: float  # attn_logit_softcapping, 0 none
+
+    @property
+    def intended_window(self) -> int:
+        """FlashInfer's count of the keys a sliding layer intends (HF's window minus the query)."""
+        return -1 if self.sliding_window is None else self.sliding_window - 1
+
+
+def layer_kinds(cfg) -> tuple:
+    """transformers' layer kinds of ``cfg``: its ``layer_types``, else every layer sliding when it
+    has ``sliding_window`` (Mistral), else every layer full."""
+    lt = getattr(cfg, "layer_types", None)
+    if lt:
+        return tuple({"sliding_attention": SLIDING, "full_attention": FULL}.get(t, "other") for t in lt)
+    return ((SLIDING if getattr(cfg, "sliding_window", None) else FULL),) * int(cfg.num_hidden_layers)
+
+
+def small_config(family: str) -> SmallConfig:
+    """The family's config at its published defaults, cut to the shortest layer prefix (at least 2)
+    that holds every layer kind of the published pattern."""
+    cls_name, switches, arch = mc.MODELS[family]
+    cls = getattr(importlib.import_module("transformers"), cls_name, None)
+    if cls is None:
+        raise UsageError(f"--model {family}: the installed transformers has no {cls_name}")
+    full = cls(**switches)
+    kinds = layer_kinds(full)
+    n = max([2] + [kinds.index(k) + 1 for k in set(kinds)])
+    extra = {"layer_types": list(full.layer_types[:n])} if getattr(full, "layer_types", None) else {}
+    cfg = cls(**switches, num_hidden_layers=n, **extra)
+    d = {**cfg.to_dict(), **CHECKPOINT_KEYS.get(family, {}), "architectures": [arch]}
+    hd = getattr(full, "head_dim", None) or full.hidden_size // full.num_attention_heads
+    nkv = getattr(full, "num_key_value_heads", None) or full.num_attention_heads
+    return SmallConfig(family, d, kinds[:n], int(full.num_hidden_layers), getattr(full, "sliding_window", None),
+                       int(hd), int(full.num_attention_heads), int(nkv),
+                       float(getattr(full, "attn_logit_softcapping", None) or 0.0))
+
+
+# ----------------------------------------------------------------------------- bad input, before any work
+def families_of(overlay: Path) -> dict[str, str]:
+    """family -> sglang model file of the release in ``overlay`` (its ``EntryClass`` lists the
+    architecture), for every family the release serves."""
+    models = overlay / "sglang" / "srt" / "models"
+    out = {}
+    for fam, (_, _, arch) in mc.MODELS.items():
+        p = mc.model_file_in(models, arch)
+        if p is not None:
+            out[fam] = p.name
+    return out
+
+
+def check_args(family: str | None, gpu: str | None) -> tuple[list[str], GpuClass]:
+    """``--model`` / ``--gpu`` -> (families asked for, GPU class); one line for anything unknown."""
+    if gpu is not None and gpu not in GPU_CLASSES:
+        raise UsageError(f"--gpu {gpu!r}: choose one of {', '.join(GPU_CLASSES)}")
+    names = [x.strip() for x in (family or "").split(",") if x.strip()]
+    if not names:
+        raise UsageError(f"--model selects no family; choose from {', '.join(FAMILIES)} or all")
+    bad = [x for x in names if x != "all" and x not in FAMILIES]
+    if bad:
+        raise UsageError(f"--model {bad[0]!r}: unknown family; choose from {', '.join(FAMILIES)} or all")
+    return (list(FAMILIES) if "all" in names else names), GPU_CLASSES[gpu or DEFAULT_GPU]
+
+
+def check_release_has(version: str, overlay: Path, families: list[str], explicit: bool) -> list[str]:
+    """The families the release serves; a family asked for by name that it does not is one line
+    (``--model all`` keeps the ones it has)."""
+    have = families_of(overlay)
+    missing = [f for f in families if f not in have]
+    if missing and explicit:
+        arch = mc.MODELS[missing[0]][2]
+        raise UsageError(f"--model {missing[0]}: sglang {version} has no model file for {arch}; it serves "
+                         f"{', '.join(have) or 'none of the families'}")
+    return [f for f in families if f in have]
+
+
+def rel_line(path: str, lineno: int) -> str:
+    """``.../site/sglang/srt/x.py``, 12 -> ``sglang/srt/x.py:12`` (the release's own file)."""
+    m = re.search(r".*/(sglang/.*)$", "/" + str(path).replace("\\", "/"))
+    return f"{m.group(1) if m else path}:{lineno}"

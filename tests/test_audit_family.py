@@ -1,0 +1,173 @@
+"""``audit --sglang X --model FAMILY [--gpu CLASS]`` (issue #25): families, GPU classes, bad input,
+and 0.5.23's own code at a real window.
+
+Oracles: transformers' config classes read directly (the small config keeps the published pattern
+and sizes); FlashInfer's backend rules written out from its source (0.7.2 utils.py:616-628,
+prefill.py:4815-4816); the keys a plain-causal or windowless run lets a query see, from the batch's
+lengths alone (closed forms, no mask). Bad input is one line, exit 2, before any audit: the audit's
+child and the installer are stand-ins that fail the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from swa_repro.cli import main  # noqa: E402
+from swa_repro.sglang import families as fam  # noqa: E402
+from swa_repro.sglang import model_configs as mc  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- families
+@pytest.mark.parametrize("family", fam.FAMILIES)
+def test_small_config_keeps_the_published_pattern_and_sizes(family):
+    cls_name, switches, arch = mc.MODELS[family]
+    full = getattr(transformers, cls_name)(**switches)
+    s = fam.small_config(family)
+    kinds = fam.layer_kinds(full)
+    assert s.kinds == kinds[:len(s.kinds)] and set(s.kinds) == set(kinds)  # a prefix holding every kind
+    assert len(s.kinds) == max(2, *(kinds.index(k) + 1 for k in set(kinds)))  # and the shortest such
+    assert (s.sliding_window, s.num_qo_heads) == (full.sliding_window, full.num_attention_heads)
+    assert s.head_dim == (getattr(full, "head_dim", None) or full.hidden_size // full.num_attention_heads)
+    assert s.config["num_hidden_layers"] == len(s.kinds) and s.config["architectures"] == [arch]
+    assert s.intended_window == full.sliding_window - 1  # HF's inclusive count, as FlashInfer counts it
+
+
+@pytest.mark.parametrize("gpu, backend, mask, head_dim, runs", [
+    ("sm90", "auto", False, 256, "fa3"), ("sm90", "auto", False, 128, "fa3"), ("sm90", "auto", True, 128, "fa2"),
+    ("sm90", "auto", False, 96, "fa2"), ("sm80", "auto", False, 128, "fa2"), ("sm100", "auto", False, 128, "fa2"),
+    ("sm100", "cutlass", False, 128, "cutlass"), ("sm90", "fa2", False, 256, "fa2"), ("sm80", "fa3", False, 64, "fa3"),
+])
+def test_gpu_class_resolves_what_flashinfer_runs(gpu, backend, mask, head_dim, runs):
+    assert fam.GPU_CLASSES[gpu].resolve(backend, head_dim, mask) == runs
+
+
+# ----------------------------------------------------------------------------- bad input
+def _never(*a, **k):
+    raise AssertionError("no release may be installed or audited for bad input")
+
+
+@pytest.fixture
+def no_work(monkeypatch, tmp_path):
+    """The installer and the child fail the test; the overlay is a fake one serving Gemma-2 only."""
+    from swa_repro.sglang import overlay_run, provision
+    from swa_repro.sglang.audit import family_run
+
+    models = tmp_path / "ov" / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    (models / "gemma2.py").write_text("class Gemma2ForCausalLM: pass\nEntryClass = Gemma2ForCausalLM\n")
+    monkeypatch.setattr(provision, "provision", _never)
+    monkeypatch.setattr(overlay_run, "run_child", _never)
+    monkeypatch.setattr(family_run, "run_child", _never)
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes=None, **k: (tmp_path / "ov", {}, None))
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, must", [
+    (["--sglang", "0.5.23", "--model", "llama9"], "--model 'llama9': unknown family"),
+    (["--sglang", "0.5.23", "--model", "gemma2,nope"], "--model 'nope': unknown family"),
+    (["--sglang", "0.5.23", "--model", ","], "--model selects no family"),
+    (["--sglang", "0.5.23", "--model", "gemma2", "--gpu", "sm75"], "--gpu 'sm75': choose one of sm80, sm90, sm100"),
+    (["--sglang", "0.5.23", "--gpu", "sm90"], "--gpu goes with --model"),
+    (["--model", "gemma2"], "add --sglang VERSION"),
+    (["--sglang", "0.4.0", "--model", "gemma2"], "0.5.10 and later"),
+    (["--sglang", "0.5.23;x", "--model", "gemma2"], "give a release number"),
+    (["--sglang", "0.5.23", "--model", "gemma2", "--both"], "--model goes without"),
+    (["--sglang", "0.5.23", "--model", "gemma2", "--paths", "decode"], "--model goes without"),
+    (["--sglang", "0.5.23", "--model", "gemma2", "--fix", "bogus"], "bogus"),
+    (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: sglang 0.5.23 has no model file for "
+                                                   "Cohere2ForCausalLM; it serves gemma2"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_work(argv, must, no_work, capfd):
+    capfd.readouterr()
+    rc = main(["audit", *argv])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and must in err[0], (rc, err)
+
+
+@pytest.mark.parametrize("argv, must", [
+    (["--release-table", "--model", "gemma2"], "--release-table --model takes all"),
+    (["--release-table", "--model", "all", "--gpu", "sm75"], "--gpu 'sm75'"),
+    (["--release-table", "--model", "all", "--releases", "0.5.9"], "0.5.10 and later"),
+    (["--release-table", "--model", "all", "--both"], "takes --releases, --gpu, --jobs and --out only"),
+])
+def test_family_table_input_is_checked_before_any_audit(argv, must, no_work, capfd, monkeypatch):
+    from swa_repro.sglang.audit import family_table
+
+    monkeypatch.setattr(family_table, "build", _never)
+    capfd.readouterr()
+    rc = main(["audit", *argv, "--out", str(no_work / "t")])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and must in err[0], (rc, err)
+    assert not (no_work / "t").exists()
+
+
+def test_the_family_table_markdown_is_its_json_rendered():
+    from swa_repro.sglang.audit import family_table, table
+
+    p = table.TABLE_DIR / "families.json"
+    if not p.is_file():
+        pytest.skip("docs/audit/families.json not generated yet")
+    t = table.committed(p)
+    assert (table.TABLE_DIR / "families.md").read_text() == family_table.markdown(t)
+    assert {r["sglang"] for r in t["rows"]} >= {"0.5.14", "0.5.23"} and t["gpus"]
+
+
+def test_all_keeps_the_families_the_release_serves(no_work):
+    assert fam.check_release_has("0.5.23", no_work / "ov", list(fam.FAMILIES), explicit=False) == ["gemma2"]
+
+
+# ----------------------------------------------------------------------------- 0.5.23's own code
+def _overlay_0_5_23():
+    from swa_repro.sglang.provision import MARKER, overlay_dir
+
+    d = overlay_dir("0.5.23")
+    if not (d / MARKER).is_file():
+        pytest.skip("sglang 0.5.23's overlay is not in the cache (`swa-repro audit --sglang 0.5.23` installs it)")
+    return d
+
+
+@pytest.fixture(scope="module")
+def doc_0_5_23():
+    pytest.importorskip("sglang")
+    _overlay_0_5_23()
+    from swa_repro.sglang.audit import family_run
+
+    return family_run.audit_families("0.5.23", "gemma2,cohere2,mistral", "sm90", note=lambda s: None)
+
+
+def _run(doc, family, path, kind):
+    f = next(f for f in doc["families"] if f["family"] == family)
+    return f, next(r for r in f["paths"] if r["path"] == path and r["kind"] == kind)
+
+
+@pytest.mark.slow
+def test_0_5_23_gemma2_own_layers_and_runner_window(doc_0_5_23):
+    f, r = _run(doc_0_5_23, "gemma2", "extend_ragged_no_prefix", "sliding")
+    assert f["build"]["runner_window"] == 4095 and "resolve_sliding_window_size" in f["build"]["runner_rule"]
+    assert f["kinds"]["sliding"]["layer_window"] == 4095 and f["kinds"]["full"]["layer_window"] == -1
+    assert f["kinds"]["sliding"]["cap"] == 50.0
+    # ragged, no prefix: the window never reaches FlashInfer (fa3 on sm90: plain causal); a 4352-token
+    # prompt's query at position p sees p - 4095 keys too many (closed form, from the lengths alone)
+    ks = r["keys"]["eager"]
+    assert (ks["queries_with_extra"], ks["max_extra_per_query"], ks["extra_keys"]) == (256, 256, 256 * 257 // 2)
+    assert r["wrappers"] == {"RaggedKVCacheWrapper": ["auto -> fa3"]} and r["cap"].startswith("dropped")
+    assert _run(doc_0_5_23, "gemma2", "extend_paged", "sliding")[1]["verdict"] == "exact"  # #31501 is in 0.5.23
+
+
+@pytest.mark.slow
+def test_0_5_23_cohere2_runner_has_no_window_so_decode_sees_everything(doc_0_5_23):
+    f, r = _run(doc_0_5_23, "cohere2", "decode", "sliding")
+    assert f["build"]["runner_window"] is None  # CohereForCausalLM has no get_attention_sliding_window_size
+    assert f["kinds"]["sliding"]["layer_window"] == 4096  # commandr.py passes config.sliding_window unchanged
+    ks = r["keys"]["eager"]
+    assert ks["max_extra_per_query"] == (4352 + 1) - 4096  # decode at position 4352: every key, 4096 intended
+    assert f["answer"]["state"] == "affected on the default path"
+
+
+@pytest.mark.slow
+def test_0_5_23_mistral_is_served_without_a_window(doc_0_5_23):
+    f, r = _run(doc_0_5_23, "mistral", "extend_paged", "sliding")
+    assert f["kinds"]["sliding"]["layer_window"] == -1 and "full" not in f["kinds"]
+    assert r["verdict"] == "extra" and r["verdict_vs_layer"] == "exact"  # the model file, not the backend
