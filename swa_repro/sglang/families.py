@@ -10,7 +10,7 @@ The layer kind a user's checkpoint asks for is transformers': ``layer_types[i] =
 "sliding_attention"``, or every layer when the class has ``sliding_window`` and no ``layer_types``
 (Mistral). HF counts the window inclusive of the query (``sliding_window=4096``: keys ``q - 4095 ..
 q``), so the keys a sliding layer intends are FlashInfer's ``window_left = sliding_window - 1``
-(transformers masking_utils.py ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``).
+(transformers 5.12.1 masking_utils.py:88-95 ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``).
 
 Nothing here imports torch or sglang: the CLI checks its arguments with it before any work.
 """

@@ -217,6 +217,10 @@ def markdown(table: dict) -> str:
              "effect), **fixed** (it reaches `plan()`), **absent** (no such path in that release), "
              "**not driven** (with why).",
              "",
+             "Per model family and GPU class, at each family's real window and with its own layers as the "
+             "release builds them: [families.md](" + ("../" if table.get("fixes") else "") + "families.md) "
+             "(`swa-repro audit --sglang X --model FAMILY --gpu G`).",
+             "",
              "| sglang | flashinfer pin | backend | " + " | ".join(classes.values()) + " |",
              "|---|---|---|" + "---|" * len(classes)]
     for r in table["rows"]:
