@@ -280,21 +280,27 @@ def _tree_keys(snap: dict, i: int, rows: np.ndarray, row0: int, k_tok: np.ndarra
     return q_pos, k_pos, intended, want
 
 
+def call_requests(p: Pair):
+    """``(geometry, [(i, qo, kv, rows, slots)])`` of one effective call, per request with queries:
+    its query rows in the call and the KV slots it reads (shared by :func:`call_keys` and
+    ``audit.spans.call_spans``)."""
+    plan = p.plan[1]
+    geo = geometry(p.cls, plan)
+    qo_ptr = np.cumsum([0, *geo[0]])
+    return geo, [(i, qo, kv, np.arange(qo_ptr[i], qo_ptr[i] + qo), _key_slots(p.cls, plan, i, kv))
+                 for i, (qo, kv) in enumerate(zip(*geo)) if qo]
+
+
 def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
     """Per request of one effective call: attended and intended keys (``window``: the intended one)."""
     plan, fwd = p.plan[1], p.fwd[1]
-    geo = geometry(p.cls, plan)
     hq = int(plan["num_qo_heads"])
-    qo_ptr = np.cumsum([0, *geo[0]])
+    geo, requests = call_requests(p)
     out = []
-    for i, (qo, kv) in enumerate(zip(*geo)):
-        if qo == 0:
-            continue
-        rows = np.arange(qo_ptr[i], qo_ptr[i] + qo)
-        slots = _key_slots(p.cls, plan, i, kv)
+    for i, qo, kv, rows, slots in requests:
         if "spec_tree" in snap and p.cls == PAGED:
             k_tok = _positions_of_slots(snap, i, slots)
-            q_pos, k_pos, intended, want = _tree_keys(snap, i, rows, int(qo_ptr[i]), k_tok, window)
+            q_pos, k_pos, intended, want = _tree_keys(snap, i, rows, int(rows[0]), k_tok, window)
         else:
             q_pos = snap["positions"].numpy()[rows]
             k_pos = snap["positions"].numpy()[slots] if p.cls == RAGGED else _positions_of_slots(snap, i, slots)

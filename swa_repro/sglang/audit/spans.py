@@ -193,18 +193,13 @@ class RequestSpans:
 def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[RequestSpans]:
     """Per request of one effective call (``audit.keys.call_keys`` in ranges)."""
     plan, fwd = p.plan[1], p.fwd[1]
-    geo = ak.geometry(p.cls, plan)
-    qo_ptr = np.cumsum([0, *geo[0]])
+    geo, requests = ak.call_requests(p)
     out = []
-    for i, (qo, kv) in enumerate(zip(*geo)):
-        if qo == 0:
-            continue
-        rows = np.arange(qo_ptr[i], qo_ptr[i] + qo)
-        slots = ak._key_slots(p.cls, plan, i, kv)
+    for i, qo, kv, rows, slots in requests:
         if "spec_tree" in snap and p.cls == PAGED:
             k_id = ak._positions_of_slots(snap, i, slots)
             parents, committed = snap["spec_tree"]["parents"][i], int(snap["spec_tree"]["committed"][i])
-            depth, n, nodes = ak.tree_oracle(parents)[0], len(parents), rows - qo_ptr[i]
+            depth, n, nodes = ak.tree_oracle(parents)[0], len(parents), rows - rows[0]
             if nodes.max() >= n:
                 raise ValueError(f"verify request {i}: {qo} query rows for a tree of {n} nodes")
             q_pos = committed + depth[nodes]
