@@ -209,7 +209,10 @@ def test_budget_cut_offs(rig):
     r, out, ev = rig(BUDGET_S=9, RESERVE_S=4, AUDIT_MARGIN_S=2, MIN_LIVE_S=1, AUDIT_SLEEP=30)
     assert r.returncode == 124 and r.wall < 20, r.stdout
     assert "== regress shipped: skipped, " in r.stdout and "== regress fixed: skipped, " in r.stdout
-    assert "--live-budget 3" in " ".join(next(e for e in ev if e[0] == "audit-start"))
+    # --live-budget = (time left - RESERVE_S) - AUDIT_MARGIN_S: at most 9 - 4 - 2 = 3, at least MIN_LIVE_S
+    # (how much of the budget the earlier steps used depends on the machine's load)
+    start = next(e for e in ev if e[0] == "audit-start")
+    assert 1 <= int(start[start.index("--live-budget") + 1]) <= 3, start
     assert "== after: exit status 124" in r.stdout and "== before: exit status 124" in r.stdout
     assert "== kit: skipped, " in r.stdout and not [e for e in ev if e[0] in ("audit-end", "kit")]
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.sglang import bytecode, forkserver
 
 
 # ----------------------------------------------------------------------------- parent
@@ -69,10 +70,14 @@ def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
         t0 = time.monotonic()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if p.returncode != 0 or not out.is_file():
-            last = [ln for ln in p.stderr.splitlines() if ln.strip()]
-            raise UsageError(f"{what} failed: {last[-1] if last else f'exit {p.returncode}'}")
+        forked = forkserver.run(module, cmd[3:], env, Path(tmp))  # the same run, without the venv's imports
+        if forked is None:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            forked = (p.returncode, p.stdout, p.stderr)
+        rc, _, stderr = forked
+        if rc != 0 or not out.is_file():
+            last = [ln for ln in stderr.splitlines() if ln.strip()]
+            raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")
         return {"document": json.loads(out.read_text()), "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -124,6 +129,7 @@ def child_main(parser: argparse.ArgumentParser, run, argv=None) -> int:
     a = parser.parse_args(argv)
     overlay = a.overlay.resolve()
     sys.path.insert(0, str(overlay))
+    bytecode.share(overlay)  # a fixed or kit overlay: the release's compiled modules, not a second compile
     try:
         doc = run(overlay, a)
     except Exception as e:  # one line for the parent, never a traceback

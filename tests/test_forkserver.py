@@ -1,0 +1,125 @@
+"""The fork server (``sglang.forkserver``) and shared bytecode (``sglang.bytecode``): a forked run is
+the plain ``python -m`` run, and a hard-linked overlay copy compiles only what it replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from swa_repro.sglang import forkserver
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only")
+
+PROBE = textwrap.dedent("""
+    import json, os, sys
+    seen = {"argv": sys.argv[1:], "cwd": os.getcwd(), "marker": os.environ.get("PROBE_MARK"),
+            "leaked": getattr(sys, "probe_leak", None), "numpy_loaded": "numpy" in sys.modules,
+            "name": __name__}
+    sys.probe_leak = "set by an earlier run"  # a fresh fork must not see this
+    import numpy  # a venv module: the server learns it and preloads it for the next run
+    print(json.dumps(seen))
+    print("to stderr", file=sys.stderr)
+    if sys.argv[1:2] == ["fail"]:
+        raise SystemExit(3)
+    if sys.argv[1:2] == ["boom"]:
+        raise RuntimeError("boom")
+""")
+
+
+@pytest.fixture
+def probe_env(tmp_path, monkeypatch):
+    (tmp_path / "fsprobe.py").write_text(PROBE)
+    monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(forkserver.__file__).parents[2])]),
+           "PROBE_MARK": "m1"}
+    yield env
+    forkserver.close_all()
+
+
+def plain(env, argv, cwd):
+    p = subprocess.run([sys.executable, "-m", "fsprobe", *argv], env=env, cwd=cwd, capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_a_forked_run_is_the_plain_run(probe_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = [forkserver.run("fsprobe", ["a", "b"], probe_env, tmp_path) for _ in range(3)]
+    rc, out, err = plain(probe_env, ["a", "b"], tmp_path)
+    first = json.loads(runs[0][1])
+    assert runs[0][0] == rc == 0 and json.loads(out) == first | {"numpy_loaded": False}
+    assert first == {"argv": ["a", "b"], "cwd": str(tmp_path), "marker": "m1", "leaked": None,
+                     "numpy_loaded": False, "name": "__main__"}
+    for r in runs[1:]:  # each run a fresh fork: nothing the last one set; numpy preloaded from the second on
+        assert r[0] == 0 and json.loads(r[1]) == first | {"numpy_loaded": True} and r[2] == err == "to stderr\n"
+
+
+@pytest.mark.parametrize("argv,rc,tail", [(["fail"], 3, "to stderr"), (["boom"], 1, "RuntimeError: boom")])
+def test_exit_status_and_stderr_are_the_runs(probe_env, tmp_path, monkeypatch, argv, rc, tail):
+    monkeypatch.chdir(tmp_path)
+    got = forkserver.run("fsprobe", argv, probe_env, tmp_path)
+    want = plain(probe_env, argv, tmp_path)
+    assert got[0] == want[0] == rc and got[2].strip().splitlines()[-1] == want[2].strip().splitlines()[-1] == tail
+
+
+def test_one_server_per_environment_and_off_switch(probe_env, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = json.loads(forkserver.run("fsprobe", [], probe_env, tmp_path)[1])
+    b = json.loads(forkserver.run("fsprobe", [], probe_env | {"PROBE_MARK": "m2"}, tmp_path)[1])
+    assert (a["marker"], b["marker"]) == ("m1", "m2") and len(forkserver._SERVERS) == 2
+    monkeypatch.setenv("SWA_REPRO_FORKSERVER", "0")
+    assert forkserver.run("fsprobe", [], probe_env, tmp_path) is None
+
+
+def test_loaded_from_venv_leaves_out_the_overlays_and_this_package():
+    names = forkserver.loaded_from_venv()
+    assert "json" in names and "pytest" in names
+    assert not [n for n in names if n.split(".")[0] in ("swa_repro", "sglang", "sgl_kernel")]
+
+
+# ----------------------------------------------------------------------------- shared bytecode
+CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from swa_repro.sglang import bytecode
+    copy = Path(sys.argv[1])
+    print(bytecode.share(copy))
+    sys.path.insert(0, str(copy))
+    import pkgx.same, pkgx.edited
+    print(pkgx.same.f.__code__.co_filename)
+    print(pkgx.edited.VALUE)
+""")
+
+
+def test_a_linked_copy_reads_the_release_overlays_bytecode(tmp_path):
+    cache = tmp_path / "cache"
+    origin = cache / "sglang" / "9.9.9"
+    (origin / "pkgx").mkdir(parents=True)
+    (origin / ".swa-repro-overlay.json").write_text(json.dumps({"sglang": "9.9.9"}))
+    (origin / "pkgx" / "__init__.py").write_text("")
+    (origin / "pkgx" / "same.py").write_text("def f():\n    return 1\n")
+    (origin / "pkgx" / "edited.py").write_text("VALUE = 'shipped'\n")
+    copy = cache / "sglang-fixed" / "9.9.9-abc"
+    shutil.copytree(origin, copy, copy_function=os.link)
+    (copy / "pkgx" / "edited.py").unlink()
+    (copy / "pkgx" / "edited.py").write_text("VALUE = 'fixed'\n")
+    pyc = tmp_path / "pyc"
+    env = {**os.environ, "SWA_REPRO_CACHE": str(cache), "PYTHONPYCACHEPREFIX": str(pyc),
+           "PYTHONPATH": str(Path(forkserver.__file__).parents[2])}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    p = subprocess.run([sys.executable, "-c", CHILD, str(copy)], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True", str(copy / "pkgx" / "same.py"), "fixed"]
+    compiled = sorted(str(f.relative_to(pyc)).split(".cpython")[0] for f in pyc.rglob("*.pyc") if "pkgx" in f.parts)
+    # with a prefix, a .pyc mirrors its source's path: the linked files under the origin's, the replaced one its own
+    assert compiled == sorted([str(origin.relative_to("/") / "pkgx" / "__init__"), str(origin.relative_to("/") / "pkgx" / "same"),
+                               str(copy.relative_to("/") / "pkgx" / "edited")])
+    # the release overlay itself is no copy: nothing to share
+    assert subprocess.run([sys.executable, "-c", CHILD, str(origin)], env=env, capture_output=True,
+                          text=True).stdout.split()[:1] == ["False"]
