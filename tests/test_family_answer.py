@@ -99,28 +99,15 @@ def test_without_cuda_the_class_is_assumed_and_said(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- doctor --model: bad input
-def _never(*a, **k):
-    raise AssertionError("no release may be audited for bad input")
-
-
 @pytest.fixture
-def fake_install(monkeypatch, tmp_path):
+def fake_install(monkeypatch, no_work):
     """An installed sglang of a chosen version whose overlay serves Gemma-2 only; no child may run."""
     from swa_repro.core import mode
     from swa_repro.notebook import doctor
-    from swa_repro.sglang import overlay_run, provision
-    from swa_repro.sglang.audit import family_run
 
-    models = tmp_path / "ov" / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
-    (models / "gemma2.py").write_text("class Gemma2ForCausalLM: pass\nEntryClass = Gemma2ForCausalLM\n")
     version = {"sglang": "0.5.23"}
     real = mode.dist_version
     monkeypatch.setattr(mode, "dist_version", lambda d: version["sglang"] if d == "sglang" else real(d))
-    monkeypatch.setattr(provision, "provision", _never)
-    monkeypatch.setattr(overlay_run, "run_child", _never)
-    monkeypatch.setattr(family_run, "run_child", _never)
-    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes=None, **k: (tmp_path / "ov", {}, None))
     monkeypatch.setattr(doctor, "doctor_report", lambda: {})  # the rest of the doctor is not under test here
     return version
 
