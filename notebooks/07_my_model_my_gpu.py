@@ -110,7 +110,7 @@ pd.DataFrame(family_answer.verdict_rows(fix["fixed"] or {}))  # empty: nothing t
 
 # %%
 if fix["fixed"] is not None:
-    plots.publish(key_heatmap.figure(key_heatmap.panels_of(fix["fixed"]), title + f" with --fix {','.join(fix['fixes'])}",
+    plots.publish(key_heatmap.figure(key_heatmap.panels_of(fix["fixed"]), title + " with the fixes above (zoomed)",
                                      zoomed=True), "07_my_model_my_gpu_keys_fixed", save)
 
 # %%
