@@ -54,7 +54,7 @@ help:
 	@echo "make test    run the test suite (all but the release matrix)"
 	@echo "make test-matrix  the release matrix: the fixes and audits on every other sglang release"
 	@echo "make venv    only create/refresh $(VENV) (stamped on pyproject.toml's hash)"
-	@echo "make doctor  what is installed and which mode auto picks"
+	@echo "make doctor  what is installed and which mode auto picks (DOCTOR_ARGS=\"--model gemma2\": is that family affected here)"
 	@echo "make lab     JupyterLab on $(LAB_ROOT)/, your git-ignored copy of $(LAB_FROM)/; a .py opens as a notebook (LAB_PORT=$(LAB_PORT), LAB_ARGS=...)"
 	@echo "make lab-url the running lab's URL with its token"
 
@@ -74,7 +74,7 @@ test-matrix: $(STAMP)
 	  if [ -n "$$SWA_PYTEST_RC" ]; then echo $$rc > "$$SWA_PYTEST_RC"; fi; exit $$rc
 
 doctor: $(STAMP)
-	$(BIN)/swa-repro doctor
+	$(BIN)/swa-repro doctor $(DOCTOR_ARGS)
 
 venv: $(STAMP)
 

@@ -98,3 +98,24 @@ def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedPro
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def never(*a, **k):
+    raise AssertionError("no release may be installed or audited for bad input")
+
+
+@pytest.fixture
+def no_work(monkeypatch, tmp_path):
+    """The installer and the child fail the test; the overlay is a fake one serving Gemma-2 only
+    (the family audit's and ``doctor --model``'s bad-input tests)."""
+    from swa_repro.sglang import overlay_run, provision
+    from swa_repro.sglang.audit import family_run
+
+    models = tmp_path / "ov" / "sglang" / "srt" / "models"
+    models.mkdir(parents=True)
+    (models / "gemma2.py").write_text("class Gemma2ForCausalLM: pass\nEntryClass = Gemma2ForCausalLM\n")
+    monkeypatch.setattr(provision, "provision", never)
+    monkeypatch.setattr(overlay_run, "run_child", never)
+    monkeypatch.setattr(family_run, "run_child", never)
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes=None, **k: (tmp_path / "ov", {}, None))
+    return tmp_path

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import families as fam  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402
+from conftest import never  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- families
@@ -43,27 +44,7 @@ def test_gpu_class_resolves_what_flashinfer_runs(gpu, backend, mask, head_dim, r
     assert fam.GPU_CLASSES[gpu].resolve(backend, head_dim, mask) == runs
 
 
-# ----------------------------------------------------------------------------- bad input
-def _never(*a, **k):
-    raise AssertionError("no release may be installed or audited for bad input")
-
-
-@pytest.fixture
-def no_work(monkeypatch, tmp_path):
-    """The installer and the child fail the test; the overlay is a fake one serving Gemma-2 only."""
-    from swa_repro.sglang import overlay_run, provision
-    from swa_repro.sglang.audit import family_run
-
-    models = tmp_path / "ov" / "sglang" / "srt" / "models"
-    models.mkdir(parents=True)
-    (models / "gemma2.py").write_text("class Gemma2ForCausalLM: pass\nEntryClass = Gemma2ForCausalLM\n")
-    monkeypatch.setattr(provision, "provision", _never)
-    monkeypatch.setattr(overlay_run, "run_child", _never)
-    monkeypatch.setattr(family_run, "run_child", _never)
-    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes=None, **k: (tmp_path / "ov", {}, None))
-    return tmp_path
-
-
+# ----------------------------------------------------------------------------- bad input (conftest.no_work)
 @pytest.mark.parametrize("argv, must", [
     (["--sglang", "0.5.23", "--model", "llama9"], "--model 'llama9': unknown family"),
     (["--sglang", "0.5.23", "--model", "gemma2,nope"], "--model 'nope': unknown family"),
@@ -95,7 +76,7 @@ def test_bad_input_is_one_line_exit_2_before_any_work(argv, must, no_work, capfd
 def test_family_table_input_is_checked_before_any_audit(argv, must, no_work, capfd, monkeypatch):
     from swa_repro.sglang.audit import family_table
 
-    monkeypatch.setattr(family_table, "build", _never)
+    monkeypatch.setattr(family_table, "build", never)
     capfd.readouterr()
     rc = main(["audit", *argv, "--out", str(no_work / "t")])
     err = capfd.readouterr().err.strip().splitlines()

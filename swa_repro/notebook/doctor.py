@@ -111,14 +111,33 @@ def _print_report(r: dict) -> None:
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="what is installed, whether CUDA is usable, and which mode auto picks")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--model", metavar="FAMILY", help="also: is this family affected on the installed sglang, on this "
+                   "GPU's class? (the family audit run now, on CPU, cached by content; and the --fix that makes it exact)")
+    p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class (default: this GPU's, "
+                   "from its compute capability; without CUDA sm90, said so)")
     p.set_defaults(func=doctor_main)
 
 
 def doctor_main(a) -> int:
+    family = None
+    if a.model is not None or a.gpu is not None:
+        from swa_repro.core.errors import UsageError
+        from swa_repro.notebook import family_answer
+
+        if a.model is None:
+            raise UsageError("--gpu goes with --model FAMILY: the GPU class of the family's verdict")
+        family_answer.check(a.model, a.gpu, None)  # one line each, before any work
     r = doctor_report()
+    if a.model is not None:
+        family = family_answer.verdict(a.model, a.gpu)
+        r["family"] = {k: v for k, v in family.items() if k != "audit"} | {
+            "verdicts": family_answer.verdict_rows(family["audit"]),
+            "fix": {k: v for k, v in family["fix"].items() if k != "fixed"}}
     if a.json:
-        json.dump(r, sys.stdout, indent=2)
+        json.dump(r, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     else:
         _print_report(r)
+        for line in family_answer.lines(family) if family else []:
+            print(line)
     return 0

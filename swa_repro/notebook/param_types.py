@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from swa_repro.core.case import MAX_BATCH, MAX_HEADS, MAX_KV_LEN
+from swa_repro.sglang.families import FAMILIES, GPU_CLASSES
 
 SEED_MAX = 2**32 - 1  # numpy's seed range
 
@@ -148,6 +149,9 @@ COMMON: dict[str, Param] = {
     "live_budget_s": Param(float, 1, 86400),
     "gpu_results": Param(str),
     "cpu_results": Param(str),
+    # 07: my model, my GPU, my release
+    "model": Param(str, choices=FAMILIES),
+    "gpu": Param(str, choices=("auto", *GPU_CLASSES)),
 }
 NOTEBOOK: dict[str, dict[str, Param]] = {}  # a notebook whose parameter of a shared name differs
 
@@ -155,7 +159,8 @@ NOTEBOOK: dict[str, dict[str, Param]] = {}  # a notebook whose parameter of a sh
 # The project's notebooks (notebooks/NN_*.py; tests/test_param_types.py holds the list equal): the
 # table is theirs. Another notebook (``--notebooks-dir``) is typed by its defaults.
 PROJECT = ("00_overview", "01_plan_with_and_without_window_left", "02_masks_and_cta_skips", "03_apply_backend_patch",
-           "04_rerun_checks", "05_backend_matrix_and_audit", "06_performance")
+           "04_rerun_checks", "05_backend_matrix_and_audit", "06_performance",
+           "07_my_model_my_gpu")
 
 
 def declared(notebook: str, name: str) -> Param | None:

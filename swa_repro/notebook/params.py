@@ -169,6 +169,19 @@ VALUES = {"fixes": _fixes, "sglang_release": _release, "cases": _matrix_names, "
           "backend": _backend}
 
 
+def _family_release(value) -> None:
+    """Notebook 07: ``installed`` or a release the family audit covers (``families.RELEASES``)."""
+    if value != "installed":
+        _release(value)
+        from swa_repro.sglang.families import check_release
+
+        check_release(value)
+
+
+# (notebook, name) -> its own check, where one notebook takes other values under a shared name
+NOTEBOOK_VALUES = {("07_my_model_my_gpu", "sglang_release"): _family_release}
+
+
 def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
     """Every ``--parameters`` name is in each notebook's parameters cell with a value of its type
     that the notebook can use (:data:`VALUES`)."""
@@ -192,9 +205,10 @@ def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:
                 raise UsageError(f"--parameters {name}: notebook {path.stem} expects {describe(decl[name])}; got "
                                  f"{_short(json.dumps(value))} ({type(value).__name__}); its parameters: {names}")
     for name, value in params.items():
-        if name in VALUES and value is not None:
+        checks = {NOTEBOOK_VALUES.get((p.stem, name), VALUES.get(name)) for p in notebooks} - {None}
+        for check in sorted(checks, key=lambda c: c.__name__) if value is not None else ():
             try:
-                VALUES[name](value)
+                check(value)
             except UsageError as e:
                 raise UsageError(f"--parameters {name}={_short(json.dumps(value))}: {e}") from None
 

@@ -64,6 +64,17 @@ GPU_CLASSES = {g.name: g for g in (GpuClass("sm80", (8, 0), "A100 / A10 / L40 (s
                                    GpuClass("sm90", (9, 0), "H100 / H200"),
                                    GpuClass("sm100", (10, 0), "B200 / GB200"))}
 DEFAULT_GPU = "sm90"
+RELEASES = ("0.5.14", "0.5.23")  # first and last release the family audit and its fixes cover (fix/__init__)
+
+
+def check_release(version: str) -> None:
+    """One line for a release the family audit does not cover (``doctor --model``, notebook 07)."""
+    from swa_repro.sglang.provision import parse
+
+    lo, hi = RELEASES
+    if not parse(lo) <= parse(version) <= parse(hi):
+        raise UsageError(f"sglang {version} is outside {lo}-{hi}, the releases the family audit covers: "
+                         f"install one of them (pip install sglang=={hi}) or pick sglang_release={hi}")
 
 
 # ----------------------------------------------------------------------------- the small config

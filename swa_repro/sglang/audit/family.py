@@ -33,6 +33,7 @@ from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit import rows
 from swa_repro.sglang.audit import spans
 from swa_repro.sglang.audit.env import DECODE
 from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
@@ -143,12 +144,16 @@ def cap_state(run, gpu: GpuClass) -> str:
 
 
 def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
-    """One path x layer kind: status, what the plans carried, backends, keys, verdict, cap."""
+    """One path x layer kind: status, what the plans carried, backends, keys, verdict, cap, and the
+    rows of its longest request as ranges (``audit.rows``: what a keys heatmap draws)."""
     d = {"path": run.path, "kind": layer.kind, "layer": layer.name}
     if run.error:
         return {**d, "status": run.status, "why": run.error}
-    keys = spans.keys_of_run(run, intended, backend_of(gpu))
+    stages = spans.stage_spans(run, intended, backend_of(gpu))
+    keys = spans.summary(stages)
+    main = max(stages, key=lambda s: len(stages[s]["q_pos"]), default=None)
     d.update(status="driven", plans=audit_core.plan_texts(run), wrappers=wrappers(run, gpu), keys=keys,
+             rows=None if main is None else {"stage": main, **(rows.request_rows(stages[main]) or {})},
              verdict=ak.verdict(keys), cap=cap_state(run, gpu),
              findings=[f.to_dict() for f in audit_core.analyze(run)])
     if run.layer_window != intended:  # the same calls against the window the layer itself asked for

@@ -188,6 +188,7 @@ class RequestSpans:
     k_pos: np.ndarray  # (kv,) key positions, -1 foreign
     seen: tuple | None  # (lo, hi) (H, qo, K) key indices; None: undefined rows
     want: tuple  # (lo, hi) (qo, M) intended ids
+    req: int = 0  # the request's index in its call
 
 
 def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[RequestSpans]:
@@ -211,7 +212,7 @@ def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[Reques
             k_pos = snap["positions"].numpy()[slots] if p.cls == RAGGED else ak._positions_of_slots(snap, i, slots)
             k_id, want = k_pos, window_ranges(q_pos, window)
         seen = kernel_ranges(p, plan, fwd, qo, kv, i, geo, backend)
-        out.append(RequestSpans(rows, q_pos, KeyMap(np.asarray(k_id, np.int64)), k_pos, seen, want))
+        out.append(RequestSpans(rows, q_pos, KeyMap(np.asarray(k_id, np.int64)), k_pos, seen, want, i))
     return out
 
 
@@ -252,15 +253,26 @@ def keys_of_run(run, window: int | None = None, backend_of=default_backend) -> d
     """``audit.keys.keys_of_run`` in ranges: per stage, queries seeing keys outside ``window``
     (default: the layer's), the most per query, foreign keys, undefined rows, missing keys.
     ``backend_of(pair, plan)``: what FlashInfer runs for that call (a GPU class resolves ``auto``)."""
+    return summary(stage_spans(run, window, backend_of))
+
+
+def stage_spans(run, window: int | None = None, backend_of=default_backend) -> dict:
+    """Per stage, every call's requests folded in (:func:`_add`): counts, and per token row its
+    position, request and the id ranges it intends and is let see (``audit.rows`` draws them)."""
     window = run.layer_window if window is None else window
     stages: dict[str, dict] = {}
     for p in ak.pairs(run):
         st = stages.setdefault(p.stage, {"calls": 0, "queries": set(), "extra_queries": set(), "extra_keys": 0,
                                          "max_extra_per_query": 0, "foreign_keys": 0, "undefined_rows": 0,
-                                         "seen": {}, "example": None})
+                                         "seen": {}, "q_pos": {}, "request": {}, "example": None})
         st["calls"] += 1
         for rs in call_spans(p, run.snapshot, window, backend_of(p, p.plan[1])):
             _add(st, rs)
+    return stages
+
+
+def summary(stages: dict) -> dict:
+    """:func:`stage_spans` -> :func:`keys_of_run`'s counts per stage."""
     return {name: {"calls": st["calls"], "queries": len(st["queries"]), "queries_with_extra": len(st["extra_queries"]),
                    "extra_keys": st["extra_keys"], "max_extra_per_query": st["max_extra_per_query"],
                    "missing_keys": sum(_measure_missing(w, s) for w, s in st["seen"].values()),
@@ -271,6 +283,8 @@ def keys_of_run(run, window: int | None = None, backend_of=default_backend) -> d
 def _add(st: dict, rs: RequestSpans) -> None:
     """One request of one call into its stage's counts."""
     st["queries"].update(rs.rows.tolist())
+    st["q_pos"].update(zip(rs.rows.tolist(), rs.q_pos.tolist()))
+    st["request"].update((t, rs.req) for t in rs.rows.tolist())
     st["foreign_keys"] += int((rs.k_pos < 0).sum())
     if rs.seen is None:
         st["undefined_rows"] += len(rs.rows)

@@ -1,0 +1,196 @@
+"""My model, my GPU, my release: the family audit's answer, re-derived here, and the fix that makes it exact.
+
+Used by ``swa-repro doctor --model FAMILY`` and notebook 07. Nothing is quoted from
+``docs/audit/families.json``: the release's own code builds the family's layers and is driven at
+the real window (``sglang.audit.family_run.audit_families``, a child cached by content in
+``core.cache``, so a second ask costs seconds). The fix is computed: the finding classes
+(``audit.table.CLASSES``, the names of ``patch --fix``) whose paths and parameter match what the
+audit found wrong, that the release's backend file still needs (``fix.states``), then the family
+audited again on a copy of the release with those fixes; it is exact, or what remains is said.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang import families as fam
+
+CAPABILITY = {8: "sm80", 9: "sm90", 10: "sm100"}  # torch.cuda.get_device_capability()[0] -> GPU class
+EXTEND = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str  # sm80 | sm90 | sm100
+    why: str  # how it was chosen, one sentence
+
+
+def gpu_class(requested: str | None = None, capability=None) -> Gpu:
+    """``requested`` (``--gpu`` / ``gpu=``) wins; else this machine's CUDA device's class
+    (``capability``, default ``torch.cuda.get_device_capability()``); else sm90, said so."""
+    if requested not in (None, "", "auto"):
+        fam.check_args(fam.FAMILIES[0], requested)  # one line for an unknown class
+        return Gpu(requested, f"{requested} ({fam.GPU_CLASSES[requested].cards}): given")
+    if capability is None:
+        try:
+            import torch
+
+            capability = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+        except Exception:  # no torch, a broken driver: no device to read
+            capability = None
+    if capability is None:
+        return Gpu(fam.DEFAULT_GPU, f"no CUDA device here: assumed {fam.DEFAULT_GPU} "
+                   f"({fam.GPU_CLASSES[fam.DEFAULT_GPU].cards}); give --gpu sm80|sm90|sm100 for another")
+    major, minor = capability
+    name = CAPABILITY.get(major)
+    if name is None:  # sm120 and the like: no sm100 switch, no fa3 -> what sm80 runs
+        return Gpu("sm80", f"this GPU is sm{major}{minor}, none of the audited classes: taken as sm80 "
+                   "(fa2, no sm100 switch); give --gpu to choose")
+    return Gpu(name, f"this GPU is sm{major}{minor}: {name} ({fam.GPU_CLASSES[name].cards})")
+
+
+def release_of(requested: str | None = None) -> str:
+    """``requested`` (a release number) or the installed sglang's; one line when there is none or
+    it is outside the releases the family audit covers."""
+    if requested in (None, "", "installed"):
+        from swa_repro.core.mode import dist_version
+
+        requested = dist_version("sglang")
+        if requested is None:
+            raise UsageError(f"no sglang is installed here: install one (pip install sglang=={fam.RELEASES[1]}) or "
+                             f"ask about a release: swa-repro audit --sglang {fam.RELEASES[1]} --model FAMILY")
+        requested = requested.split("+")[0]
+    fam.check_release(requested)
+    return requested
+
+
+def check(model: str, gpu: str | None, release: str | None) -> tuple[str, Gpu, str]:
+    """Every argument, one line each, before any work: (family, GPU class, release)."""
+    if model in (None, "") or model == "all" or "," in model:
+        raise UsageError(f"--model takes one family: {', '.join(fam.FAMILIES)}")
+    fam.check_args(model, gpu if gpu not in (None, "", "auto") else None)
+    return model, gpu_class(gpu), release_of(release)
+
+
+def family_audit(release: str, model: str, gpu: str, fixes=None) -> dict:
+    """The family's audit document (``audit.family_run``), with the release header beside it."""
+    from swa_repro.sglang.audit import family_run
+
+    doc = family_run.audit_families(release, model, gpu, fixes=fixes, note=lambda s: None)
+    f = doc["families"][0]
+    return {**f, "release": doc["release"], "gpu": gpu}
+
+
+def bad(f: dict) -> list[tuple[str, str, str]]:
+    """``(kind, path, what)`` for every driven path x kind that is not exact or drops the cap."""
+    out = []
+    for r in f.get("paths", []):
+        if r.get("status") == "driven":
+            if r["verdict"] != "exact":
+                out.append((r["kind"], r["path"], r["verdict"]))
+            if r["cap"].startswith("dropped"):
+                out.append((r["kind"], r["path"], "cap dropped"))
+    return out
+
+
+def verdict_rows(f: dict) -> list[dict]:
+    """Per layer kind and path: the key verdict at the real window, how many queries see keys
+    outside it, the cap, and what FlashInfer runs; a path not driven says why."""
+    rows = []
+    for r in f.get("paths", []):
+        if r.get("status") != "driven":
+            rows.append({"kind": r["kind"], "path": r["path"], "verdict": r.get("status"), "why": r.get("why")})
+            continue
+        k = r["keys"].values()
+        rows.append({"kind": r["kind"], "path": r["path"], "verdict": r["verdict"],
+                     "queries": sum(s["queries"] for s in k),
+                     "queries_with_extra": sum(s["queries_with_extra"] for s in k),
+                     "max_extra_per_query": max((s["max_extra_per_query"] for s in k), default=0),
+                     "missing_keys": sum(s["missing_keys"] for s in k), "cap": r["cap"],
+                     "runs": "; ".join(f"{w}: {', '.join(v)}" for w, v in r["wrappers"].items())})
+    return rows
+
+
+def needed_fixes(release: str) -> dict[str, str]:
+    """Each ``patch --fix`` name's state in the release's shipped backend file (needed / applied / unknown)."""
+    from swa_repro.sglang.fix import states
+    from swa_repro.sglang.patch.classify import REL_PATH
+    from swa_repro.sglang.provision import provision
+
+    overlay, _ = provision(release)
+    return {k: s.state for k, s in states((overlay / "sglang" / REL_PATH).read_text()).items()}
+
+
+def candidate_fixes(f: dict, needed: dict[str, str]) -> list[str]:
+    """The finding classes whose paths hold what ``bad(f)`` found (a key verdict: ``window_left``; a
+    dropped cap: ``logits_soft_cap``) and that the file still needs, with what they require."""
+    from swa_repro.sglang.audit.table import CLASSES
+    from swa_repro.sglang.fix import parse_names
+
+    want = set()
+    for _, path, what in bad(f):
+        parameter = "logits_soft_cap" if what == "cap dropped" else "window_left"
+        want |= {k for k, c in CLASSES.items() if path in c.paths and c.parameter == parameter
+                 and needed.get(k) == "needed"}
+    return list(parse_names(",".join(sorted(want)))) if want else []
+
+
+def fix_answer(release: str, model: str, gpu: str, f: dict) -> dict:
+    """``{"fixes": [...], "exact": bool, "remaining": [...], "fixed": the fixed family's audit}``:
+    the fixes, checked by auditing the family again on a fixed copy of the release."""
+    if f.get("error"):
+        return {"fixes": [], "exact": False, "remaining": [f["error"]], "fixed": None}
+    found = bad(f)
+    if not found:
+        return {"fixes": [], "exact": True, "remaining": [], "fixed": None}
+    names = candidate_fixes(f, needed_fixes(release))
+    if not names:
+        return {"fixes": [], "exact": False, "remaining": [" ".join(b) for b in found], "fixed": None}
+    fixed = family_audit(release, model, gpu, fixes=names)
+    left = bad(fixed)
+    return {"fixes": names, "exact": not left, "remaining": [" ".join(b) for b in left], "fixed": fixed}
+
+
+def fix_sentence(fx: dict) -> str:
+    if fx["fixes"] and fx["exact"]:
+        return f"swa-repro patch --fix {','.join(fx['fixes'])} makes it exact on every driven path (audited again)"
+    if fx["fixes"]:
+        return (f"swa-repro patch --fix {','.join(fx['fixes'])} fixes part; still wrong after it: "
+                + "; ".join(fx["remaining"][:6]))
+    if fx["exact"]:
+        return "nothing to fix: every driven path is exact and the cap, if any, is applied"
+    return "no fix in swa-repro's registry addresses it: " + "; ".join(fx["remaining"][:6])
+
+
+def verdict(model: str, gpu: str | None = None, release: str | None = None, *, with_fix: bool = True) -> dict:
+    """The whole answer: release, GPU class (and why), the family's audit, its answer, the fix."""
+    model, g, release = check(model, gpu, release)
+    f = family_audit(release, model, g.name)
+    out = {"release": release, "gpu": g.name, "gpu_why": g.why, "model": model, "audit": f,
+           "answer": f.get("answer") or {"state": "not built", "why": f.get("error")}}
+    if with_fix:
+        out["fix"] = fix_answer(release, model, g.name, f)
+    return out
+
+
+def lines(v: dict) -> list[str]:
+    """``doctor --model``'s text."""
+    f, a = v["audit"], v["answer"]
+    out = [f"model {v['model']} on sglang {v['release']} (as shipped; audited on CPU now, cache "
+           f"{f['release'].get('result_cache', {}).get('cache', '?')}), GPU class {v['gpu_why']}"]
+    if f.get("error"):
+        return out + [f"  not built: {f['error']}"]
+    out.append(f"  window {f['config']['sliding_window']} (HF), runner sliding_window_size "
+               f"{f['build']['runner_window']}, cap {f['config']['cap']:g}")
+    for r in verdict_rows(f):
+        if r["path"] in EXTEND + ("decode", "cuda_graph_decode"):
+            out.append(f"  {r['kind']:<7} {r['path']:<24} {r['verdict']:<9}"
+                       + (f" {r['queries_with_extra']}/{r['queries']} queries see keys outside the window; "
+                          f"cap {r['cap'][:50]}" if "queries" in r else f" {r.get('why') or ''}"[:100]))
+    why = [a["why"]] if isinstance(a.get("why"), str) else a.get("why") or []
+    out.append(f"  ANSWER: {a['state']}" + "".join(f"; {x}" for x in (a.get("flags"), a.get("note")) if x))
+    out += [f"    {w}" for w in why[:6]] + ([f"    ... {len(why) - 6} more"] if len(why) > 6 else [])
+    if "fix" in v:
+        out.append("  FIX: " + fix_sentence(v["fix"]))
+    return out
