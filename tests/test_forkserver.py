@@ -48,8 +48,11 @@ def plain(env, argv, cwd):
     return p.returncode, p.stdout, p.stderr
 
 
-def test_a_forked_run_is_the_plain_run(probe_env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("threads_env", ["omp1", "unset"])
+def test_a_forked_run_is_the_plain_run(probe_env, tmp_path, monkeypatch, threads_env):
     monkeypatch.chdir(tmp_path)
+    if threads_env == "unset":  # numpy's OpenBLAS would start its pool at import: the server must stay forkable
+        probe_env = {k: v for k, v in probe_env.items() if k not in forkserver.SINGLE_THREADED}
     runs = [forkserver.run("fsprobe", ["a", "b"], probe_env, tmp_path) for _ in range(3)]
     rc, out, err = plain(probe_env, ["a", "b"], tmp_path)
     first = json.loads(runs[0][1])
@@ -81,6 +84,17 @@ def test_loaded_from_venv_leaves_out_the_overlays_and_this_package():
     names = forkserver.loaded_from_venv()
     assert "json" in names and "pytest" in names
     assert not [n for n in names if n.split(".")[0] in ("swa_repro", "sglang", "sgl_kernel")]
+
+
+def test_a_preload_that_starts_a_thread_is_caught(tmp_path):
+    (tmp_path / "fs_quiet.py").write_text("X = 1\n")
+    (tmp_path / "fs_threaded.py").write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from swa_repro.sglang import forkserver as f; "
+            "print(f._preload(['fs_quiet'], set()), f._preload(['fs_threaded', 'fs_quiet'], {'fs_threaded'}), "
+            "f._preload(['fs_threaded'], set()), f._threads())")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(forkserver.__file__).parents[2])})
+    assert p.stdout.split() == ["None", "None", "fs_threaded", "2"], p.stderr
 
 
 # ----------------------------------------------------------------------------- shared bytecode

@@ -14,8 +14,9 @@ the venv or the standard library (never ``sglang``, ``sgl_kernel`` or this packa
 overlay's, or the run's), and the server imports them before the next fork. The first run of a
 server is therefore as slow as a plain child; the ones after it are not.
 
-Linux only (``fork`` after importing torch is safe while no thread has started: the server checks
-and stops forking if one has); ``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
+Linux only. ``fork`` is safe while the server has no thread but its main one: a preloaded module
+that starts one (pandas and datasets start pyarrow's pool) is left out from then on (:func:`serve`).
+``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
 per (environment, working directory, thread) and at most :data:`MAX_SERVERS`.
 """
 
@@ -31,6 +32,13 @@ import threading
 from pathlib import Path
 
 MAX_SERVERS = 3  # each holds torch & co. (~0.5 GB, shared copy-on-write with its children)
+MODULE = "swa_repro.sglang.forkserver"  # this file, run as ``python -m`` (where its __name__ is __main__)
+STATE = ("SWA_REPRO_FORKSERVER_DENY", "SWA_REPRO_FORKSERVER_KNOWN", "SWA_REPRO_FORKSERVER_EXECS")  # over an exec
+MAX_EXECS = 2
+# A run forked from the server computes single-threaded (its tensors are small: tests/conftest.py
+# measured one OpenMP thread faster on 2 cores), and the server has no pool thread to fork over.
+SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+THREADED = ("datasets", "pandas", "pyarrow")  # importing them starts pyarrow's thread pool (found by serve's check)
 OWN_ROOTS = ("sglang", "sgl_kernel", "swa_repro", "__main__")  # the overlay's or the run's: never preloaded
 
 
@@ -44,7 +52,7 @@ class Server:
     ``(returncode, stdout, stderr)`` for one ``python -m module argv``."""
 
     def __init__(self, env: dict, cwd: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True)
         self.runs = 0
 
@@ -68,15 +76,16 @@ class Server:
 
 
 _SERVERS: dict = {}  # key -> Server, oldest first
+_GAVE_UP: set = set()  # keys whose server could not stay fork-safe (serve's exit 3): plain children for them
 _LOCK = threading.Lock()
 
 
 def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str] | None:
     """``(returncode, stdout, stderr)`` of ``python -m module argv`` under ``env``, forked from a warm
     server; ``None`` when no server can do it (the caller then runs a plain child)."""
-    if not enabled():
-        return None
     key = hashlib.sha256(json.dumps([sorted(env.items()), os.getcwd(), threading.get_ident()]).encode()).hexdigest()
+    if not enabled() or key in _GAVE_UP:
+        return None
     with _LOCK:
         server = _SERVERS.pop(key, None)
         if server is None or server.proc.poll() is not None:
@@ -90,6 +99,8 @@ def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, s
         with _LOCK:
             _SERVERS.pop(key, None)
         server.close()
+        if server.proc.returncode == 3:
+            _GAVE_UP.add(key)
         return None
 
 
@@ -122,18 +133,25 @@ def loaded_from_venv() -> list[str]:
                   and os.path.realpath(m.__file__).startswith(dirs))
 
 
-def _preload(names: list[str]) -> None:
+def _preload(names, denied: set) -> str | None:
+    """Import ``names`` (parents first) but those under ``denied`` roots; stop at the first import
+    that starts a thread (pyarrow's pool, through pandas or datasets) and return its root: this
+    process may then no longer fork."""
     import importlib
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in sorted(names, key=lambda n: (n.count("."), n)):
-            if name not in sys.modules:
-                try:
-                    importlib.import_module(name)
-                except BaseException:  # noqa: BLE001 - a module that cannot load alone is just not preloaded
-                    pass
+            if name in sys.modules or name.split(".")[0] in denied:
+                continue
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - a module that cannot load alone is just not preloaded
+                pass
+            if _threads() > 1:
+                return name.split(".")[0]
+    return None
 
 
 def _threads() -> int:
@@ -176,27 +194,42 @@ def _child(req: dict, learned: str) -> None:
 
 
 def serve() -> int:
+    """Answer each request line with ``{"rc": N}``; learn and preload between runs. When a preloaded
+    module started a thread, the server starts itself again (``exec``: the same pipes, nothing of
+    this process kept) with that module's root left out and what it had learned preloaded; after
+    :data:`MAX_EXECS` it ends instead, and its parent runs plain children."""
     import tempfile
 
-    forking = True
-    for line in sys.stdin:
+    for k in SINGLE_THREADED:  # numpy's OpenBLAS starts its pool at import unless told one thread
+        os.environ.setdefault(k, "1")
+    denied = set(THREADED) | set(filter(None, os.environ.pop(STATE[0], "").split(",")))
+    carried = os.environ.pop(STATE[1], None)  # what the process before the exec had learned
+    known = set(_read(Path(carried)).split()) if carried else set()
+    if carried:
+        os.unlink(carried)
+    execs = int(os.environ.pop(STATE[2], "0"))
+    threaded = _preload(known, denied)
+    while not threaded:
+        line = sys.stdin.readline()
+        if not line:
+            return 0
         req = json.loads(line)
         with tempfile.TemporaryDirectory() as tmp:
             learned = os.path.join(tmp, "learned")
-            if forking and _threads() == 1:
-                pid = os.fork()
-                if pid == 0:
-                    _child(req, learned)
-                rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            else:  # a preloaded module started a thread: fork is no longer safe, run plain children
-                forking = False
-                p = subprocess.run([sys.executable, "-m", req["module"], *req["argv"]], cwd=req["cwd"],
-                                   stdout=open(req["stdout"], "w"), stderr=open(req["stderr"], "w"))
-                rc = p.returncode
-            if forking and os.path.isfile(learned):
-                _preload(Path(learned).read_text().split())
+            pid = os.fork()
+            if pid == 0:
+                _child(req, learned)
+            rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            known |= set(_read(Path(learned)).split())
+        threaded = _preload(known, denied)
         print(json.dumps({"rc": rc}), flush=True)
-    return 0
+    if execs >= MAX_EXECS:
+        return 3
+    fd, path = tempfile.mkstemp(prefix="swa-repro-forkserver-")
+    os.write(fd, " ".join(sorted(known)).encode())
+    os.close(fd)
+    os.execve(sys.executable, [sys.executable, "-m", MODULE], {
+        **os.environ, STATE[0]: ",".join(sorted(denied | {threaded})), STATE[1]: path, STATE[2]: str(execs + 1)})
 
 
 if __name__ == "__main__":

@@ -63,6 +63,16 @@ def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: 
     return doc["document"], doc["seconds"], how
 
 
+def run_module(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str]:
+    """``python -m module argv`` under ``env`` -> ``(returncode, stdout, stderr)``: forked from a warm
+    server (``forkserver``: the venv's imports done once), else a plain child."""
+    forked = forkserver.run(module, argv, env, tmp)
+    if forked is None:
+        p = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env)
+        forked = (p.returncode, p.stdout, p.stderr)
+    return forked
+
+
 def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
@@ -70,11 +80,7 @@ def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
         t0 = time.monotonic()
-        forked = forkserver.run(module, cmd[3:], env, Path(tmp))  # the same run, without the venv's imports
-        if forked is None:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            forked = (p.returncode, p.stdout, p.stderr)
-        rc, _, stderr = forked
+        rc, _, stderr = run_module(module, cmd[3:], env, Path(tmp))
         if rc != 0 or not out.is_file():
             last = [ln for ln in stderr.splitlines() if ln.strip()]
             raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")

@@ -30,6 +30,7 @@ import torch
 
 from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
+from swa_repro.sglang import bytecode
 
 
 def attend(q, k, v, *, sm_scale, causal, window, cap, mask=None):
@@ -218,6 +219,7 @@ def main(argv=None) -> int:
     """``OVERLAY OUT_JSON TEST_FILE...`` -> ``{test file name: run_cases(it)}`` in OUT_JSON."""
     overlay, out, *test_files = (Path(x) for x in (argv or sys.argv[1:]))
     sys.path.insert(0, str(overlay.resolve()))  # before anything imports sglang
+    bytecode.share(overlay.resolve())  # a fixed / kit copy: the release's compiled modules
     import logging
     import warnings
 
