@@ -80,9 +80,12 @@ def test_one_server_per_environment_and_off_switch(probe_env, tmp_path, monkeypa
     assert forkserver.run("fsprobe", [], probe_env, tmp_path) is None
 
 
-def test_loaded_from_venv_leaves_out_the_overlays_and_this_package():
+def test_loaded_from_venv_is_the_stdlib_and_the_safe_roots_only():
+    import numpy  # noqa: F401  (a safe root, loaded)
+
     names = forkserver.loaded_from_venv()
-    assert "json" in names and "pytest" in names
+    assert "json" in names and "numpy" in names and "numpy.linalg" in names
+    assert "pytest" not in names and "_pytest.main" not in names  # loaded, from the venv, but not a safe root
     assert not [n for n in names if n.split(".")[0] in ("swa_repro", "sglang", "sgl_kernel")]
 
 

@@ -119,18 +119,47 @@ def _read(p: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- server
-def _venv_dirs() -> tuple[str, ...]:
+# The venv's packages a server may preload: where sglang's import spends its time (python -X importtime,
+# 0.5.23: torch, rfc3987_syntax's grammar, transformers, ml_dtypes, scipy, openai, sympy, ...) and what they
+# import, all pure Python or self-contained native code. Never a package that loads a CUDA library,
+# stub or JIT runtime (flashinfer, cutlass, triton, tilelang, tvm_ffi, torchvision, ...): loaded ahead
+# of sglang, tilelang's libcudart stub made flashinfer.comm raise AttributeError inside a
+# `try: ... except ImportError` of sglang's (0.5.15.post1 moe/token_dispatcher/flashinfer.py:29-31),
+# where a plain run gets the ImportError. The standard library is always preloadable.
+SAFE_ROOTS = frozenset("""
+    torch torchgen functorch numpy scipy sympy mpmath networkx ml_dtypes einops
+    transformers tokenizers safetensors huggingface_hub sentencepiece tiktoken regex gguf compressed_tensors
+    rfc3987_syntax lark jsonschema jsonschema_specifications referencing rpds mistral_common pycountry
+    pydantic pydantic_core pydantic_extra_types annotated_types annotated_doc typing_extensions typing_inspection
+    openai httpx httpcore h11 anyio sniffio aiohttp aiohappyeyeballs aiosignal yarl multidict frozenlist propcache
+    requests urllib3 idna certifi charset_normalizer fsspec filelock packaging tqdm rich pygments
+    jinja2 markupsafe yaml msgspec orjson pybase64 zmq psutil uvicorn fastapi starlette python_multipart
+    dill cloudpickle multiprocess six attr attrs dateutil
+""".split())
+
+
+def _venv_dirs() -> tuple[str, str]:
+    """(the standard library's folders, the venv's site-packages folders), each ending in a separator."""
     import sysconfig
 
-    return tuple({os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("purelib", "platlib", "stdlib")})
+    std = {os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("stdlib", "platstdlib")}
+    site = {os.path.realpath(sysconfig.get_path(k)) + os.sep for k in ("purelib", "platlib")}
+    return tuple(std), tuple(site)
 
 
 def loaded_from_venv() -> list[str]:
-    """The loaded modules whose file is the venv's or the standard library's, not :data:`OWN_ROOTS`'."""
-    dirs = _venv_dirs()
-    return sorted(name for name, m in list(sys.modules.items())
-                  if name.split(".")[0] not in OWN_ROOTS and isinstance(getattr(m, "__file__", None), str)
-                  and os.path.realpath(m.__file__).startswith(dirs))
+    """The loaded modules a server may preload: the standard library's, and the venv's under
+    :data:`SAFE_ROOTS` (never :data:`OWN_ROOTS`, the overlay's or the run's)."""
+    std, site = _venv_dirs()
+
+    def preloadable(name, m) -> bool:
+        f = getattr(m, "__file__", None)
+        if name.split(".")[0] in OWN_ROOTS or not isinstance(f, str):
+            return False
+        f = os.path.realpath(f)
+        return f.startswith(std) and not f.startswith(site) or f.startswith(site) and name.split(".")[0] in SAFE_ROOTS
+
+    return sorted(name for name, m in list(sys.modules.items()) if preloadable(name, m))
 
 
 def _preload(names, denied: set) -> str | None:

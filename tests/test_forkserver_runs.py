@@ -1,0 +1,52 @@
+"""Every kind of overlay run gives the same document forked from a warm server (``sglang.forkserver``)
+as from a plain ``python -m`` child: one server serves them in turn, so each later run forks from
+what the earlier ones taught it to preload (where a wrongly preloaded library would show)."""
+
+from __future__ import annotations
+
+import pytest
+
+TIMINGS = {"seconds", "audit_seconds", "child_seconds", "import_seconds", "result_cache", "overlay_info", "elapsed_s"}
+
+
+def _strip(d):
+    if isinstance(d, dict):
+        return {k: _strip(v) for k, v in d.items() if k not in TIMINGS}
+    if isinstance(d, list):
+        return [_strip(x) for x in d]
+    return d
+
+
+def _runs() -> list:
+    """The run kinds in the order a suite meets them: an audit, the cap check, the kit, a family."""
+    from swa_repro.sglang.audit.family_run import audit_families
+    from swa_repro.sglang.audit.release import audit_release
+    from swa_repro.sglang.fix import ORDER
+    from swa_repro.sglang.fix.cap_safety import cap_safety
+    from swa_repro.sglang.overlay_run import overlay_for, run_child
+
+    quiet = lambda *a, **k: None  # noqa: E731
+    kit_overlay = overlay_for("0.5.23", list(ORDER), note=quiet)[0]
+    return [
+        audit_release("0.5.23", note=quiet),
+        cap_safety("0.5.23", list(ORDER), note=quiet),
+        run_child("swa_repro.sglang.kit", kit_overlay, ["--mode", "model", "--mode-reason", "test"], "kit", cache=False)[0],
+        audit_families("0.5.15.post1", "gemma2", "sm90", fixes=list(ORDER), note=quiet),
+    ]
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+def test_forked_runs_equal_plain_runs(monkeypatch):
+    from swa_repro.sglang import forkserver
+
+    monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
+    monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")
+    forked = _runs()
+    assert forkserver._SERVERS and max(s.runs for s in forkserver._SERVERS.values()) == 4  # one server took all four
+    forkserver.close_all()
+    monkeypatch.setenv("SWA_REPRO_FORKSERVER", "0")
+    plain = _runs()
+    for f, p in zip(forked, plain):
+        assert _strip(f) == _strip(p)
+    assert all("error" not in fam for fam in forked[3]["families"])
