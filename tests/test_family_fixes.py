@@ -71,9 +71,12 @@ def test_family_fix_applies_once_and_is_ruff_clean_on_0_5_23(name):
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("name", fix.FAMILY_ORDER)
 def test_family_fix_applies_on_every_release(version, name):
-    _, new = _check_fix(version, name)
+    text, new = _check_fix(version, name)
     if version >= "0.5.20":
         assert _ruff_dirty(new) is None
+    if name == "sm100_no_cutlass_window":
+        assert (_cutlass_choice(text, 4095, None), _cutlass_choice(new, 4095, None)) == ("cutlass", "fa2")
+        assert _cutlass_choice(new, None, None) == "cutlass"
 
 
 def test_commandr_fix_gives_the_window_transformers_intends():
@@ -176,6 +179,7 @@ def test_every_cell_says_what_to_do(gpu, family, cell):
         assert r["fix"] is None and f"--context-length {cell['window_hf']} or less" in r["instead"]
     else:
         assert r["fix"][0] == "all" and ("commandr_window_hook" in r["fix"]) == (cell["runner_window"] is None)
+        assert ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
 
 
 # ----------------------------------------------------------------------------- the audit with the fixes

@@ -15,14 +15,14 @@ The rules read the cell's own facts (``family_table.cell_of``), never a family's
   sliding and full attention agree, so ``--context-length`` at most the window is exact.
 * a window in the layers but none in the runner (Cohere2): the model class lacks the hook
   (``fix.family_fixes.commandr_window_hook``), and the backend's own findings on top.
-* on sm100 a family whose head dims take sglang's cutlass ragged wrapper (64/128, 192/128: 0.5.23
-  flashinfer_backend.py:509-522) also needs ``sm100_no_cutlass_window``.
+* on sm100 the ragged wrapper may be cutlass's (head dims 64/128, 192/128 from 0.5.21, 0.5.23
+  flashinfer_backend.py:509-522; any head dim before), so an affected cell there names
+  ``sm100_no_cutlass_window`` too (a no-op where the release keeps fa2).
 """
 
 from __future__ import annotations
 
 FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a family, by its sglang file
-CUTLASS_HEAD_DIMS = (64, 128)  # head_dim == v_head_dim for every family here; 0.5.14-0.5.20 take any
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
 FIXED_RELEASE = "0.5.23"
 
@@ -48,15 +48,9 @@ def remedy(family: str, cell: dict, gpu: str) -> dict:
     names = ["all"]
     if FAMILY_FIX.get(family):
         names.append(FAMILY_FIX[family])
-    if gpu == "sm100" and _head_dim(family) in CUTLASS_HEAD_DIMS:
+    if gpu == "sm100":
         names.append("sm100_no_cutlass_window")
     return {"fix": names, "instead": None}
-
-
-def _head_dim(family: str) -> int:
-    from swa_repro.sglang.families import small_config
-
-    return small_config(family).head_dim
 
 
 def remedy_text(r: dict) -> str:

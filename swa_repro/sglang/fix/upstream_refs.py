@@ -132,7 +132,7 @@ PR_4823 = _ref(4823, SGLANG, "pr", "gemma3: impl `get_attention_sliding_window_s
                "as gemma2.py/gemma3 give it); commandr.py passes HF's inclusive count")
 ISSUE_4570 = _ref(4570, SGLANG, "issue", "[Feature] Support Cohere Command-A (Cohere2ForCausalLM arch)", "open",
                   "Cohere2's interleaved sliding-window layers, when `Cohere2ForCausalLM` was a stub",
-                  "the class now builds sliding layers but derives no runner window; ours adds the hook")
+                  "the class now builds sliding layers, but no runner window: the hook is what it lacks")
 ISSUE_34354 = _ref(34354, SGLANG, "issue", "[Bug] 请问sglang的语义上 sliding_window_size 到底包不包含当前的token呢？",
                    "closed", "the question (unanswered) whether `sliding_window_size` counts the query (Triton's "
                    "prefill and decode kernels read it differently)", "answers it for Cohere2 the way gemma2.py does: keys left of the query")
