@@ -59,7 +59,17 @@ def _check_fix(version: str, name: str):
     return text, new
 
 
-@pytest.mark.parametrize("name", fix.FAMILY_ORDER)
+NEEDED_0_5_23 = tuple(n for n in fix.FAMILY_ORDER if n != "ragged_prefix_full_layers")  # 0.5.21+ have that one
+
+
+def test_the_full_layers_prefix_fix_reads_applied_where_the_release_has_it():
+    for version, want in (("0.5.23", "applied"), ("0.5.20", "needed")):
+        assert fix.states(_text(version, fix.BACKEND), ("ragged_prefix_full_layers",))[
+            "ragged_prefix_full_layers"].state == want
+    assert not (REPO / "docs" / "upstream" / "ragged_prefix_full_layers.diff").exists()
+
+
+@pytest.mark.parametrize("name", NEEDED_0_5_23)
 def test_family_fix_applies_once_and_is_ruff_clean_on_0_5_23(name):
     text, new = _check_fix("0.5.23", name)
     assert _ruff_dirty(text) is None and _ruff_dirty(new) is None
@@ -71,6 +81,8 @@ def test_family_fix_applies_once_and_is_ruff_clean_on_0_5_23(name):
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("name", fix.FAMILY_ORDER)
 def test_family_fix_applies_on_every_release(version, name):
+    if name == "ragged_prefix_full_layers" and version >= "0.5.21":
+        pytest.skip("0.5.21+ plan the full layers' paged pass over the prefix themselves")
     text, new = _check_fix(version, name)
     if version >= "0.5.20":
         assert _ruff_dirty(new) is None
@@ -128,6 +140,20 @@ def test_sm100_fix_keeps_fa2_exactly_where_a_window_or_cap_is_planned(window, ca
     assert _cutlass_choice(new, window, cap, head_dim=256) == "fa2"  # the release's own head-dim gate stays
 
 
+@pytest.mark.parametrize("name", NEEDED_0_5_23)
+def test_committed_upstream_diff_is_regenerated_and_applies(name):
+    from swa_repro.sglang.fix import upstream_family as uf
+    from swa_repro.sglang.fix.upstream_diff import plus_side
+
+    rel = fix.FIXES[name].file
+    text = _text("0.5.23", rel)
+    committed = (REPO / "docs" / "upstream" / f"{name}.diff").read_text()
+    assert committed == uf.diff_of(name, text), "stale: python -m swa_repro.sglang.fix.upstream_family"
+    assert committed.startswith(f"--- a/python/sglang/{rel}\n")
+    assert plus_side(text, committed) == fix.apply_fixes(text, (name,), rel)
+    assert f"## {name}" in (REPO / "docs" / "upstream" / "families.md").read_text()
+
+
 # ----------------------------------------------------------------------------- the machinery
 def test_fixes_of_two_files_are_one_line_exit_2(capfd, tmp_path):
     src = tmp_path / "commandr.py"
@@ -140,7 +166,8 @@ def test_fixes_of_two_files_are_one_line_exit_2(capfd, tmp_path):
 def test_all_names_every_fix_and_each_file_takes_its_own():
     assert fix.parse_names("all") == fix.ORDER + fix.FAMILY_ORDER
     assert fix.by_file(fix.parse_names("all"))[ff.COMMANDR] == ("commandr_window_hook",)
-    assert set(fix.by_file(fix.ALL)[fix.BACKEND]) == set(fix.ORDER) | {"sm100_no_cutlass_window"}
+    assert set(fix.by_file(fix.ALL)[fix.BACKEND]) == set(fix.ORDER) | {"sm100_no_cutlass_window",
+                                                                       "ragged_prefix_full_layers"}
 
 
 def test_content_digest_sees_a_replaced_model_file(tmp_path):
@@ -210,3 +237,23 @@ def test_0_5_23_without_a_fix_in_sglang_stays_as_it_was(fixed_sm100):
     assert fixed_sm100["mistral"]["answer"]["state"] == "affected on the default path"
     assert fixed_sm100["mistral"]["remedy"]["fix"] is None
     assert fixed_sm100["gpt-oss"]["answer"]["state"] == "flashinfer refused"
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.20"])
+def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
+    """The same audit on releases whose files differ (0.5.14: no head-dim gate on cutlass, the runner's
+    window set inline in load_model; 0.5.20: get_platform()); both plan the full layers' paged pass
+    over the whole sequence (``ragged_prefix_full_layers``)."""
+    from swa_repro.sglang.audit.family_run import audit_families
+    from swa_repro.sglang.families import small_config
+
+    _text(version, fix.BACKEND)
+    doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
+    for f in doc["families"]:
+        assert f["build"]["runner_window"] == small_config(f["family"]).intended_window
+        driven = [r for r in f["paths"] if r.get("status") == "driven"]
+        assert driven and all(r["verdict"] == "exact" for r in driven), \
+            [(r["kind"], r["path"]) for r in driven if r["verdict"] != "exact"]
+        assert f["answer"]["state"] == "not affected"

@@ -19,13 +19,20 @@ each an AST-anchored edit of the one file of sglang 0.5.14-0.5.23 it names (line
   sliding window or the model config a soft cap (``_fmha_plans_window_or_cap``), in a statement
   after the release's own choice, so its head-dim and piecewise-graph gates stay as they are. The backend knows
   of sliding layers only through the runner's window, so Cohere2 needs ``commandr_window_hook`` too.
+* ``ragged_prefix_full_layers`` (``flashinfer_backend.py``, 0.5.14-0.5.20): where the runner has a
+  window, ``update_sliding_window`` plans wrapper 1 (the full layers) over ``seq_lens`` for ragged
+  prefill with a prefix too (0.5.20 :1970-1974), while the full layers' paged pass runs before the
+  extend's K/V is written and unmasked (``causal=False``), merged with the ragged causal pass: each
+  query also sees the extend's keys through the paged pass (the audit: every full-layer query of
+  ``extend_ragged_prefix`` extra). 0.5.21 plans it over ``prefix_lens`` (0.5.23 :2045-2052); the fix
+  adds that branch; on 0.5.21+ it reads applied.
 """
 
 from __future__ import annotations
 
 import ast
 
-from swa_repro.sglang.fix.anchors import BACKEND, Fix, Unknown, _need
+from swa_repro.sglang.fix.anchors import BACKEND, PREFILL, USW, Fix, Unknown, _need
 from swa_repro.sglang.fix.source import Edit, Source, keyword
 
 COMMANDR = "srt/models/commandr.py"
@@ -112,11 +119,49 @@ def _sm100_no_cutlass(src: Source) -> list[Edit]:
     return edits
 
 
+# ----------------------------------------------------------------------------- full layers, ragged with prefix
+def _full_wrapper_branch(src: Source):
+    """``update_sliding_window``'s ``if wrapper_id == 0: ... else: <full attention>``."""
+    usw = _need(src.method(PREFILL, USW), f"{PREFILL}.{USW}")
+    ifs = [n for n in ast.walk(usw) if isinstance(n, ast.If) and ast.unparse(n.test) == "wrapper_id == 0"]
+    if len(ifs) != 1 or not ifs[0].orelse:
+        raise Unknown(f"{USW} has no single `if wrapper_id == 0: ... else: ...`")
+    return ifs[0]
+
+
+def _full_prefix_only(src: Source) -> list[Edit]:
+    branch = _full_wrapper_branch(src)
+    first = branch.orelse[0]
+    if len(branch.orelse) == 1 and isinstance(first, ast.If) and ast.unparse(first.test) == "use_ragged":
+        return []  # 0.5.21+: the release plans the full layers' paged pass over the prefix
+    if ast.unparse(first) != "paged_kernel_lens = seq_lens":
+        raise Unknown(f"{USW}'s full-attention branch does not start with paged_kernel_lens = seq_lens")
+    ind = src.indent_of(branch)
+    at = next((k for k in range(first.lineno - 2, branch.lineno - 1, -1) if src.lines[k].strip() == "else:"
+               and src.lines[k].startswith(ind) and not src.lines[k][len(ind)].isspace()), None)
+    if at is None:
+        raise Unknown(f"no `else:` of {USW}'s `if wrapper_id == 0`")
+    return [src.insert_lines_before(_line_at(at), [
+        "elif use_ragged:",
+        "    # Extend K/V lands after the paged pass: plan over the prefix only.",
+        "    paged_kernel_lens = prefix_lens",
+        "    paged_kernel_lens_sum = prefix_lens.sum().item()",
+        "    kv_start_idx = prefix_lens - paged_kernel_lens"], indent=ind)]
+
+
+def _line_at(index: int):
+    """A stand-in statement at 0-based line ``index`` (``Source.insert_lines_before`` reads ``lineno``)."""
+    return ast.Pass(lineno=index + 1, col_offset=0, end_lineno=index + 1, end_col_offset=0)
+
+
 FAMILY_FIXES = {f.name: f for f in (
     Fix("commandr_window_hook", "Cohere2 (Command R7B): the sliding layers' window as sglang counts it "
         "(sliding_window - 1) and the model's get_attention_sliding_window_size hook, so the runner "
         "derives the window and FlashInfer builds its sliding-window wrappers (as gemma2.py does)",
         edits=_commandr_hook, file=COMMANDR),
+    Fix("ragged_prefix_full_layers", "0.5.14-0.5.20, ragged prefill with a cached prefix in a model with "
+        "sliding-window layers: the full layers' paged pass is planned over the prefix only (0.5.21's own "
+        "branch), not the whole sequence, whose extend part it would see unmasked", edits=_full_prefix_only),
     Fix("sm100_no_cutlass_window", "sm100: the ragged prefill wrapper keeps fa2 where the runner has a sliding "
         "window or the model a soft cap (FlashInfer's cutlass prefill plans neither)", edits=_sm100_no_cutlass),
 )}

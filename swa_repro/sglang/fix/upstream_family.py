@@ -20,6 +20,7 @@ from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
 CELLS = {"commandr_window_hook": (("cohere2",), ("sm90", "sm100", "sm80")),  # the cells each fix answers
+         "ragged_prefix_full_layers": ((), ()),  # 0.5.14-0.5.20 only: 0.5.23 has it
          "sm100_no_cutlass_window": (("cohere2",), ("sm100",))}
 PROBLEM = {
     "commandr_window_hook": "`Cohere2ForCausalLM` ({cls}) has no `get_attention_sliding_window_size`, so the "
@@ -28,6 +29,11 @@ PROBLEM = {
     "layers are windowless. The layers also get HF's inclusive count as their window ({kw}: "
     "`sliding_window_size=self.sliding_window_size`, `= config.sliding_window`), where `RadixAttention` counts "
     "the keys left of the query (gemma2.py subtracts 1): one key too many on every backend that reads it.",
+    "ragged_prefix_full_layers": "Fixed in sglang 0.5.21 ({full}: `elif use_ragged:` plans the full layers' "
+    "paged pass over `prefix_lens`). In 0.5.14-0.5.20 a model with sliding-window layers (Gemma-2, Gemma-3; "
+    "Cohere2 with `commandr_window_hook`) plans it over `seq_lens` under ragged prefill with a cached prefix, "
+    "so the unmasked paged pass of every full layer also sees the extend's own keys (the family table's "
+    "`F ragged+prefix`, 0.5.15-0.5.20 on the default path, 0.5.14 with flags).",
     "sm100_no_cutlass_window": "On sm100 the ragged prefill wrapper is built with `backend=\"cutlass\"` ({gate}) "
     "for head dims 64/128 and 192/128, and FlashInfer's cutlass prefill plans neither `window_left` nor "
     "`logits_soft_cap` (flashinfer 0.7.2 prefill.py `plan`); sglang names the backend explicitly, which "
@@ -74,7 +80,8 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
     be = texts["sm100_no_cutlass_window"]
     where = {"cls": f"`commandr.py:{_line(cmd, 'class Cohere2ForCausalLM')}`",
              "kw": f"`commandr.py:{_line(cmd, 'sliding_window_size=self.sliding_window_size')}`",
-             "gate": f"`flashinfer_backend.py:{_line(be, 'fmha_backend = ' + chr(34) + 'cutlass')}`"}
+             "gate": f"`flashinfer_backend.py:{_line(be, 'fmha_backend = ' + chr(34) + 'cutlass')}`",
+             "full": f"`flashinfer_backend.py:{_line(be, 'elif use_ragged:')}`"}
     lines = [f"# Family- and GPU-class-level findings in sglang {VERSION} (issue #25)", "",
              "Do not edit: regenerate (`python -m swa_repro.sglang.fix.upstream --out docs/upstream`).", "",
              "What `swa-repro audit --sglang X --model FAMILY --gpu G` finds beyond the backend's plan-time "
@@ -86,6 +93,11 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
     for name in FAMILY_ORDER:
         fams, gpus = CELLS[name]
         d = diff_of(name, texts[name])
+        if not d:
+            lines += [f"## {name}", "", f"**Problem.** {PROBLEM[name].format(**where)}", "",
+                      f"**Fix.** Nothing to do in {VERSION}: no diff. `swa-repro patch --fix {name}` backports "
+                      f"it: {FIXES[name].summary}.", "", upstream_section(name), ""]
+            continue
         lines += [f"## {name}", "", f"**Problem.** {PROBLEM[name].format(**where)}", "",
                   f"**Fix** (`{name}.diff`, `python/sglang/{FIXES[name].file}`, {d.count(chr(10) + '+') - 1} "
                   f"lines added): {FIXES[name].summary}.", "", "| family | GPU | as shipped | with --fix all |",
@@ -112,13 +124,16 @@ def write(out: Path, note=print) -> list[Path]:
     from swa_repro.sglang.audit.family_fix import fixed_cells
 
     texts = {n: _text(FIXES[n].file) for n in FAMILY_ORDER}
-    assert all(states(texts[n], (n,), FIXES[n].file)[n].state == "needed" for n in FAMILY_ORDER)
+    assert all(states(texts[n], (n,), FIXES[n].file)[n].state != "unknown" for n in FAMILY_ORDER)
     shipped = shipped_cells()
     fixed = fixed_cells(list(shipped), note=note)
     written = []
     for n in FAMILY_ORDER:
-        p = out / f"{n}.diff"
-        p.write_text(diff_of(n, texts[n]))
+        p, d = out / f"{n}.diff", diff_of(n, texts[n])
+        if not d:  # the release has it
+            p.unlink(missing_ok=True)
+            continue
+        p.write_text(d)
         written.append(p)
     md = out / "families.md"
     md.write_text(readme(texts, shipped, fixed))

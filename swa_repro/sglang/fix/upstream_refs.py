@@ -67,6 +67,11 @@ PR_26513 = _ref(26513, SGLANG, "pr", "Fix FlashInfer SWA EXTEND-with-prefix corr
                 "merge_state extend",
                 "complementary: that is the paged half, exact in 0.5.23; ours fixes the ragged half (new "
                 "tokens attending each other), which it left unwindowed")
+PR_26513_FULL = _ref(26513, SGLANG, "pr", PR_26513.title, "merged",
+                     "the sliding-window wrapper's paged prefix in the ragged + merge_state extend (the extend's "
+                     "K/V is written after the paged pass, so that pass reads the prefix only)",
+                     "the same reason for the full layers' wrapper, which 0.5.20 still planned over the whole "
+                     "sequence and 0.5.21 over the prefix; ours backports that branch to 0.5.14-0.5.20")
 FI_4972 = _ref(4972, FLASHINFER, "issue", "[Bug] fa2 paged prefill: non-causal sliding window is wrong on the "
                "first query tile when qo_len < kv_len", "open", "a kernel bug: with a finite `window_left` and "
                "`causal=False`, fa2 prefill gets the leading query rows wrong when split-KV splits the request",
@@ -152,6 +157,7 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "soft_cap_decode": (FI_1193, ISSUE_33915, PR_33987, PR_34093, PR_38525),
     "soft_cap_cuda_graph": (ISSUE_33915, PR_33987, PR_38525),
     "commandr_window_hook": (PR_4823, ISSUE_4570, ISSUE_34354),
+    "ragged_prefix_full_layers": (PR_26513_FULL,),
     "sm100_no_cutlass_window": (FI_5133,),
 }
 NONE_FOUND: dict[str, str] = {}  # finding -> "queries tried: ..." where REFS[finding] == ()
