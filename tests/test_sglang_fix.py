@@ -171,7 +171,7 @@ def test_cli_copy_in_place_and_revert(tmp_path, capsys):
     assert main(["patch", "apply", "--fix", "soft_cap_decode", "--source", str(src), "--out", str(out)]) == 0
     assert src.read_bytes() == original and out.read_text() == fix.apply_fixes(original.decode(), ("soft_cap_decode",))
     assert main(["patch", "apply", "--fix", "all", "--source", str(src), "--in-place"]) == 0
-    assert src.read_text() == fix.apply_fixes(original.decode(), fix.ORDER)
+    assert src.read_text() == fix.apply_fixes(original.decode(), fix.ALL)
     assert (tmp_path / "flashinfer_backend.py.swa-repro.bak").read_bytes() == original
     capsys.readouterr()
     assert main(["patch", "apply", "--fix", "all", "--source", str(src), "--in-place"]) == 0
@@ -222,7 +222,7 @@ def test_audit_of_the_fixed_release(version):
     assert not [f for f in run["findings"] if f["effect"] == "wrong"]
     swa = [d for d in run["driven"] if d["layer"].startswith("swa")]
     assert swa and {d["key_verdict"] for d in swa} == {"exact"}
-    assert run["release"]["fixes"]["fixes"] == list(fix.ORDER)
+    assert run["release"]["fixes"]["fixes"] == list(fix.ALL)
 
     def plans(doc):  # the full-attention layer's plan-time window and cap, per path
         norm = {"window_left not passed": "window_left=-1", "logits_soft_cap not passed": "logits_soft_cap=0.0"}

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER
+from swa_repro.sglang.fix import ALL as ORDER
 from swa_repro.sglang.fix import upstream as up
 from swa_repro.sglang.fix.upstream_refs import FLASHINFER, NONE_FOUND, REFS, SGLANG, upstream_section
 

@@ -115,8 +115,8 @@ def _install(version: str, target: Path) -> tuple[Path, dict]:
 
 def content_digest(overlay: Path) -> str:
     """What an overlay holds, as a sha256: its wheel's RECORD (the sha256 of every file the release
-    ships) and the bytes of the one file a fixed overlay replaces (``fix.overlay``), without
-    reading the 30-130 MB of the rest."""
+    ships) and the bytes of the files a fixed overlay replaces (``fix.overlay``: the backend, and
+    the other files its marker lists), without reading the 30-130 MB of the rest."""
     import hashlib
 
     from swa_repro.sglang.patch.classify import REL_PATH
@@ -126,6 +126,12 @@ def content_digest(overlay: Path) -> str:
         h.update(rec.read_bytes())
     backend = overlay / "sglang" / REL_PATH
     h.update(backend.read_bytes() if backend.is_file() else b"<no backend file>")
+    marker = overlay / ".swa-repro-fixed.json"  # fix.overlay.MARKER
+    if marker.is_file():
+        import json
+
+        for rel in sorted(json.loads(marker.read_text()).get("files", {})):  # none: the digest as before
+            h.update(rel.encode() + b"\0" + (overlay / rel).read_bytes())
     return h.hexdigest()
 
 

@@ -243,6 +243,10 @@ def _family_table(a) -> int:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
     table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
+    from swa_repro.sglang.audit import family_fix
+
+    if family_fix.FIXED_RELEASE in versions:  # the companion table: that release with --fix all
+        table["fixed"] = family_fix.fixed_cells(gpus, note=lambda s: print(s, file=sys.stderr))
     md, js = family_table.write(table, a.out)
     print(f"wrote {md} and {js}")
     return 0

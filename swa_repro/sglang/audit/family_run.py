@@ -42,9 +42,13 @@ def audit_families(version: str, family: str, gpu: str | None, *, fixes=None, no
                                ["--families", ",".join(names), "--gpu", gclass.name], f"auditing sglang {version}")
     doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how, fixes=fixed)
     serving = _serving(overlay, version)
+    from swa_repro.sglang.audit.family_fix import remedy
+    from swa_repro.sglang.audit.family_table import cell_of
+
     for f in doc["families"]:
         f["serving"] = serving.get(f["family"])
         f["answer"] = answer(f, gclass.name)
+        f["remedy"] = remedy(f["family"], cell_of(f), gclass.name)
     return doc
 
 
@@ -180,7 +184,12 @@ def render(doc: dict) -> list[str]:
         extra = "; ".join(str(x) for x in (a.get("flags"), a.get("note")) if x)
         why = [a["why"]] if isinstance(a.get("why"), str) else a.get("why") or []
         out += [f"  ANSWER: {a['state']}" + (f" ({extra})" if extra else ""), *(f"    {w}" for w in why[:8]),
-                *([f"    ... {len(why) - 8} more"] if len(why) > 8 else []), ""]
+                *([f"    ... {len(why) - 8} more"] if len(why) > 8 else [])]
+        if f.get("remedy"):
+            from swa_repro.sglang.audit.family_fix import remedy_text
+
+            out.append(f"  WHAT TO DO: {remedy_text(f['remedy'])}")
+        out.append("")
     return out
 
 

@@ -143,6 +143,9 @@ def markdown(table: dict) -> str:
             (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else "absent")
             for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
         lines.append("")
+    from swa_repro.sglang.audit.family_fix import markdown as fix_markdown
+
+    lines += fix_markdown(table, fams, _main)
     lines += ["## Why (per cell: the paths and layer kinds that are not exact)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}, {r['gpu']}" + (f": {r['error']}" if r.get("error") else ""))

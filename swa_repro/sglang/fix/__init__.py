@@ -5,33 +5,52 @@
 whose structure is not the one the fix was written against). The fixes and the source lines they
 mirror: ``fix.fixes``; the editing primitives: ``fix.source``. The names are the audit's finding
 classes (``audit.table.CLASSES``), so ``swa-repro audit --sglang X --fix all`` asks the same
-questions of the patched release.
+questions of the patched release. The fixes of the family- and GPU-class-level findings
+(``audit --model``) are ``fix.family_fixes``; a fix edits one file (``Fix.file``, under the sglang
+package), and each function here reads and edits the one file it is given (``file``, default the
+backend): a fix of another file is not its business.
 """
 
 from __future__ import annotations
 
 from swa_repro.core.errors import UsageError
-from swa_repro.sglang.fix.fixes import FIXES, ORDER, State, Unknown
+from swa_repro.sglang.fix.family_fixes import FAMILY_FIXES, FAMILY_ORDER
+from swa_repro.sglang.fix.fixes import FIXES as BACKEND_FIXES
+from swa_repro.sglang.fix.fixes import ORDER, State, Unknown
 from swa_repro.sglang.fix.source import Source, apply_edits
-from swa_repro.sglang.patch.classify import PatchError, parse
+from swa_repro.sglang.patch.classify import REL_PATH, PatchError, parse
 
-__all__ = ["FIXES", "ORDER", "State", "apply_fixes", "parse_names", "states"]
+__all__ = ["ALL", "BACKEND", "FAMILY_ORDER", "FIXES", "ORDER", "State", "apply_fixes", "by_file", "parse_names",
+           "states"]
+
+BACKEND = str(REL_PATH)
+FIXES = {**BACKEND_FIXES, **FAMILY_FIXES}
+ALL = ORDER + FAMILY_ORDER  # what --fix all applies, in this order (ORDER: the finding classes)
+
+
+def by_file(names) -> dict[str, tuple]:
+    """file -> the fixes of ``names`` that edit it, in application order."""
+    out = {}
+    for n in ALL:
+        if n in names:
+            out.setdefault(FIXES[n].file, []).append(n)
+    return {f: tuple(ns) for f, ns in out.items()}
 
 
 def parse_names(text: str) -> tuple[str, ...]:
     """``all`` or comma-separated names -> names in application order, each with what it requires."""
     names = [x.strip() for x in (text or "").split(",") if x.strip()]
     if not names:
-        raise UsageError(f"--fix selects no fix: give all or some of {','.join(ORDER)}")
+        raise UsageError(f"--fix selects no fix: give all or some of {','.join(ALL)}")
     if names == ["all"]:
-        return ORDER
+        return ALL
     bad = [n for n in names if n not in FIXES]
     if bad:
-        raise UsageError(f"--fix: unknown {', '.join(bad)}; choose all or from {', '.join(ORDER)}")
+        raise UsageError(f"--fix: unknown {', '.join(bad)}; choose all or from {', '.join(ALL)}")
     want = set(names)
     for n in names:
         want |= set(FIXES[n].requires)
-    return tuple(n for n in ORDER if n in want)
+    return tuple(n for n in ALL if n in want)
 
 
 def _state(text: str, name: str) -> State:
@@ -55,17 +74,18 @@ def _state(text: str, name: str) -> State:
         return State("unknown", f"does not parse: {e}")
 
 
-def states(text: str, names=ORDER) -> dict[str, State]:
-    """Each fix's state in ``text``: needed / applied / unknown (with why), from its structure."""
-    return {n: _state(text, n) for n in names}
+def states(text: str, names=ORDER, file: str = BACKEND) -> dict[str, State]:
+    """Each fix of ``names`` that edits ``file``: its state in ``text`` (that file's text): needed /
+    applied / unknown (with why), from its structure."""
+    return {n: _state(text, n) for n in by_file(names).get(file, ())}
 
 
-def apply_fixes(text: str, names) -> str:
-    """``text`` with the fixes ``names`` applied (in ``ORDER``); refuses, changing nothing, when a
-    fix's anchors are not there. Checks its own work: the result parses and every fix reads applied."""
-    for name in ORDER:
-        if name not in names:
-            continue
+def apply_fixes(text: str, names, file: str = BACKEND) -> str:
+    """``text`` (``file``'s) with the fixes of ``names`` that edit it applied (in ``ALL``'s order);
+    refuses, changing nothing, when a fix's anchors are not there. Checks its own work: the result
+    parses and every fix reads applied."""
+    names = by_file(names).get(file, ())
+    for name in names:
         fix = FIXES[name]
         try:  # every read of the file's structure, so a hand-edited one is refused, not a traceback
             src = Source(text)
@@ -75,12 +95,12 @@ def apply_fixes(text: str, names) -> str:
             text = apply_edits(text, fix.edits(src))
         except (Unknown, SyntaxError) as e:
             raise PatchError(f"--fix {name}: {e}; this file is not a structure the fix knows "
-                             "(sglang 0.5.14-0.5.23); nothing was written") from None
+                             f"(sglang 0.5.14-0.5.23's {file}); nothing was written") from None
         try:
             parse(text)
         except SyntaxError as e:  # a bug of the fix, never the user's
             raise PatchError(f"--fix {name} produced a file that does not parse ({e}); nothing was written") from None
-    left = {n: s for n, s in states(text, names).items() if s.state != "applied"}
+    left = {n: s for n, s in states(text, names, file).items() if s.state != "applied"}
     if left:
         raise PatchError("after the edits, " + "; ".join(f"{n} reads {s.state} ({s.why})" for n, s in left.items())
                          + "; nothing was written")

@@ -9,6 +9,7 @@ import ast
 from dataclasses import dataclass, field
 
 from swa_repro.sglang.fix.source import Source, calls_on
+from swa_repro.sglang.patch.classify import REL_PATH
 
 BACKEND, PREFILL, DECODE = "FlashInferAttnBackend", "FlashInferIndicesUpdaterPrefill", "FlashInferIndicesUpdaterDecode"
 USW, CBF = "update_sliding_window", "call_begin_forward"
@@ -32,6 +33,7 @@ class Fix:
     requires: tuple = ()
     needs_fixed_31501: bool = False  # the window plumbing of PR #31501 (call_begin_forward's window_left)
     edits: object = field(default=None, repr=False)  # Source -> list[Edit] ([] when applied)
+    file: str = str(REL_PATH)  # the file it edits, under the sglang package
 
 
 def _need(node, what: str):

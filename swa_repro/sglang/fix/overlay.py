@@ -1,9 +1,12 @@
 """A release's overlay with the fixes applied, for ``swa-repro audit --sglang X --fix NAMES``.
 
-A hard-linked copy of the release's own overlay (``provision``) in which only
-``sglang/srt/layers/attention/flashinfer_backend.py`` is replaced by its fixed text: every other
-module is that release's, byte for byte, and the overlay as shipped is never written to (the
-replaced file is unlinked first, which breaks its link). Cached per release, fixes and fix code.
+A hard-linked copy of the release's own overlay (``provision``) in which only the files the fixes
+edit (``sglang/srt/layers/attention/flashinfer_backend.py``; a model file for a family's fix, e.g.
+``sglang/srt/models/commandr.py``) are replaced by their fixed text: every other module is that
+release's, byte for byte, and the overlay as shipped is never written to (a replaced file is
+unlinked first, which breaks its link). Cached per release, fixes and fix code. The marker lists
+every replaced file (``file``: the backend, ``files``: the others, with their sha256), which
+``provision.content_digest`` reads.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ def code_key(names) -> str:
     """Changes with the fix names and with the code that makes the edits."""
     h = hashlib.sha256(",".join(names).encode())
     here = Path(__file__).resolve().parent
-    edits = ("__init__.py", "anchors.py", "fixes.py", "soft_cap.py", "source.py", "spec_verify.py", "alternatives.py")
+    edits = ("__init__.py", "anchors.py", "fixes.py", "soft_cap.py", "source.py", "spec_verify.py", "alternatives.py",
+             "family_fixes.py")
     code = [here / n for n in edits] + sorted((here.parent / "patch").glob("*.py"))
     for f in code:
         h.update(f.read_bytes())
@@ -40,7 +44,7 @@ def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
 
 
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
-    from swa_repro.sglang.fix import apply_fixes
+    from swa_repro.sglang.fix import BACKEND, apply_fixes, by_file
     from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
     from swa_repro.sglang.patch.files import sha256_hex
 
@@ -56,13 +60,26 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     for alt in (n for n in names if n in ALTERNATIVES):  # a maintainer's first idea, weighed in the audit
         fixed = apply_alternative(fixed, alt)
     fixed = fixed.encode()
+    others = {}  # the other files' fixed bytes (a family's model file), each refused before any copy
+    for rel, ns in by_file(names).items():
+        if rel != BACKEND:
+            path = overlay / "sglang" / rel
+            if not path.is_file():
+                from swa_repro.sglang.patch.classify import PatchError
+
+                raise PatchError(f"--fix {','.join(ns)}: sglang {version} has no {rel}; nothing was written")
+            others[rel] = (path.read_bytes(), apply_fixes(path.read_text(), ns, rel).encode())
     shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    target = partial / "sglang" / REL_PATH
-    target.unlink()  # break the hard link: the shipped overlay keeps its file
-    target.write_bytes(fixed)
+    for rel, data in [(str(REL_PATH), fixed)] + [(r, new) for r, (_, new) in others.items()]:
+        target = partial / "sglang" / rel
+        target.unlink()  # break the hard link: the shipped overlay keeps its file
+        target.write_bytes(data)
     info = {"sglang": version, "fixes": list(names), "file": f"sglang/{REL_PATH}",
             "original_sha256": sha256_hex(original), "fixed_sha256": sha256_hex(fixed), "overlay": str(overlay)}
+    if others:
+        info["files"] = {f"sglang/{r}": {"original_sha256": sha256_hex(old), "fixed_sha256": sha256_hex(new)}
+                         for r, (old, new) in others.items()}
     (partial / MARKER).write_text(json.dumps(info, indent=1))
     shutil.rmtree(dst, ignore_errors=True)
     partial.rename(dst)

@@ -312,6 +312,9 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
 
     written += kit_edits.write(out)  # kit_*.diff, kit.diff: the attention test kit's side of the change
     written += write_series(out / "series", commits + [test_commit(out)])
+    from swa_repro.sglang.fix import upstream_family
+
+    written += upstream_family.write(out, note=note)  # the family- and GPU-class-level fixes
     md = out / "README.md"
     regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
     live_diff = LIVE / "fix.diff"

@@ -67,6 +67,11 @@ PR_26513 = _ref(26513, SGLANG, "pr", "Fix FlashInfer SWA EXTEND-with-prefix corr
                 "merge_state extend",
                 "complementary: that is the paged half, exact in 0.5.23; ours fixes the ragged half (new "
                 "tokens attending each other), which it left unwindowed")
+PR_26513_FULL = _ref(26513, SGLANG, "pr", PR_26513.title, "merged",
+                     "the sliding-window wrapper's paged prefix in the ragged + merge_state extend (the extend's "
+                     "K/V is written after the paged pass, so that pass reads the prefix only)",
+                     "the same reason for the full layers' wrapper, which 0.5.20 still planned over the whole "
+                     "sequence and 0.5.21 over the prefix; ours backports that branch to 0.5.14-0.5.20")
 FI_4972 = _ref(4972, FLASHINFER, "issue", "[Bug] fa2 paged prefill: non-causal sliding window is wrong on the "
                "first query tile when qo_len < kv_len", "open", "a kernel bug: with a finite `window_left` and "
                "`causal=False`, fa2 prefill gets the leading query rows wrong when split-KV splits the request",
@@ -125,6 +130,23 @@ PR_38525 = _ref(38525, SGLANG, "pr", "Fix FlashInfer planning for configured att
                 "cap-taking `fast_prefill_plan`, ours keeps the captured module there. Neither covers caps "
                 "absent from the config")
 
+PR_4823 = _ref(4823, SGLANG, "pr", "gemma3: impl `get_attention_sliding_window_size` for attn init", "merged",
+               "Gemma-3 output turning to garbage past ~2k tokens because the model class had no "
+               "`get_attention_sliding_window_size`, so the attention backends were built without a window",
+               "the same hook for Cohere2, plus the layer's window in sglang's count (`sliding_window - 1`, "
+               "as gemma2.py/gemma3 give it); commandr.py passes HF's inclusive count")
+ISSUE_4570 = _ref(4570, SGLANG, "issue", "[Feature] Support Cohere Command-A (Cohere2ForCausalLM arch)", "open",
+                  "Cohere2's interleaved sliding-window layers, when `Cohere2ForCausalLM` was a stub",
+                  "the class now builds sliding layers, but no runner window: the hook is what it lacks")
+ISSUE_34354 = _ref(34354, SGLANG, "issue", "[Bug] 请问sglang的语义上 sliding_window_size 到底包不包含当前的token呢？",
+                   "closed", "the question (unanswered) whether `sliding_window_size` counts the query (Triton's "
+                   "prefill and decode kernels read it differently)", "answers it for Cohere2 the way gemma2.py does: keys left of the query")
+FI_5133 = _ref(5133, FLASHINFER, "pr", "feat(prefill): let backend=\"auto\" reach cuDNN/CUTLASS on Blackwell "
+               "ragged prefill", "merged", "`auto` moving windowless, capless ragged prefill on sm100 to cuDNN or "
+               "CUTLASS, and staying on fa2 otherwise",
+               "sglang picks `cutlass` explicitly, which FlashInfer never rewrites; ours keeps fa2 where a window "
+               "or cap must be planned, as FlashInfer's own `auto` would")
+
 REFS: dict[str, tuple[Ref, ...]] = {
     "paged_only_window": (PR_31501,),
     "ragged_no_prefix_window": (ISSUE_33915, PR_34093, PR_32062, FI_4972, FI_4992),
@@ -134,6 +156,9 @@ REFS: dict[str, tuple[Ref, ...]] = {
     "soft_cap_prefill": (FI_1193, ISSUE_33915, PR_33987, PR_34093, PR_38525),
     "soft_cap_decode": (FI_1193, ISSUE_33915, PR_33987, PR_34093, PR_38525),
     "soft_cap_cuda_graph": (ISSUE_33915, PR_33987, PR_38525),
+    "commandr_window_hook": (PR_4823, ISSUE_4570, ISSUE_34354),
+    "ragged_prefix_full_layers": (PR_26513_FULL,),
+    "sm100_no_cutlass_window": (FI_5133,),
 }
 NONE_FOUND: dict[str, str] = {}  # finding -> "queries tried: ..." where REFS[finding] == ()
 

@@ -29,7 +29,9 @@ def register(sub):
     p.add_argument("--reverse", action="store_true", help="diff/apply: fixed -> unfixed, to "
                    "show the bug on sglang >= 0.5.16")
     p.add_argument("--fix", metavar="NAME[,NAME]|all", help="status/diff/apply: the fixes for every finding "
-                   "class of sglang 0.5.14-0.5.23 instead of PR #31501 alone: " + ", ".join(fix.ORDER))
+                   "class of sglang 0.5.14-0.5.23 instead of PR #31501 alone: " + ", ".join(fix.ALL) + "; a fix "
+                   "of a model file (commandr_window_hook: srt/models/commandr.py) edits that file (the "
+                   "installed one, or --source); `all` edits the backend and names the others")
     p.set_defaults(func=run)
 
 
@@ -47,7 +49,8 @@ def run(args) -> int:
         raise UsageError("--fix goes with status, diff or apply: `revert` restores whatever was patched in place")
     if names and args.reverse:
         raise UsageError("--reverse goes without --fix: `swa-repro patch revert` restores a file patched in place")
-    path = args.source if args.source else installed_path()
+    target = _target_file(args.fix, names)
+    path = args.source if args.source else installed_path(target)
     if not path.exists() and not path.is_symlink():
         raise UsageError(f"--source {path}: no such file")
     if args.out:  # before any work: a folder, a link, an existing or read-only file is one line
@@ -60,7 +63,7 @@ def run(args) -> int:
     text = read_backend(path)  # one reader: not UTF-8, a BOM, empty, does not parse: one line
     info = backup_info(path)  # its metadata, if patched in place: not JSON or a key missing is one line
     if names:
-        return _run_fixes(args, path, text, names)
+        return _run_fixes(args, path, text, names, target)
     s = classify(text)
     if args.action == "status":
         if s.state == "unknown":
@@ -78,20 +81,52 @@ def run(args) -> int:
     return _diff_or_copy(args, path, text, new, f"is already {target}", f"{s.state} -> {target}")
 
 
-def _run_fixes(args, path: Path, text: str, names) -> int:
-    """``--fix``: the same actions and safety as PR #31501's patch, for the chosen fixes."""
-    states = fix.states(text, names)
+def _target_file(text: str | None, names) -> str:
+    """The one file the fixes edit (``all``: the backend); named fixes of two files are one line."""
+    if not names:
+        return fix.BACKEND
+    groups = fix.by_file(names)
+    if [x.strip() for x in text.split(",")] == ["all"] or len(groups) == 1:
+        return next(iter(groups)) if len(groups) == 1 else fix.BACKEND
+    raise UsageError("--fix " + text + ": these fixes edit different files (" + "; ".join(
+        f"{', '.join(ns)}: {f}" for f, ns in groups.items()) + "); run one `swa-repro patch` per file")
+
+
+def _others(path: Path, target: str, names) -> None:
+    """``all``'s fixes of other files than ``target``: their state in the file beside ``path`` (the
+    same sglang), or how to reach them; on stderr, so a diff on stdout stays one file's."""
+    for rel, ns in fix.by_file(names).items():
+        if rel == target:
+            continue
+        parts = Path(target).parts
+        beside = path.parents[len(parts) - 1] / rel if path.parts[-len(parts):] == parts else None
+        st = fix.states(beside.read_text(), ns, rel) if beside is not None and beside.is_file() else {}
+        for n in ns:
+            s = st.get(n)
+            print(f"swa-repro patch: {n} edits {beside or rel}, not this file" + (f" (there: {s.state})" if s else "")
+                  + f"; `swa-repro patch status|diff|apply --fix {n}` works on that file", file=sys.stderr)
+
+
+def _run_fixes(args, path: Path, text: str, names, target: str) -> int:
+    """``--fix``: the same actions and safety as PR #31501's patch, for the chosen fixes of ``target``
+    (``all``'s fixes of other files are named on stderr once the action has succeeded)."""
+    states = fix.states(text, names, target)
     if args.action == "status":
         for n, st in states.items():
             print(f"{n}: {st.state}" + (f" ({st.why})" if st.why else ""))
+        _others(path, target, names)
         return 0
-    label = f"--fix {','.join(names)}"
-    done = lambda t: all(s.state == "applied" for s in fix.states(t, names).values())  # noqa: E731
+    mine = fix.by_file(names).get(target, ())
+    label = f"--fix {','.join(mine)}"
+    done = lambda t: all(s.state == "applied" for s in fix.states(t, names, target).values())  # noqa: E731
     if args.in_place:
-        print(apply_in_place(path, edit=lambda t: fix.apply_fixes(t, names), label=label, done=done))
+        print(apply_in_place(path, edit=lambda t: fix.apply_fixes(t, names, target), label=label, done=done))
+        _others(path, target, names)
         return 0
-    new = fix.apply_fixes(text, names)  # refuses a structure it does not know
-    return _diff_or_copy(args, path, text, new, f"already has {label}", label)
+    new = fix.apply_fixes(text, names, target)  # refuses a structure it does not know
+    rc = _diff_or_copy(args, path, text, new, f"already has {label}", label)
+    _others(path, target, names)
+    return rc
 
 
 def _diff_or_copy(args, path: Path, text: str, new: str, same: str, what: str) -> int:

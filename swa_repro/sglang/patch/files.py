@@ -26,8 +26,9 @@ __all__ = ["apply_in_place", "backup_info", "backup_paths", "installed_path", "r
            "sha256_hex"]
 
 
-def installed_path() -> Path:
-    """flashinfer_backend.py of the importable sglang, found without importing sglang."""
+def installed_path(rel=REL_PATH) -> Path:
+    """flashinfer_backend.py (or ``rel``, another file under the package) of the importable sglang,
+    found without importing sglang."""
     try:
         spec = importlib.util.find_spec("sglang")
     except (ImportError, ValueError):
@@ -36,10 +37,10 @@ def installed_path() -> Path:
         raise PatchError("sglang is not installed in this Python "
                          f"({sys.executable}); install it (`pip install sglang==0.5.15.post1`) "
                          "or pass --source FILE")
-    path = Path(list(spec.submodule_search_locations)[0]) / REL_PATH
+    path = Path(list(spec.submodule_search_locations)[0]) / rel
     if not path.is_file():
-        raise PatchError(f"{path} does not exist: this sglang has no FlashInfer backend file; "
-                         "pass --source FILE")
+        what = "FlashInfer backend file" if Path(rel) == REL_PATH else Path(rel).name
+        raise PatchError(f"{path} does not exist: this sglang has no {what}; pass --source FILE")
     return path
 
 

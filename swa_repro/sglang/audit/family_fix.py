@@ -1,0 +1,124 @@
+"""What a user does about a family's cell (``audit --model``, ``docs/audit/families.md``): the
+``swa-repro patch --fix`` fixes that make it exact, or, where sglang has no fix to make, why and
+what to do instead; and the companion table of one release audited with ``--fix all``.
+
+The rules read the cell's own facts (``family_table.cell_of``), never a family's name alone:
+
+* refused: sglang refuses ``--attention-backend flashinfer`` for the architecture (gpt-oss, Exaone-4,
+  Gemma-4: the release's own server code, ``serving_path``), so nothing in the FlashInfer backend is
+  ever run for it: the user serves it with the backend sglang picks on that GPU (the cell's
+  ``default_backend``) or one the refusal names.
+* a sliding layer built with no window (``layer_window`` -1 where HF has one: Mistral, Qwen2 with
+  ``use_sliding_window``): sglang's model file never reads the window (llama.py, qwen2.py in every
+  release 0.5.14-0.5.23, no warning), so no attention backend applies it; not a FlashInfer-backend
+  bug, and not a fix of this project's size (sglang#22528 asks the same for Qwen3). Within the window
+  sliding and full attention agree, so ``--context-length`` at most the window is exact.
+* a window in the layers but none in the runner (Cohere2): the model class lacks the hook
+  (``fix.family_fixes.commandr_window_hook``), and the backend's own findings on top.
+* on sm100 the ragged wrapper may be cutlass's (head dims 64/128, 192/128 from 0.5.21, 0.5.23
+  flashinfer_backend.py:509-522; any head dim before), so an affected cell there names
+  ``sm100_no_cutlass_window`` too (a no-op where the release keeps fa2).
+"""
+
+from __future__ import annotations
+
+FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a family, by its sglang file
+AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
+FIXED_RELEASE = "0.5.23"
+
+
+def remedy(family: str, cell: dict, gpu: str) -> dict:
+    """``{"fix": [names] | None, "instead": text | None}`` for one cell."""
+    state = cell["state"]
+    if state == "flashinfer refused":
+        be = cell.get("default_backend")
+        return {"fix": None, "instead": "no fix in sglang's FlashInfer backend: sglang refuses FlashInfer for "
+                f"this architecture ({'; '.join(cell['why'])}); serve it with "
+                + (f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer"
+                   else "one of the backends the refusal names")}
+    lw = cell.get("layer_window") or {}
+    if cell.get("window_hf") and lw.get("sliding", -1) == -1 and "sliding" in lw:
+        w = cell["window_hf"]
+        return {"fix": None, "instead": "no fix in sglang's FlashInfer backend: sglang's model file gives the "
+                f"sliding layers no window (HF {w}; it never reads sliding_window), so no attention backend "
+                f"applies it; serve it with --context-length {w} or less (sliding and full attention agree "
+                "there), or with a server that implements the window"}
+    if state not in AFFECTED:
+        return {"fix": None, "instead": None}
+    names = ["all"]
+    if FAMILY_FIX.get(family):
+        names.append(FAMILY_FIX[family])
+    if gpu == "sm100":
+        names.append("sm100_no_cutlass_window")
+    return {"fix": names, "instead": None}
+
+
+def remedy_text(r: dict) -> str:
+    if r["fix"]:
+        named = [n for n in r["fix"] if n != "all"]
+        return "swa-repro patch --fix all" + (f" (it includes {', '.join(named)})" if named else "")
+    return r["instead"] or "nothing to do"
+
+
+# ----------------------------------------------------------------------------- the companion table
+def fixed_cells(gpus, version: str = FIXED_RELEASE, note=print) -> dict:
+    """``{"sglang", "command", "cells": {gpu: {family: cell}}}``: every family of ``version`` audited
+    with ``--fix all`` (``fix.overlay``) on each GPU class."""
+    from swa_repro.sglang.audit.family_run import audit_families
+    from swa_repro.sglang.audit.family_table import cell_of
+    from swa_repro.sglang.fix import parse_names
+
+    cells = {}
+    for g in gpus:
+        doc = audit_families(version, "all", g, fixes=parse_names("all"), note=note)
+        cells[g] = {f["family"]: cell_of(f) for f in doc["families"]}
+    return {"sglang": version, "command": f"swa-repro audit --sglang {version} --model all --gpu G --fix all",
+            "cells": cells}
+
+
+def markdown(table: dict, fams: list[str], short) -> list[str]:
+    """The companion section: per GPU class, each family's cell of the newest release with
+    ``--fix all``, and what to do per family (``remedy``) from the main table's cells of that release."""
+    fx = table.get("fixed")
+    out = ["## With the fixes, and what to do", ""]
+    if fx:
+        out += [f"sglang {fx['sglang']} with every fix of `swa-repro patch --fix all` (`{fx['command']}`; the "
+                "family fixes are in `swa_repro/sglang/fix/family_fixes.py`, their upstream diffs in "
+                "`docs/upstream/families.md`):", "", "| GPU | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
+        out += [f"| {g} | " + " | ".join(short(c.get(f)) for f in fams) + " |" for g, c in fx["cells"].items()]
+        out.append("")
+    newest = [r for r in table["rows"] if r["sglang"] == (fx or {}).get("sglang", table["rows"][-1]["sglang"])]
+    out += ["What to do, per family and GPU class (sglang " + (newest[0]["sglang"] if newest else "?") + "):", ""]
+    for f in fams:
+        seen = {}
+        for r in newest:
+            c = r["cells"].get(f)
+            if c is not None:
+                seen.setdefault(remedy_text(remedy(f, c, r["gpu"])), []).append(r["gpu"])
+        out += [f"- **{f}** ({', '.join(gs)}): {text}" for text, gs in seen.items()]
+    return out + [""]
+
+
+def main(argv=None) -> int:
+    """``python -m swa_repro.sglang.audit.family_fix [--table DIR]``: the companion table added to an
+    existing ``families.json`` (its other rows as generated), and ``families.md`` re-rendered from it."""
+    import argparse
+    import json
+
+    from swa_repro.sglang.audit import family_table
+
+    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.audit.family_fix", description=main.__doc__)
+    p.add_argument("--table", default=str(family_table.TABLE_DIR))
+    a = p.parse_args(argv)
+    from pathlib import Path
+
+    js = Path(a.table) / "families.json"
+    table = json.loads(js.read_text())
+    table["fixed"] = fixed_cells(table["gpus"])
+    for f in family_table.write(table, Path(a.table)):
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

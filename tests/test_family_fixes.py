@@ -1,0 +1,259 @@
+"""The fixes of the family- and GPU-class-level findings (issue #25, ``fix.family_fixes``), checked
+against oracles of their own: the window transformers intends (``families.small_config``), the
+cutlass choice executed from the release's own statements with the platform and runner stubbed,
+and 0.5.23 audited per family with ``--fix all`` (the companion table's audit, content-cached).
+Other releases: ``-m matrix``."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from swa_repro.cli import main
+from swa_repro.sglang import fix
+from swa_repro.sglang.fix import family_fixes as ff
+
+REPO = Path(__file__).resolve().parents[1]
+RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22")
+
+
+def _text(version: str, rel: str) -> str:
+    from swa_repro.sglang.provision import MARKER, overlay_dir
+
+    d = overlay_dir(version)
+    if not (d / MARKER).is_file():
+        pytest.skip(f"sglang {version}'s overlay is not in the cache (`swa-repro audit --sglang {version}` installs it)")
+    return (d / "sglang" / rel).read_text()
+
+
+def _ruff_dirty(code: str) -> str | None:
+    r = subprocess.run([sys.executable, "-m", "ruff", "format", "--diff", "--isolated", "-"], input=code,
+                       capture_output=True, text=True)
+    return None if r.returncode == 0 else r.stdout + r.stderr
+
+
+def _fn(text: str, name: str, cls: str | None = None):
+    """A function (or a class's method) of ``text`` alone, executed into a namespace."""
+    tree = ast.parse(text)
+    scope = tree.body if cls is None else next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    node = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+    env: dict = {}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "<fixed>", "exec"), env)
+    return env[name]
+
+
+# ----------------------------------------------------------------------------- each fix on its file
+def _check_fix(version: str, name: str):
+    rel = fix.FIXES[name].file
+    text = _text(version, rel)
+    assert fix.states(text, (name,), rel)[name].state == "needed"
+    new = fix.apply_fixes(text, (name,), rel)
+    assert fix.states(new, (name,), rel)[name].state == "applied" and fix.apply_fixes(new, (name,), rel) == new
+    ast.parse(new)
+    return text, new
+
+
+NEEDED_0_5_23 = tuple(n for n in fix.FAMILY_ORDER if n != "ragged_prefix_full_layers")  # 0.5.21+ have that one
+
+
+def test_the_full_layers_prefix_fix_reads_applied_where_the_release_has_it():
+    for version, want in (("0.5.23", "applied"), ("0.5.20", "needed")):
+        assert fix.states(_text(version, fix.BACKEND), ("ragged_prefix_full_layers",))[
+            "ragged_prefix_full_layers"].state == want
+    assert not (REPO / "docs" / "upstream" / "ragged_prefix_full_layers.diff").exists()
+
+
+@pytest.mark.parametrize("name", NEEDED_0_5_23)
+def test_family_fix_applies_once_and_is_ruff_clean_on_0_5_23(name):
+    text, new = _check_fix("0.5.23", name)
+    assert _ruff_dirty(text) is None and _ruff_dirty(new) is None
+    assert fix.apply_fixes(text, fix.ORDER, fix.FIXES[name].file) == (text if name == "commandr_window_hook"
+                                                                       else fix.apply_fixes(text, fix.ORDER))
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("name", fix.FAMILY_ORDER)
+def test_family_fix_applies_on_every_release(version, name):
+    if name == "ragged_prefix_full_layers" and version >= "0.5.21":
+        pytest.skip("0.5.21+ plan the full layers' paged pass over the prefix themselves")
+    text, new = _check_fix(version, name)
+    if version >= "0.5.20":
+        assert _ruff_dirty(new) is None
+    if name == "sm100_no_cutlass_window":
+        assert (_cutlass_choice(text, 4095, None), _cutlass_choice(new, 4095, None)) == ("cutlass", "fa2")
+        assert _cutlass_choice(new, None, None) == "cutlass"
+
+
+def test_commandr_fix_gives_the_window_transformers_intends():
+    from swa_repro.sglang.families import small_config
+
+    small = small_config("cohere2")
+    _, new = _check_fix("0.5.23", "commandr_window_hook")
+    cfg = types.SimpleNamespace(sliding_window=small.sliding_window)
+    assert _fn(new, ff.HOOK)(cfg) == small.intended_window
+    tree = ast.parse(new)
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    methods = lambda c: {m.name for m in classes[c].body if isinstance(m, ast.FunctionDef)}  # noqa: E731
+    assert ff.HOOK in methods("Cohere2ForCausalLM") and ff.HOOK not in methods("CohereForCausalLM")
+    kw = ff._radix_window_kw(fix.source.Source(new))
+    expr = compile(ast.Expression(kw.value), "<kw>", "eval")
+    hook = _fn(new, ff.HOOK)
+    for layer_attr, want in ((small.sliding_window, small.intended_window), (-1, -1)):
+        me = types.SimpleNamespace(sliding_window_size=layer_attr)
+        assert eval(expr, {ff.HOOK: hook, "config": cfg, "self": me}) == want
+
+
+def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
+    """The statements of ``__init__`` from ``fmha_backend = "auto"`` to the ragged wrapper, executed
+    on an sm100 with no piecewise graph, for a runner of ``window`` and a config of ``cap``."""
+    src = fix.source.Source(text)
+    init = src.method("FlashInferAttnBackend", "__init__")
+    body = init.body
+    i = next(k for k, s in enumerate(body) if ast.unparse(s) == "fmha_backend = 'auto'")
+    j = next(k for k, s in enumerate(body) if ast.unparse(s).startswith("self.prefill_wrapper_ragged ="))
+    code = compile(ast.Module(body=body[i:j], type_ignores=[]), "<init>", "exec")
+    mc = types.SimpleNamespace(head_dim=head_dim, v_head_dim=head_dim,
+                               hf_text_config=types.SimpleNamespace(attn_logit_softcapping=cap))
+    env = {"model_runner": types.SimpleNamespace(sliding_window_size=window, model_config=mc),
+           "get_platform": lambda: types.SimpleNamespace(is_sm100=True), "is_sm100_supported": lambda: True,
+           "check_cuda_graph_backend": lambda *a: False, "Phase": types.SimpleNamespace(PREFILL=0),
+           "Backend": types.SimpleNamespace(TC_PIECEWISE=0)}
+    if ff.CUTLASS_GATE in text:
+        env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
+    exec(code, env)
+    return env["fmha_backend"]
+
+
+@pytest.mark.parametrize("window, cap, want", [(None, None, "cutlass"), (4095, None, "fa2"), (None, 50.0, "fa2"),
+                                               (None, 0.0, "cutlass"), (127, 30.0, "fa2")])
+def test_sm100_fix_keeps_fa2_exactly_where_a_window_or_cap_is_planned(window, cap, want):
+    text, new = _check_fix("0.5.23", "sm100_no_cutlass_window")
+    assert _cutlass_choice(text, window, cap) == "cutlass"  # as shipped: whatever the layers ask
+    assert _cutlass_choice(new, window, cap) == want
+    assert _cutlass_choice(new, window, cap, head_dim=256) == "fa2"  # the release's own head-dim gate stays
+
+
+@pytest.mark.parametrize("name", NEEDED_0_5_23)
+def test_committed_upstream_diff_is_regenerated_and_applies(name):
+    from swa_repro.sglang.fix import upstream_family as uf
+    from swa_repro.sglang.fix.upstream_diff import plus_side
+
+    rel = fix.FIXES[name].file
+    text = _text("0.5.23", rel)
+    committed = (REPO / "docs" / "upstream" / f"{name}.diff").read_text()
+    assert committed == uf.diff_of(name, text), "stale: python -m swa_repro.sglang.fix.upstream_family"
+    assert committed.startswith(f"--- a/python/sglang/{rel}\n")
+    assert plus_side(text, committed) == fix.apply_fixes(text, (name,), rel)
+    assert f"## {name}" in (REPO / "docs" / "upstream" / "families.md").read_text()
+
+
+# ----------------------------------------------------------------------------- the machinery
+def test_fixes_of_two_files_are_one_line_exit_2(capfd, tmp_path):
+    src = tmp_path / "commandr.py"
+    src.write_text("x = 1\n")
+    rc = main(["patch", "diff", "--fix", "commandr_window_hook,soft_cap_decode", "--source", str(src)])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "edit different files" in err[0]
+
+
+def test_all_names_every_fix_and_each_file_takes_its_own():
+    assert fix.parse_names("all") == fix.ORDER + fix.FAMILY_ORDER
+    assert fix.by_file(fix.parse_names("all"))[ff.COMMANDR] == ("commandr_window_hook",)
+    assert set(fix.by_file(fix.ALL)[fix.BACKEND]) == set(fix.ORDER) | {"sm100_no_cutlass_window",
+                                                                       "ragged_prefix_full_layers"}
+
+
+def test_content_digest_sees_a_replaced_model_file(tmp_path):
+    from swa_repro.sglang.provision import content_digest
+
+    ov = tmp_path / "ov"
+    (ov / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (ov / "sglang-0.5.23.dist-info" / "RECORD").write_text("r\n")
+    (ov / "sglang" / "srt" / "models").mkdir(parents=True)
+    model = ov / "sglang" / ff.COMMANDR
+    model.write_text("a\n")
+    before = content_digest(ov)
+    model.write_text("b\n")
+    assert content_digest(ov) == before  # a shipped overlay: RECORD says what it holds
+    (ov / ".swa-repro-fixed.json").write_text(json.dumps({"files": {f"sglang/{ff.COMMANDR}": {}}}))
+    fixed_b = content_digest(ov)
+    model.write_text("a\n")
+    assert content_digest(ov) != fixed_b
+
+
+# ----------------------------------------------------------------------------- what to do
+def _cells_0_5_23():
+    t = json.loads((REPO / "docs" / "audit" / "families.json").read_text())
+    return [(r["gpu"], f, c) for r in t["rows"] if r["sglang"] == "0.5.23" for f, c in r["cells"].items()]
+
+
+@pytest.mark.parametrize("gpu, family, cell", _cells_0_5_23(), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_cell_says_what_to_do(gpu, family, cell):
+    from swa_repro.sglang.audit.family_fix import remedy
+
+    r = remedy(family, cell, gpu)
+    if cell["state"] == "flashinfer refused":
+        assert r["fix"] is None and f"--attention-backend {cell['default_backend']}" in r["instead"]
+        assert cell["default_backend"] in cell["why"][0]  # one the refusal itself allows
+    elif cell["layer_window"].get("sliding") == -1:
+        assert r["fix"] is None and f"--context-length {cell['window_hf']} or less" in r["instead"]
+    else:
+        assert r["fix"][0] == "all" and ("commandr_window_hook" in r["fix"]) == (cell["runner_window"] is None)
+        assert ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
+
+
+# ----------------------------------------------------------------------------- the audit with the fixes
+@pytest.fixture(scope="module")
+def fixed_sm100():
+    from swa_repro.sglang.audit.family_run import audit_families
+
+    _text("0.5.23", fix.BACKEND)
+    doc = audit_families("0.5.23", "all", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
+    return {f["family"]: f for f in doc["families"]}
+
+
+@pytest.mark.slow
+def test_0_5_23_cohere2_with_the_fixes_is_exact_on_sm100(fixed_sm100):
+    from swa_repro.sglang.families import small_config
+
+    f = fixed_sm100["cohere2"]
+    assert f["build"]["runner_window"] == small_config("cohere2").intended_window
+    driven = [r for r in f["paths"] if r.get("status") == "driven"]
+    assert driven and all(r["verdict"] == "exact" for r in driven), [r["path"] for r in driven if r["verdict"] != "exact"]
+    ragged = [w for r in driven for k, ws in r["wrappers"].items() if k.startswith("Ragged") for w in ws]
+    assert ragged and all(w.endswith("-> fa2") for w in ragged)
+    assert f["answer"]["state"] == "not affected"
+
+
+@pytest.mark.slow
+def test_0_5_23_without_a_fix_in_sglang_stays_as_it_was(fixed_sm100):
+    assert fixed_sm100["mistral"]["answer"]["state"] == "affected on the default path"
+    assert fixed_sm100["mistral"]["remedy"]["fix"] is None
+    assert fixed_sm100["gpt-oss"]["answer"]["state"] == "flashinfer refused"
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.20"])
+def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
+    """The same audit on releases whose files differ (0.5.14: no head-dim gate on cutlass, the runner's
+    window set inline in load_model; 0.5.20: get_platform()); both plan the full layers' paged pass
+    over the whole sequence (``ragged_prefix_full_layers``)."""
+    from swa_repro.sglang.audit.family_run import audit_families
+    from swa_repro.sglang.families import small_config
+
+    _text(version, fix.BACKEND)
+    doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
+    for f in doc["families"]:
+        assert f["build"]["runner_window"] == small_config(f["family"]).intended_window
+        driven = [r for r in f["paths"] if r.get("status") == "driven"]
+        assert driven and all(r["verdict"] == "exact" for r in driven), \
+            [(r["kind"], r["path"]) for r in driven if r["verdict"] != "exact"]
+        assert f["answer"]["state"] == "not affected"
