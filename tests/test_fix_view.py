@@ -9,7 +9,7 @@ from swa_repro.core.errors import UsageError
 from swa_repro.notebook import fix_view as FV
 from swa_repro.sglang import provision
 from swa_repro.sglang.audit.table import CLASSES
-from swa_repro.sglang.fix import ALL, FIXES, ORDER, states
+from swa_repro.sglang.fix import FIXES, ORDER, states
 
 SWA_PATHS = ("extend_paged", "extend_ragged_no_prefix", "target_verify_eagle")
 
@@ -104,7 +104,8 @@ def test_a_file_the_fixes_refuse_is_one_line(monkeypatch, tmp_path):
 def test_apply_commands_patch_in_place_only_where_the_release_is_installed():
     rel = FV.Release("0.5.23", ORDER, "", "/cache/0.5.23/" + FV.FILE)
     here, there = FV.apply_commands(rel, "0.5.23"), FV.apply_commands(rel, "0.5.15.post1")
-    assert all("--fix all" in c and "--source" not in c for c in here)
+    # the names chosen, never `all` (which also applies the family fixes the view did not choose)
+    assert all(f"--fix {','.join(ORDER)} " in c and "--source" not in c for c in here)
     assert "--source /cache/0.5.23/" in there[0] and "--out" in there[0] and "--source" not in there[1]
     assert "--fix soft_cap_decode " in FV.apply_commands(FV.Release("0.5.23", ("soft_cap_decode",)), None)[0]
 
@@ -118,7 +119,7 @@ def test_each_step_diff_is_one_fix_on_a_real_release():
         assert row.fix == name and row.state == shipped[name].state
         assert bool(diff) == (shipped[name].state == "needed" and not FIXES[name].requires), name
         assert FIXES[name].summary in FV.diff_text(name, diff)
-    assert FV.file_unchanged(rel) and rel.fixed == FV.apply_fixes(rel.text, ALL)
+    assert FV.file_unchanged(rel) and rel.fixed == FV.apply_fixes(rel.text, ORDER)  # the classes this runner audits
 
 
 def test_audit_pair_says_its_overlay_once_and_whether_each_audit_was_cached(monkeypatch):

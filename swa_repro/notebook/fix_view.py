@@ -49,7 +49,9 @@ def load_release(version: str, fixes: str) -> Release:
     whose file the fixes do not know (they were written for 0.5.14-0.5.23): ``skipped`` says why."""
     from swa_repro.sglang.provision import provision
 
-    names = parse_names(fixes)
+    # the finding classes this runner audits (ORDER); the family fixes (a model file's window hook, sm100's
+    # cutlass choice, the full layers' prefix pass) need a family's layers: notebook 07 and audit --model
+    names = tuple(n for n in parse_names(fixes) if n in ORDER)
     try:
         overlay, _ = provision(version)
     except UsageError as e:
@@ -102,7 +104,7 @@ def diff_text(name: str, diff: str) -> str:
 def apply_commands(rel: Release, installed: str | None) -> list[str]:
     """How to apply the chosen fixes for real (``swa-repro patch apply --fix``): in place only on the
     installed sglang of that release, never on the cached overlay (a copy from it instead)."""
-    fix = "all" if rel.names == ORDER else ",".join(rel.names)
+    fix = ",".join(rel.names)
     if installed == rel.version:
         return [f"swa-repro patch apply --fix {fix} --out flashinfer_backend.py   # a fixed copy",
                 f"swa-repro patch apply --fix {fix} --in-place   # the installed file, with a backup "
