@@ -149,3 +149,10 @@ def test_findings_table_is_a_real_table_with_every_cell_whole():
     html = FV.frame(rows).to_html()
     assert html.count("<tr") == len(rows) + 1 and "<th" in html
     assert long.strip() in html and "..." not in html
+
+
+def test_a_family_fix_is_refused_with_where_to_run_it():
+    from swa_repro.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"commandr_window_hook need a model family's layers: run notebook 07"):
+        FV.load_release("0.5.23", "soft_cap_decode,commandr_window_hook")

@@ -52,6 +52,9 @@ def load_release(version: str, fixes: str) -> Release:
     # the finding classes this runner audits (ORDER); the family fixes (a model file's window hook, sm100's
     # cutlass choice, the full layers' prefix pass) need a family's layers: notebook 07 and audit --model
     names = tuple(n for n in parse_names(fixes) if n in ORDER)
+    if other := [n for n in parse_names(fixes) if n not in ORDER and fixes.strip() != "all"]:
+        raise UsageError(f"fixes: {','.join(other)} need a model family's layers: run notebook 07 or "
+                         f"`swa-repro audit --sglang {version} --model FAMILY --fix {','.join(other)}`")
     try:
         overlay, _ = provision(version)
     except UsageError as e:
