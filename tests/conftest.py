@@ -45,26 +45,30 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 
 
 # The files that take longest from nothing (an empty swa-repro cache: each computes its release's
-# audits / kit runs / notebooks), heaviest first; seconds measured serially on 2 cores (issue #24).
+# audits / kit runs / notebooks), heaviest first; seconds from `make test --durations` from nothing on 2 cores
+# (issue #24, with the fork server).
 # `make test` (--dist loadfile --no-loadscope-reorder) hands whole files to its two workers in
 # collection order, so these start first and no long file is left to start last; xdist's own order
 # (most tests first) had started test_upstream_kit.py (11 tests, 95 s) after 60 lighter files.
 HEAVY_FIRST = (
-    "test_upstream_kit.py",  # 95 s: four upstream_cpu children on 0.5.23
-    "test_sglang_check.py",  # 61 s: notebooks 03 and 04 (0.5.23's audits)
-    "test_story.py",  # 59 s: notebooks 00, 01, 02 (twice)
-    "test_sglang_kit.py",  # 31 s: the kit on 0.5.23 fixed and 0.5.14
-    "test_cap_safety.py",  # 28 s
-    "test_sglang_bundle.py",  # 25 s
+    "test_sglang_check.py",  # 64 s: notebooks 03 and 04 (0.5.23's audits)
+    "test_family_fixes.py",  # 56 s: 0.5.23's families with every fix, sm100
+    "test_story.py",  # 55 s: notebooks 00, 01, 02 (twice)
+    "test_audit_family.py",  # 51 s: 0.5.23's gemma2 at window 4096
+    "test_family_answer.py",  # 50 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
+    "test_sglang_kit.py",  # 33 s: the kit on 0.5.23 fixed and 0.5.14
+    "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
+    "test_upstream_kit.py",  # 29 s: four upstream_cpu runs on 0.5.23 (one warm server)
+    "test_audit_spec.py",  # 22 s
     "test_gpu_fuzz_script.py",  # 22 s, mostly its stand-in's sleeps
-    "test_lab.py",  # 18 s
+    "test_cap_safety.py",  # 20 s
+    "test_lab.py",  # 20 s
     "test_alternatives.py",  # 17 s
-    "test_artifact_sets.py",  # 14 s: notebook 00 twice
-    "test_fuzz.py",  # 12 s
-    "test_bundle.py",  # 10 s
+    "test_bundle.py",  # 12 s
+    "test_artifact_sets.py",  # 11 s: notebook 00 twice
+    "test_fuzz.py",  # 9 s
     "test_sglang_fix.py",  # 9 s
     "test_gpu_fix_script.py",  # 8 s
-    "test_probe.py",  # 8 s
     "test_cli_errors.py",  # 8 s
     "test_notebook_runner.py",  # 7 s
 )
