@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, gpu_timing, report, targets_report, workflow_report  # noqa: E402
+from benchmarks import common, family_audit, gpu_timing, report, targets_report, workflow_report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
 from benchmarks.h200_plan import Job, Shape  # noqa: E402
 from swa_repro.core.case import Case  # noqa: E402
@@ -188,7 +188,9 @@ def test_committed_results_are_well_formed_and_report_is_current():
     if cpu is not None:
         assert common.validate_cpu_results(cpu) == []
     if report.REPORT.exists():
-        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow, targets), "run python -m benchmarks.report"
+        family = common.load_json(family_audit.RESULTS)
+        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow, targets, family), \
+            "run python -m benchmarks.report"
 
 
 # ----------------------------------------------------------------------------- the GPU study, CPU side

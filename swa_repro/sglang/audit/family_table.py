@@ -61,25 +61,25 @@ def cell_of(f: dict) -> dict:
 
 
 def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print) -> dict:
-    """Audit every family of each release on each GPU class (``jobs`` children at a time)."""
+    """Audit every family of each release on every GPU class: one child per release serves them all
+    (``family_run.audit_release``), ``jobs`` releases at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swa_repro.core.errors import UsageError
-    from swa_repro.sglang.audit.family_run import audit_families
+    from swa_repro.sglang.audit.family_run import audit_release
 
-    def one(vg):
-        v, g = vg
+    def one(v):
         try:
-            return v, g, audit_families(v, "all", g, note=note)
+            return v, audit_release(v, "all", list(gpus), note=note)
         except UsageError as e:  # a release this machine cannot install or run: a row that says so
-            note(f"sglang {v} ({g}): {e}")
-            return v, g, {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []}
+            note(f"sglang {v}: {e}")
+            return v, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        done = list(ex.map(one, [(v, g) for v in versions for g in gpus]))
-    rows = [{"sglang": v, "gpu": g, "error": d["release"].get("error"),
-             "cells": {f["family"]: cell_of(f) for f in d["families"]}} for v, g, d in done]
-    docs = [d for _, _, d in done if "state" in d["release"]]
+        done = dict(ex.map(one, versions))
+    rows = [{"sglang": v, "gpu": g, "error": done[v][g]["release"].get("error"),
+             "cells": {f["family"]: cell_of(f) for f in done[v][g]["families"]}} for g in gpus for v in versions]
+    docs = [done[v][gpus[0]] for v in versions if "state" in done[v][gpus[0]]["release"]]
     return {"provenance": provenance(command, docs), "gpus": list(gpus), "rows": rows}
 
 
