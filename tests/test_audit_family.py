@@ -76,8 +76,8 @@ def no_work(monkeypatch, tmp_path):
     (["--sglang", "0.5.23", "--model", "gemma2", "--both"], "--model goes without"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--paths", "decode"], "--model goes without"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--fix", "bogus"], "bogus"),
-    (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: sglang 0.5.23 has no model file for "
-                                                   "Cohere2ForCausalLM; it serves gemma2"),
+    (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: not in this release: sglang 0.5.23 has no model "
+                                                   "file for Cohere2ForCausalLM; it serves gemma2"),
 ])
 def test_bad_input_is_one_line_exit_2_before_any_work(argv, must, no_work, capfd):
     capfd.readouterr()

@@ -151,8 +151,8 @@ def check_release_has(version: str, overlay: Path, families: list[str], explicit
     missing = [f for f in families if f not in have]
     if missing and explicit:
         arch = mc.MODELS[missing[0]][2]
-        raise UsageError(f"--model {missing[0]}: sglang {version} has no model file for {arch}; it serves "
-                         f"{', '.join(have) or 'none of the families'}")
+        raise UsageError(f"--model {missing[0]}: not in this release: sglang {version} has no model file for "
+                         f"{arch}; it serves {', '.join(have) or 'none of the families'}")
     return [f for f in families if f in have]
 
 

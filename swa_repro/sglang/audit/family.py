@@ -35,7 +35,7 @@ from swa_repro.sglang.audit import family_build as fbuild
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import spans
-from swa_repro.sglang.audit.env import DECODE
+from swa_repro.sglang.audit.env import DECODE, RAGGED
 from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
 
@@ -201,6 +201,23 @@ def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
     return d
 
 
+def reads_platform_once(fb) -> bool:
+    """Whether the backend reads the platform switch once: the ragged wrapper's backend at
+    construction (0.5.10 flashinfer_backend.py:249 ``is_sm100_supported()``, 0.5.23 :502
+    ``get_platform().is_sm100``), so a path that plans and runs no ragged wrapper records the same
+    calls on every GPU class and is driven once for all of them."""
+    import inspect
+
+    src = inspect.getsource(fb)
+    return src.count("is_sm100_supported()") + src.count("get_platform().is_sm100") == 1
+
+
+def uses_ragged(run) -> bool:
+    """A run that could differ with the platform switch: it planned or ran the ragged wrapper, or
+    was not driven (driven again, never assumed)."""
+    return bool(run.error) or any(p.cls == RAGGED for p in ak.pairs(run))
+
+
 def _record_once(memo: dict, run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
     """:func:`record`, computed once per run and backend assignment: a GPU class whose FlashInfer
     runs the same backend for every call of ``run`` (decode everywhere, paged fa2) shares it."""
@@ -236,12 +253,15 @@ def audit_family(family: str, gpus, paths=None) -> dict:
     t_build = time.monotonic() - t0
     layers = layers_of(built)
     fb = harness.backend_module()
-    out = {}
+    todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
+    out, first, one_switch = {}, None, reads_platform_once(fb)
     for is_sm100 in dict.fromkeys(g.is_sm100 for g in gpus):
         group = [g for g in gpus if g.is_sm100 == is_sm100]
         t1 = time.monotonic()
-        with gpu_env(fb, group[0]):
-            runs = [(ap.drive(p, layer, device="cpu"), layer) for p in paths or ap.PATHS for layer in layers]
+        with gpu_env(fb, group[0]):  # a later switch re-drives only what it can change
+            done = [first[i] if first and one_switch and not uses_ragged(first[i]) else ap.drive(p, x, device="cpu")
+                    for i, (p, x) in enumerate(todo)]
+        first, runs = first or done, list(zip(done, (x for _, x in todo)))
         t_drive = time.monotonic() - t1
         memo: dict = {}
         for gpu in group:

@@ -53,8 +53,11 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         fam.check_args(family, g)
     if provision.parse(version) < provision.MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
-    overlay, info, fixed = overlay_for(version, fixes, note=note, doing=f"building {','.join(names)}")
+    said: list[str] = []  # the overlay's progress lines wait: a family the release lacks is the only line
+    overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}")
     names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
+    for line in said:
+        note(line)
     cells = [{"family": f, "gpu": g} for g in gpus for f in names]
 
     def compute(missing):
