@@ -521,3 +521,15 @@ esac
     assert len(steps["make_test_from_nothing"]["durations"]) == 10
     assert steps["repro_warm"]["notebooks"] == [{"notebook": "00_overview", "status": "ok", "seconds": None,
                                                  "checks_passed": None, "checks_failed": None}]
+
+
+@pytest.mark.parametrize("wall, rc, cores, verdict", [(50.0, 0, 2, "PASS"), (61.0, 0, 2, "FAIL"), (50.0, 1, 2, "PASS"),
+                                                      (50.0, 2, 2, "exit 2"), (50.0, 0, 4, "not on 2 cores")])
+def test_family_audit_section_passes_only_a_measured_run_on_2_cores_within_the_limit(wall, rc, cores, verdict):
+    run = {"command": "swa-repro audit", "nice": 19, "wall_s": wall, "returncode": rc, "cpu_s": 40.0,
+           "result_cache": "off", "loadavg_before": [4.0, 0, 0], "loadavg_after": [5.0, 0, 0]}
+    doc = {"provenance": {"command": "python -m benchmarks.family_audit", "commit": "abc", "date": "d", "cpu": "x",
+                          "cpu_count": cores}, "runs": {"one_release": run}}
+    text = "\n".join(family_audit.render(doc))
+    assert f"| <= 60 s | {wall:.0f} s | {verdict} |" in text and "load average 4.0 -> 5.0" in text
+    assert "| <= 600 s | – | not measured |" in text and "Not measured yet" in "\n".join(family_audit.render(None))
