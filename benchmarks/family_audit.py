@@ -87,6 +87,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     old = json.loads(a.out.read_text()) if a.out.is_file() else {}
     runs = dict(old.get("runs", {}))
+    for k in ([a.only] if a.only else [t[0] for t in TARGETS]):  # a re-measured target keeps its earlier runs
+        if k in runs:
+            runs[f"{k}_earlier"] = [runs[k], *runs.get(f"{k}_earlier", [])][:5]
     if a.only in (None, "one_release"):
         runs["one_release"] = timed(["audit", "--sglang", a.release, "--model", "all", "--gpu", "sm90"], a.nice)
     if a.only in (None, "full_table"):
@@ -96,9 +99,12 @@ def main(argv=None) -> int:
                                         ",".join(RELEASES), "--jobs", "2", "--out", str(out)], a.nice,
                                       no_cache=False)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    doc = {"provenance": {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "commit": commit,
-                          "cpu": _cpu() or "unknown", "cpu_count": os.cpu_count(), "python": platform.python_version(),
-                          "command": "python -m benchmarks.family_audit " + " ".join(argv or sys.argv[1:])},
+    now, command = datetime.now(timezone.utc).isoformat(timespec="seconds"), \
+        "python -m benchmarks.family_audit " + " ".join(argv or sys.argv[1:])
+    for k in ([a.only] if a.only else [t[0] for t in TARGETS]):  # each run says when, at which commit, by what
+        runs[k].update(date=now, commit=commit, by=command)
+    doc = {"provenance": {"date": now, "commit": commit, "cpu": _cpu() or "unknown", "cpu_count": os.cpu_count(),
+                          "python": platform.python_version(), "command": command},
            "runs": runs}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     for k, r in runs.items():
@@ -113,8 +119,8 @@ def render(doc: dict | None) -> list[str]:
     if not doc:
         return lines + ["Not measured yet: run `python -m benchmarks.family_audit`.", ""]
     pv = doc["provenance"]
-    lines += [f"`{pv['command']}` at commit {pv['commit']}, {pv['date']}, on {pv['cpu']} ({pv['cpu_count']} cores); "
-              "every cell computed (overlays and bytecode cached).", "",
+    lines += [f"`python -m benchmarks.family_audit` on {pv['cpu']} ({pv['cpu_count']} cores); every cell computed "
+              "(overlays and bytecode cached); each run's commit and date in its row.", "",
               "| target | limit | measured | verdict | how |", "|---|---|---|---|---|"]
     for key, what, limit in TARGETS:
         r = doc["runs"].get(key)
@@ -128,7 +134,13 @@ def render(doc: dict | None) -> list[str]:
         lines.append(f"| {what} | <= {limit:.0f} s | {r['wall_s']:.0f} s | {verdict} | `{r['command']}`"
                      f"{' under nice -n ' + str(r['nice']) if r.get('nice') else ''}; exit {r['returncode']}; "
                      f"{r['cpu_s']:.0f} CPU-s (user + sys, every process); result cache {r['result_cache']}; "
-                     f"load average {lb[0]:.1f} -> {la[0]:.1f} (1 min, start -> end) |")
+                     f"load average {lb[0]:.1f} -> {la[0]:.1f} (1 min, start -> end); "
+                     f"{r.get('date', pv['date'])} at {r.get('commit', pv['commit'])} (`{r.get('by', pv['command'])}`) |")
+    for key, what, limit in TARGETS:
+        for r in doc["runs"].get(f"{key}_earlier", []):
+            lines.append(f"| (earlier run) {what} | <= {limit:.0f} s | {r['wall_s']:.0f} s | – | {r['cpu_s']:.0f} CPU-s; "
+                         f"load average {r['loadavg_before'][0]:.1f} -> {r['loadavg_after'][0]:.1f}; "
+                         f"{r.get('date', '?')} at {r.get('commit', '?')} |")
     return lines + [""]
 
 
