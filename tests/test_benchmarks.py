@@ -165,9 +165,11 @@ def test_report_renders_targets_tables_and_findings(tmp_path):
 def test_report_says_not_measured_when_files_are_missing(tmp_path):
     out = tmp_path / "REPORT.md"
     report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"),
-                 "--workflow", str(tmp_path / "none3.json"), "--targets", str(tmp_path / "none4.json"), "--out", str(out)])
+                 "--workflow", str(tmp_path / "none3.json"), "--targets", str(tmp_path / "none4.json"),
+                 "--family", str(tmp_path / "none5.json"), "--out", str(out)])
     text = out.read_text()
     assert text.count("| not measured yet |") == 4 + len(targets_report.TARGETS)
+    assert "Not measured yet: run `python -m benchmarks.family_audit`." in text
     assert "Not measured yet: `benchmarks/results/h200_swa_prefill.json` is missing" in text
     assert "PASS" not in text and "FAIL" not in text
 
