@@ -57,8 +57,8 @@ def test_gpu_class_resolves_what_flashinfer_runs(gpu, backend, mask, head_dim, r
     (["--sglang", "0.5.23", "--model", "gemma2", "--both"], "--model goes without"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--paths", "decode"], "--model goes without"),
     (["--sglang", "0.5.23", "--model", "gemma2", "--fix", "bogus"], "bogus"),
-    (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: sglang 0.5.23 has no model file for "
-                                                   "Cohere2ForCausalLM; it serves gemma2"),
+    (["--sglang", "0.5.23", "--model", "cohere2"], "--model cohere2: not in this release: sglang 0.5.23 has no model "
+                                                   "file for Cohere2ForCausalLM; it serves gemma2"),
 ])
 def test_bad_input_is_one_line_exit_2_before_any_work(argv, must, no_work, capfd):
     capfd.readouterr()
@@ -152,3 +152,35 @@ def test_0_5_23_mistral_is_served_without_a_window(doc_0_5_23):
     f, r = _run(doc_0_5_23, "mistral", "extend_paged", "sliding")
     assert f["kinds"]["sliding"]["layer_window"] == -1 and "full" not in f["kinds"]
     assert r["verdict"] == "extra" and r["verdict_vs_layer"] == "exact"  # the model file, not the backend
+
+
+# ----------------------------------------------------------------------------- the closed forms the speed-ups use
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [-1, 0, 3, 40])
+def test_pairs_outside_window_closed_form_counts_what_a_loop_counts(causal, window):
+    """Without a custom mask the count is a closed form per row; a Python loop over every (row, key)
+    with FlashInfer's row placement is the oracle (ragged plan: qo / kv lengths from the indptrs)."""
+    import torch
+
+    from swa_repro.sglang.audit.core import pairs_outside_window
+    from swa_repro.sglang.audit.env import RAGGED
+
+    qo, kv = [5, 0, 33, 7], [5, 4, 90, 7]
+    plan = {"qo_indptr": torch.tensor([0, *torch.tensor(qo).cumsum(0).tolist()]),
+            "kv_indptr": torch.tensor([0, *torch.tensor(kv).cumsum(0).tolist()])}
+    want = 0
+    for q, k in zip(qo, kv):
+        for i in range(q):
+            pos = k - q + i if causal else k + i
+            want += sum(1 for j in range(k) if (j <= pos or not causal) and j < pos - window)
+    assert pairs_outside_window(RAGGED, plan, causal, window) == want
+
+
+def test_kv_pools_are_lazy_only_for_floating_point_zeros():
+    import torch
+
+    from swa_repro.sglang.audit.family import _LazyPoolTorch
+
+    t = _LazyPoolTorch()
+    assert t.zeros(3, dtype=torch.int32).eq(0).all() and t.zeros(2, 2, dtype=torch.int64).sum() == 0
+    assert t.zeros(4, dtype=torch.bfloat16).shape == (4,) and t.arange is torch.arange

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, gpu_timing, report, targets_report, workflow_report  # noqa: E402
+from benchmarks import common, family_audit, gpu_timing, report, targets_report, workflow_report  # noqa: E402
 from benchmarks import h200_swa_prefill as study  # noqa: E402
 from benchmarks.h200_plan import Job, Shape  # noqa: E402
 from swa_repro.core.case import Case  # noqa: E402
@@ -165,9 +165,11 @@ def test_report_renders_targets_tables_and_findings(tmp_path):
 def test_report_says_not_measured_when_files_are_missing(tmp_path):
     out = tmp_path / "REPORT.md"
     report.main(["--gpu", str(tmp_path / "none.json"), "--cpu", str(tmp_path / "none2.json"),
-                 "--workflow", str(tmp_path / "none3.json"), "--targets", str(tmp_path / "none4.json"), "--out", str(out)])
+                 "--workflow", str(tmp_path / "none3.json"), "--targets", str(tmp_path / "none4.json"),
+                 "--family", str(tmp_path / "none5.json"), "--out", str(out)])
     text = out.read_text()
     assert text.count("| not measured yet |") == 4 + len(targets_report.TARGETS)
+    assert "Not measured yet: run `python -m benchmarks.family_audit`." in text
     assert "Not measured yet: `benchmarks/results/h200_swa_prefill.json` is missing" in text
     assert "PASS" not in text and "FAIL" not in text
 
@@ -188,7 +190,9 @@ def test_committed_results_are_well_formed_and_report_is_current():
     if cpu is not None:
         assert common.validate_cpu_results(cpu) == []
     if report.REPORT.exists():
-        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow, targets), "run python -m benchmarks.report"
+        family = common.load_json(family_audit.RESULTS)
+        assert report.REPORT.read_text() == report.render(gpu, cpu, workflow, targets, family), \
+            "run python -m benchmarks.report"
 
 
 # ----------------------------------------------------------------------------- the GPU study, CPU side
@@ -519,3 +523,15 @@ esac
     assert len(steps["make_test_from_nothing"]["durations"]) == 10
     assert steps["repro_warm"]["notebooks"] == [{"notebook": "00_overview", "status": "ok", "seconds": None,
                                                  "checks_passed": None, "checks_failed": None}]
+
+
+@pytest.mark.parametrize("wall, rc, cores, verdict", [(50.0, 0, 2, "PASS"), (61.0, 0, 2, "FAIL"), (50.0, 1, 2, "PASS"),
+                                                      (50.0, 2, 2, "exit 2"), (50.0, 0, 4, "not on 2 cores")])
+def test_family_audit_section_passes_only_a_measured_run_on_2_cores_within_the_limit(wall, rc, cores, verdict):
+    run = {"command": "swa-repro audit", "nice": 19, "wall_s": wall, "returncode": rc, "cpu_s": 40.0,
+           "result_cache": "off", "loadavg_before": [4.0, 0, 0], "loadavg_after": [5.0, 0, 0]}
+    doc = {"provenance": {"command": "python -m benchmarks.family_audit", "commit": "abc", "date": "d", "cpu": "x",
+                          "cpu_count": cores}, "runs": {"one_release": run}}
+    text = "\n".join(family_audit.render(doc))
+    assert f"| <= 60 s | {wall:.0f} s | {verdict} |" in text and "load average 4.0 -> 5.0" in text
+    assert "| <= 600 s | – | not measured |" in text and "Not measured yet" in "\n".join(family_audit.render(None))

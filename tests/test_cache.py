@@ -199,3 +199,26 @@ def test_two_workers_provision_one_release_once(root, monkeypatch):
         t.join(30)
     assert calls == ["0.5.99"] and sorted(info["cached"] for _, info in got) == [False, True]
     assert {d for d, _ in got} == {root / "sglang" / "0.5.99"}
+
+
+def test_cached_cells_computes_only_the_missing_cells_once(tmp_path, monkeypatch):
+    """A release's child makes several cells; a later request for more cells computes only the new
+    ones, in one call, and a request for fewer reads them all; SWA_REPRO_NO_CACHE computes all."""
+    monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SWA_REPRO_NO_CACHE", raising=False)
+    calls = []
+
+    def compute(cells):
+        calls.append([c["f"] for c in cells])
+        return [{"made": c["f"], "n": len(calls)} for c in cells]
+
+    common = {"overlay": "x", "code": "y"}
+    docs, how = C.cached_cells("t", common, [{"f": "a"}, {"f": "b"}], compute)
+    assert docs == [{"made": "a", "n": 1}, {"made": "b", "n": 1}] and how["cache"] == "miss"
+    docs, how = C.cached_cells("t", common, [{"f": "b"}, {"f": "c"}, {"f": "a"}], compute)
+    assert calls == [["a", "b"], ["c"]] and how["cache"] == "partial" and how["computed"] == 1
+    assert docs == [{"made": "b", "n": 1}, {"made": "c", "n": 2}, {"made": "a", "n": 1}]
+    assert C.cached_cells("t", common, [{"f": "c"}], compute)[1]["cache"] == "hit" and len(calls) == 2
+    assert C.cached_cells("t", {**common, "code": "z"}, [{"f": "a"}], compute)[1]["cache"] == "miss"  # new code
+    monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
+    assert C.cached_cells("t", common, [{"f": "a"}], compute)[1] == {"cache": "off", "computed": 1}

@@ -105,6 +105,33 @@ def cached(kind: str, parts: dict, compute) -> tuple[dict, dict]:
     return doc, {**how, "cache": "miss"}
 
 
+def cached_cells(kind: str, common: dict, cells: list[dict], compute) -> tuple[list, dict]:
+    """Documents of several cells that one computation makes together (a release's child serves
+    every family and GPU class): each cell is its own entry, keyed on ``common`` and the cell, so a
+    later request for fewer or more cells reuses the ones made. ``compute(missing cells)`` -> their
+    documents, in order, called at most once. ``how``: ``cache`` hit / miss / partial / off, and
+    how many cells were computed."""
+    if disabled():
+        return list(compute(cells)), {"cache": "off", "computed": len(cells)}
+    folder = cache_root() / "results" / kind
+    paths = [folder / f"{key_of({'kind': kind, **common, **c})}.json" for c in cells]
+    docs = [_read(p) for p in paths]
+    computed = 0
+    if any(d is None for d in docs):
+        with locked(folder / f"{key_of({'kind': kind, **common})}.lock"):
+            docs = [_read(p) for p in paths]  # another process may have made them while this one waited
+            missing = [i for i, d in enumerate(docs) if d is None]
+            if missing:
+                new = list(compute([cells[i] for i in missing]))
+                for i, d in zip(missing, new):
+                    write_atomic(paths[i], json.dumps({"key_parts": {"kind": kind, **common, **cells[i]},
+                                                       "document": d}, default=str))
+                    docs[i] = d
+                computed = len(missing)
+    state = "hit" if not computed else "miss" if computed == len(cells) else "partial"
+    return docs, {"cache": state, "computed": computed, "cells": len(cells), "folder": str(folder)}
+
+
 def _read(path: Path):
     try:
         return json.loads(path.read_text())["document"]

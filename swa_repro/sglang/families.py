@@ -31,6 +31,10 @@ CHECKPOINT_KEYS = {
     "gemma2": {"hidden_act": "gelu_pytorch_tanh"},  # google/gemma-2-9b config.json (beside hidden_activation)
     "gpt-oss": {"swiglu_limit": 7.0},  # openai/gpt-oss-20b config.json
     "exaone4": {"sliding_window_pattern": "LLLG"},  # LGAI-EXAONE/EXAONE-4.0-32B config.json (the class: 4)
+    # google/gemma-3-{4b,12b,27b}-it config.json text_config (transformers 5 files it under
+    # rope_parameters["full_attention"]); 0.5.12-0.5.13.post1 gemma3_causal.py:584 reads its "factor"
+    # unconditionally (KeyError for a config without one, e.g. gemma-3-1b's rope_scaling null)
+    "gemma3": {"rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
 }
 FAMILIES = tuple(mc.MODELS)
 SLIDING, FULL = "sliding", "full"
@@ -158,8 +162,8 @@ def check_release_has(version: str, overlay: Path, families: list[str], explicit
     missing = [f for f in families if f not in have]
     if missing and explicit:
         arch = mc.MODELS[missing[0]][2]
-        raise UsageError(f"--model {missing[0]}: sglang {version} has no model file for {arch}; it serves "
-                         f"{', '.join(have) or 'none of the families'}")
+        raise UsageError(f"--model {missing[0]}: not in this release: sglang {version} has no model file for "
+                         f"{arch}; it serves {', '.join(have) or 'none of the families'}")
     return [f for f in families if f in have]
 
 

@@ -51,14 +51,12 @@ def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: 
     (``code_hash``: the layers up to ``sglang``) and this interpreter's torch/numpy/flashinfer. A hit
     costs no child; ``how["cache"]`` says hit / miss / off, ``seconds`` is the child's own run.
     ``cache=False`` (a run on a GPU: the result is the device's, not the code's) always runs it."""
-    from swa_repro.core.cache import cached, code_hash, interpreter
-    from swa_repro.sglang.provision import content_digest
+    from swa_repro.core.cache import cached
 
     if not cache:
         doc = _run_child(module, overlay, args, what)
         return doc["document"], doc["seconds"], {"cache": "off"}
-    parts = {"module": module, "args": list(args), "overlay": content_digest(overlay), "code": code_hash(),
-             "interpreter": interpreter()}
+    parts = {**child_parts(module, overlay), "args": list(args)}
     doc, how = cached("overlay-run", parts, lambda: _run_child(module, overlay, args, what))
     return doc["document"], doc["seconds"], how
 
@@ -73,12 +71,34 @@ def run_module(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int,
     return forked
 
 
+def child_parts(module: str, overlay: Path) -> dict:
+    """What a child's result depends on besides its arguments: the module, the overlay's content,
+    the package code the child can import and this interpreter's libraries (``run_child``)."""
+    from swa_repro.core.cache import code_hash, interpreter
+    from swa_repro.sglang.provision import content_digest
+
+    return {"module": module, "overlay": content_digest(overlay), "code": code_hash(), "interpreter": interpreter()}
+
+
+def child_env() -> dict:
+    """The child's environment: this package importable, and the release's bytecode kept. Without
+    it every child compiled the release from source again (cProfile of a family audit: 20.5 s of
+    ``compile()``) wherever ``PYTHONDONTWRITEBYTECODE`` is set (this project's CI image): as the
+    Makefile does, bytecode goes to one folder, ``$PYTHONPYCACHEPREFIX`` or the cache's ``pycache/``."""
+    from swa_repro.core.cache import cache_root
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", str(cache_root() / "pycache"))
+    return env
+
+
 def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", module, "--overlay", str(overlay), "--out", str(out), *args]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        env = child_env()
         t0 = time.monotonic()
         rc, _, stderr = run_module(module, cmd[3:], env, Path(tmp))
         if rc != 0 or not out.is_file():

@@ -18,7 +18,9 @@ moved or was renamed (line numbers are in that release's own files):
   (``harness.TorchKvIndices``) goes into every loaded ``sglang*`` module that binds it;
 * 0.5.10 calls ``flashinfer.cascade.merge_state`` by name (:58, :862); ``fast_prefill_plan``
   (0.5.14+, 0.5.23 :180) re-plans a captured wrapper without re-picking its module;
-* ``EagleVerifyInput`` spells ``retrive_*`` in 0.5.10 (speculative/eagle_info.py:59-62).
+* ``EagleVerifyInput`` spells ``retrive_*`` in 0.5.10 (speculative/eagle_info.py:59-62);
+  ``NgramVerifyInput`` takes ``tree_mask`` and required ``retrieve_*`` up to 0.5.13.post1
+  (0.5.13 ngram_info.py:52-60; ``custom_mask`` with defaults from 0.5.14, ngram_info.py:14-22).
 
 The runner and forward-batch differences (test kit or none) are in ``releases_kit``.
 """
@@ -138,13 +140,19 @@ def spec_info_defaults(spec_info, draft: int) -> None:
             setattr(spec_info, attr, value)
 
 
+# The audit's field name -> the older spelling a release's verify input takes.
+_OLD_NAMES = {"custom_mask": "tree_mask"}  # NgramVerifyInput <= 0.5.13.post1 (0.5.13 ngram_info.py:52-60)
+
+
 def build(cls, **kw):
     """``cls(**kw)`` with the audit's field names mapped to the release's (``retrieve_*`` ->
-    ``retrive_*`` in 0.5.10, eagle_info.py:59-62); names the release lacks are dropped."""
+    ``retrive_*`` in 0.5.10, eagle_info.py:59-62 and ngram_info.py:57-59; ``custom_mask`` ->
+    ``tree_mask`` in NgramVerifyInput up to 0.5.13.post1, 0.5.13 ngram_info.py:55, required
+    positionals there); names the release lacks are dropped."""
     params = set(inspect.signature(cls).parameters)
     out = {}
     for k, v in kw.items():
-        alt = k.replace("retrieve_", "retrive_")
+        alt = _OLD_NAMES.get(k) or k.replace("retrieve_", "retrive_")
         if k in params or alt in params:
             out[k if k in params else alt] = v
     return cls(**out)
@@ -244,11 +252,25 @@ def kv_indices_everywhere():
     (backend, eagle_info, dflash_info, 0.5.23 mem_cache/kv_index_translator.py:70); restored on exit."""
     port = harness.TorchKvIndices()
     with contextlib.ExitStack() as st:
-        for name, mod in list(sys.modules.items()):
-            if name.startswith("sglang") and mod is not None and \
-                    mod.__dict__.get("create_flashinfer_kv_indices_triton") is not None:
-                st.enter_context(harness._namespace(mod, {"create_flashinfer_kv_indices_triton": port}))
+        for mod in _kernel_binders():
+            st.enter_context(harness._namespace(mod, {"create_flashinfer_kv_indices_triton": port}))
         yield
+
+
+_BINDERS: dict = {}
+
+
+def _kernel_binders() -> list:
+    """The loaded ``sglang*`` modules that bind the Triton kernel by name; the scan of every module
+    (~15 ms with a release's model registry loaded) is redone only when a module was imported since
+    (what a module binds at import stays bound: the port is put in and taken out per use)."""
+    n = len(sys.modules)
+    if n not in _BINDERS:
+        _BINDERS.clear()
+        _BINDERS[n] = [mod for name, mod in list(sys.modules.items())
+                       if name.startswith("sglang") and mod is not None and
+                       mod.__dict__.get("create_flashinfer_kv_indices_triton") is not None]
+    return _BINDERS[n]
 
 
 @contextlib.contextmanager

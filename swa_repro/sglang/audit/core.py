@@ -96,13 +96,13 @@ def pairs_outside_window(cls_name: str, plan: dict, causal: bool, window: int) -
     no window) that a window of ``window`` excludes. Rows are placed as FlashInfer places them:
     causal -> row i at key position kv - qo + i; non-causal (sglang's prefix-only paged part of a
     ragged extend) -> the queries follow the KV, row i at kv + i."""
-    qo_lens, kv_lens = geometry(cls_name, plan)
-    mask = plan.get("custom_mask")
+    (qo_lens, kv_lens), mask = geometry(cls_name, plan), plan.get("custom_mask")
     off, total = 0, 0
-    for qo, kv in zip(qo_lens, kv_lens):
-        if qo == 0:
-            continue
+    for qo, kv in ((a, b) for a, b in zip(qo_lens, kv_lens) if a):
         pos = torch.arange(qo)[:, None] + (kv - qo if causal else kv)
+        if mask is None:  # closed form, no (qo, kv) mask: per row, the keys below pos - window
+            total += int((pos - window).clamp(0, kv).sum())
+            continue
         keys = torch.arange(kv)[None, :]
         vis = keys <= pos if causal else torch.ones(qo, kv, dtype=torch.bool)
         if mask is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+import types
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,7 @@ from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import rows
 from swa_repro.sglang.audit import spans
-from swa_repro.sglang.audit.env import DECODE
+from swa_repro.sglang.audit.env import DECODE, RAGGED
 from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
 
@@ -71,8 +72,9 @@ class FamilyLayer(ap.LayerConfig):
 
     def setup(self, fb, case, max_ctx: int, device: str, use_paged: bool = False):
         """The kit's runner with the release's ModelConfig and derived window; the model's layer."""
-        runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
-                                           deterministic=use_paged and not releases.has_paged_switch())
+        with untouched_kv_pools():
+            runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
+                                               deterministic=use_paged and not releases.has_paged_switch())
         runner.model_config = self.built.model_config
         runner.sliding_window_size = self.built.runner_window
         releases.newer_release_attrs(runner)
@@ -88,9 +90,52 @@ class FamilyLayer(ap.LayerConfig):
         return (batch, *self.inputs(sum(case.extend_lens), case))
 
     def inputs(self, n_tokens: int, case):
-        return (torch.zeros(n_tokens, case.num_qo_heads * case.head_dim),
-                torch.zeros(n_tokens, case.num_kv_heads * case.head_dim),
-                torch.zeros(n_tokens, case.num_kv_heads * case.head_dim))
+        """Zero q, k, v in the runner's bf16, made once per shape in the process (no path writes
+        into them)."""
+        return tuple(_zeros(role, n_tokens, heads * case.head_dim)
+                     for role, heads in (("q", case.num_qo_heads), ("k", case.num_kv_heads), ("v", case.num_kv_heads)))
+
+
+_ZEROS: dict = {}
+
+
+def _zeros(role: str, n: int, width: int):
+    key = (role, n, width)
+    if key not in _ZEROS:
+        _ZEROS[key] = torch.zeros(n, width, dtype=torch.bfloat16)
+    return _ZEROS[key]
+
+
+class _LazyPoolTorch(types.ModuleType):
+    """``torch`` for the release's memory-pool module: a floating-point ``zeros`` (the KV buffers,
+    hundreds of MB at a 4096 window with 64 KV heads) is ``empty``, whose pages the OS maps only
+    where a path writes. The family audit reads the KV cache by shape only (``trace_values``);
+    integer pools (``req_to_token``, whose entries the backend reads) stay zeros."""
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name != "zeros":
+            return attr
+
+        def zeros(*a, dtype=None, **kw):
+            if (dtype or torch.get_default_dtype()).is_floating_point:
+                return torch.empty(*a, dtype=dtype, **kw)
+            return attr(*a, dtype=dtype, **kw)
+        return zeros
+
+
+@contextlib.contextmanager
+def untouched_kv_pools():
+    """:class:`_LazyPoolTorch` in ``sglang.srt.mem_cache.memory_pool`` while a runner is built
+    (0.5.13 memory_pool.py:1010 ``_create_buffers``: ``torch.zeros`` per layer); restored after."""
+    import importlib
+
+    mp = importlib.import_module("sglang.srt.mem_cache.memory_pool")
+    with harness._namespace(mp, {"torch": _LazyPoolTorch()}):
+        yield
 
 
 @contextlib.contextmanager
@@ -161,6 +206,34 @@ def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
     return d
 
 
+def reads_platform_once(fb) -> bool:
+    """Whether the backend reads the platform switch once: the ragged wrapper's backend at
+    construction (0.5.10 flashinfer_backend.py:249 ``is_sm100_supported()``, 0.5.23 :502
+    ``get_platform().is_sm100``), so a path that plans and runs no ragged wrapper records the same
+    calls on every GPU class and is driven once for all of them."""
+    import inspect
+
+    src = inspect.getsource(fb)
+    return src.count("is_sm100_supported()") + src.count("get_platform().is_sm100") == 1
+
+
+def uses_ragged(run) -> bool:
+    """A run that could differ with the platform switch: it planned or ran the ragged wrapper, or
+    was not driven (driven again, never assumed)."""
+    return bool(run.error) or any(p.cls == RAGGED for p in ak.pairs(run))
+
+
+def _record_once(memo: dict, run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
+    """:func:`record`, computed once per run and backend assignment: a GPU class whose FlashInfer
+    runs the same backend for every call of ``run`` (decode everywhere, paged fa2) shares it."""
+    if run.error:
+        return record(run, layer, intended, gpu)
+    key = (id(run), intended, tuple(backend_of(gpu)(p, p.plan[1]) for p in ak.pairs(run)))
+    if key not in memo:
+        memo[key] = record(run, layer, intended, gpu)
+    return copy.deepcopy(memo[key])
+
+
 # ----------------------------------------------------------------------------- one family
 def layers_of(built) -> list[FamilyLayer]:
     """The first layer of each kind transformers declares, as the model built it."""
@@ -175,18 +248,38 @@ def layers_of(built) -> list[FamilyLayer]:
     return out
 
 
-def audit_family(family: str, gpu: GpuClass, paths=None) -> dict:
-    """Build ``family`` with the importable release and drive every path x layer kind."""
+def audit_family(family: str, gpus, paths=None) -> dict:
+    """Build ``family`` with the importable release once and drive every path x layer kind once
+    per distinct platform switch (``gpu_env``: sm100 or not; sm80 and sm90 share the calls, which
+    each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``."""
     t0 = time.monotonic()
     small = small_config(family)
     built = fbuild.build(small, context_length(small.sliding_window or 0))
     t_build = time.monotonic() - t0
     layers = layers_of(built)
     fb = harness.backend_module()
-    with gpu_env(fb, gpu):
-        runs = [(ap.drive(p, layer, device="cpu"), layer) for p in paths or ap.PATHS for layer in layers]
-    t_drive = time.monotonic() - t0 - t_build
-    recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu) for r, layer in runs]
+    todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
+    out, first, one_switch = {}, None, reads_platform_once(fb)
+    for is_sm100 in dict.fromkeys(g.is_sm100 for g in gpus):
+        group = [g for g in gpus if g.is_sm100 == is_sm100]
+        t1 = time.monotonic()
+        with gpu_env(fb, group[0]):  # a later switch re-drives only what it can change
+            done = [first[i] if first and one_switch and not uses_ragged(first[i]) else ap.drive(p, x, device="cpu")
+                    for i, (p, x) in enumerate(todo)]
+        first, runs = first or done, list(zip(done, (x for _, x in todo)))
+        t_drive = time.monotonic() - t1
+        memo: dict = {}
+        for gpu in group:
+            t2 = time.monotonic()
+            recs = [_record_once(memo, r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu)
+                    for r, layer in runs]
+            out[gpu.name] = _document(family, gpu, small, built, layers, recs,
+                                      {"build": round(t_build, 1), "drive": round(t_drive, 1),
+                                       "keys": round(time.monotonic() - t2, 1)})
+    return out
+
+
+def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dict:
     return {"family": family, "gpu": {"name": gpu.name, "cards": gpu.cards},
             "config": {"hf_class": mc_name(family), "sliding_window": small.sliding_window, "head_dim": small.head_dim,
                        "num_qo_heads": small.num_qo_heads, "num_kv_heads": small.num_kv_heads, "cap": small.cap,
@@ -198,9 +291,7 @@ def audit_family(family: str, gpu: GpuClass, paths=None) -> dict:
             "kinds": {x.kind: {"layer": fbuild.layer_text(x.attn), "layer_window": x.window_left,
                                "intended_window": small.intended_window if x.kind == SLIDING else -1,
                                "cap": x.logit_cap} for x in layers},
-            "paths": recs,
-            "seconds": {"build": round(t_build, 1), "drive": round(t_drive, 1),
-                        "keys": round(time.monotonic() - t0 - t_build - t_drive, 1)}}
+            "paths": recs, "seconds": seconds}
 
 
 def mc_name(family: str) -> str:

@@ -13,7 +13,8 @@ In the child of ``audit --sglang X --model FAMILY`` (X's overlay first on ``sys.
 4. the runner's ``sliding_window_size`` derived by the release's own code: 0.5.16+
    ``resolve_sliding_window_size`` (0.5.23 model_runner_components/load_model_utils.py:144-157,
    called at model_runner.py:1353), before that the statements of ``ModelRunner.load_model`` that set
-   it (0.5.14 model_runner.py:1469-1482), executed on the built model and config.
+   it (0.5.14 model_runner.py:1469-1482; the same statements in 0.5.10 :1223-1236, 0.5.11 :1444-1457,
+   0.5.12 :1530-1543, 0.5.13 :1410-1423), executed on the built model and config.
 
 ``vllm._custom_ops`` is a placeholder (the rotary embedding imports it on a CPU host, 0.5.23
 rotary_embedding/base.py:138; nothing here runs a rotary).

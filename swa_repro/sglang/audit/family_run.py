@@ -2,13 +2,15 @@
 
 Parent (:func:`audit_families`): arguments checked (``families.check_args``), the release's overlay
 (``provision``), the families it serves read off its model files (a family it lacks, named: one
-line), then one child for all families (``overlay_run.run_child``, cached by content). To the
+line), then one child for all families and GPU classes (``overlay_run.run_child``), each (family,
+GPU class) cached by content (``core.cache.cached_cells``). To the
 child's document it adds what the release's own server code says about the family
 (``serving_path``: flashinfer kept or refused, the default prefill path and the default backend on
 that GPU class), and :func:`answer` turns both into the sentence a user acts on.
 
-Child: ``python -m swa_repro.sglang.audit.family_run --overlay DIR --out F --families a,b --gpu sm90``
-(``audit.family`` per family; a family the release cannot build is recorded with why).
+Child: ``python -m swa_repro.sglang.audit.family_run --overlay DIR --out F --families a,b --gpus sm90,sm100``
+(``audit.family`` per family, built once and driven once per platform switch for all the GPU classes;
+a family the release cannot build is recorded with why).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, import_release, overlay_for, \
-    run_child
+from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
+    overlay_for, run_child
 
 SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
 DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
@@ -28,28 +30,61 @@ ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA gr
 
 
 # ----------------------------------------------------------------------------- parent
+MODULE = "swa_repro.sglang.audit.family_run"
+
+
 def audit_families(version: str, family: str, gpu: str | None, *, fixes=None, note=print) -> dict:
     """Audit ``family`` (comma-separated, or ``all``) of release ``version`` on ``gpu``; ``fixes``:
     with these ``swa-repro patch --fix`` fixes applied to a copy of its overlay (``fix.overlay``)."""
+    names, gclass = fam.check_args(family, gpu)
+    return audit_release(version, family, [gclass.name], fixes=fixes, note=note)[gclass.name]
+
+
+def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, note=print) -> dict:
+    """``{gpu: document}`` for every GPU class in ``gpus``, from one child for the release (one
+    import of its sglang, each family built once, driven once per platform switch). Each (family,
+    GPU class) is cached on its own (``core.cache.cached_cells``): a later audit of fewer or other
+    cells of the same release reuses those made, and computes only the missing ones."""
+    from swa_repro.core.cache import cached_cells
     from swa_repro.sglang import provision
 
-    names, gclass = fam.check_args(family, gpu)
+    names, _ = fam.check_args(family, gpus[0] if gpus else None)
+    for g in gpus:
+        fam.check_args(family, g)
     if provision.parse(version) < provision.MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
-    overlay, info, fixed = overlay_for(version, fixes, note=note, doing=f"building {','.join(names)}")
+    said: list[str] = []  # the overlay's progress lines wait: a family the release lacks is the only line
+    overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}")
     names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
-    doc, secs, how = run_child("swa_repro.sglang.audit.family_run", overlay,
-                               ["--families", ",".join(names), "--gpu", gclass.name], f"auditing sglang {version}")
-    doc["release"].update(overlay_info=info, child_seconds=secs, result_cache=how, fixes=fixed)
+    for line in said:
+        note(line)
+    cells = [{"family": f, "gpu": g} for g in gpus for f in names]
+
+    def compute(missing):
+        fs, gs = list(dict.fromkeys(c["family"] for c in missing)), list(dict.fromkeys(c["gpu"] for c in missing))
+        doc, secs, _ = run_child(MODULE, overlay, ["--families", ",".join(fs), "--gpus", ",".join(gs)],
+                                 f"auditing sglang {version}", cache=False)
+        rel = {**doc["release"], "child_seconds": secs}
+        return [{"release": rel, "family": next(x for x in doc["by_gpu"][c["gpu"]] if x["family"] == c["family"])}
+                for c in missing]
+
+    docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute) if cells else ([], {})
     serving = _serving(overlay, version)
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
 
-    for f in doc["families"]:
-        f["serving"] = serving.get(f["family"])
-        f["answer"] = answer(f, gclass.name)
-        f["remedy"] = remedy(f["family"], cell_of(f), gclass.name)
-    return doc
+    out = {}
+    for g in gpus:
+        mine = [d for c, d in zip(cells, docs) if c["gpu"] == g]
+        rel = dict(mine[0]["release"]) if mine else {"sglang": version}
+        rel.update(overlay_info=info, result_cache=how, fixes=fixed)
+        fams = [d["family"] for d in mine]
+        for f in fams:
+            f["serving"] = serving.get(f["family"])
+            f["answer"] = answer(f, g)
+            f["remedy"] = remedy(f["family"], cell_of(f), g)
+        out[g] = {"release": rel, "gpu": g, "families": fams}
+    return out
 
 
 def _serving(overlay: Path, version: str) -> dict:
@@ -106,7 +141,7 @@ def answer(f: dict, gpu: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- child
-def child(overlay: Path, families: list[str], gpu: str) -> dict:
+def child(overlay: Path, families: list[str], gpus: list[str]) -> dict:
     t0 = time.monotonic()
     import_release(overlay)
     from swa_repro.sglang import harness
@@ -117,26 +152,28 @@ def child(overlay: Path, families: list[str], gpu: str) -> dict:
     vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
     harness.backend_module()
     t_import = time.monotonic() - t0
-    out = []
+    by_gpu = {g: [] for g in gpus}
     for name in families:
         try:
-            out.append(audit_family.audit_family(name, fam.GPU_CLASSES[gpu]))
+            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus])
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 
-            out.append({"family": name, "error": " ".join(releases.explain_error(e))})
+            docs = dict.fromkeys(gpus, {"family": name, "error": " ".join(releases.explain_error(e))})
+        for g in gpus:
+            by_gpu[g].append(docs[g])
     n = check_no_foreign(overlay)
     rel = audit_core.release_info()
     rel.update(origin="overlay", overlay=str(overlay), import_seconds=round(t_import, 1),
                audit_seconds=round(time.monotonic() - t0 - t_import, 1), sglang_modules_from_overlay=n)
-    return {"release": rel, "gpu": gpu, "families": out}
+    return {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
 
 
 def main(argv=None) -> int:
-    p = child_parser("swa_repro.sglang.audit.family_run")
+    p = child_parser(MODULE)
     p.add_argument("--families", required=True)
-    p.add_argument("--gpu", required=True, choices=tuple(fam.GPU_CLASSES))
-    return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpu), argv)
+    p.add_argument("--gpus", required=True, help=f"comma-separated, of {', '.join(fam.GPU_CLASSES)}")
+    return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(",")), argv)
 
 
 if __name__ == "__main__":

@@ -287,7 +287,8 @@ def _verify_batch(fb, cfg, spec: Spec, device: str, run: PathRun | None = None):
         from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
         batch.spec_info = releases.build(NgramVerifyInput, draft_token=draft, custom_mask=mask.to(device),
-                                         positions=batch.positions, draft_token_num=n)
+                                         positions=batch.positions, retrieve_index=None, retrieve_next_token=None,
+                                         retrieve_next_sibling=None, draft_token_num=n)
     else:
         from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 

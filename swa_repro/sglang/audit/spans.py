@@ -298,6 +298,8 @@ def _add(st: dict, rs: RequestSpans) -> None:
     st["extra_queries"].update(rs.rows[hits].tolist())
     if len(hits) and st["example"] is None:
         st["example"] = _example(rs, int(hits[0]), int(ex[hits[0]]))
+    if (ilo == ilo[:1]).all() and (ihi == ihi[:1]).all():  # every head sees the same ranges: count one
+        ilo, ihi = ilo[:1], ihi[:1]
     h, q, k = ilo.shape
     seen_lo, seen_hi = ilo.transpose(1, 0, 2).reshape(q, h * k).tolist(), ihi.transpose(1, 0, 2).reshape(q, h * k).tolist()
     want = [list(zip(a, b)) for a, b in zip(rs.want[0].tolist(), rs.want[1].tolist())]
