@@ -118,7 +118,7 @@ def fake_install(monkeypatch, no_work):
     ("0.5.23", ["--model", "gemma2,gemma3"], "--model takes one family"),
     ("0.5.23", ["--model", "gemma2", "--gpu", "sm75"], "--gpu 'sm75': choose one of sm80, sm90, sm100"),
     ("0.5.23", ["--gpu", "sm90"], "--gpu goes with --model"),
-    ("0.5.23", ["--model", "cohere2"], "--model cohere2: sglang 0.5.23 has no model file for Cohere2ForCausalLM"),
+    ("0.5.23", ["--model", "cohere2"], "--model cohere2: not in this release: sglang 0.5.23 has no model file for Cohere2ForCausalLM"),
     ("0.5.13", ["--model", "gemma2"], "sglang 0.5.13 is outside 0.5.14-0.5.23"),
     ("0.6.0", ["--model", "gemma2"], "sglang 0.6.0 is outside 0.5.14-0.5.23"),
     (None, ["--model", "gemma2"], "no sglang is installed here: install one"),
