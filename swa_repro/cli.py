@@ -23,7 +23,7 @@ COMMANDS = {
     "patch": ("swa_repro.sglang.patch.cli", "status/diff/apply/revert the sglang backend fix"),
     "sglang-check": ("swa_repro.sglang.check", "sglang's real backend, unpatched vs patched, vs the reference"),
     "replay": ("swa_repro.sglang.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
-    "audit": ("swa_repro.sglang.audit.cli", "plan/forward contract audit of sglang's FlashInfer calls"),
+    "audit": ("swa_repro.vllm.cli", "plan/forward contract audit of sglang's (or --vllm: vLLM's) FlashInfer calls"),
     "fuzz": ("swa_repro.evidence.fuzz", "the kernel model against the real kernel on random batches (GPU) or recordings"),
 }
 

@@ -19,8 +19,9 @@ ALLOWED = {
     "kernel": {"core", "kernel"},
     "evidence": {"core", "kernel", "evidence"},
     "sglang": {"core", "kernel", "evidence", "sglang"},
-    "notebook": {"core", "kernel", "evidence", "sglang", "notebook"},
-    "cli": {"core", "kernel", "evidence", "sglang", "notebook", "cli"},
+    "vllm": {"core", "kernel", "evidence", "sglang", "vllm"},
+    "notebook": {"core", "kernel", "evidence", "sglang", "vllm", "notebook"},
+    "cli": {"core", "kernel", "evidence", "sglang", "vllm", "notebook", "cli"},
 }
 MAX_LINES = 400
 

@@ -1,0 +1,29 @@
+"""``swa-repro audit`` with ``--vllm VERSION``: sglang's audit command (``sglang.audit.cli``) plus
+the vLLM audit (``vllm.audit``); without ``--vllm`` nothing changes."""
+
+from __future__ import annotations
+
+from swa_repro.sglang.audit import cli as sglang_cli
+
+
+def register(sub) -> None:
+    sglang_cli.register(sub)
+    p = sub.choices["audit"]
+    p.add_argument("--vllm", metavar="VERSION", help="audit this vLLM release's FlashInfer backend (0.20.0 or "
+                   "later; its wheel's Python files as a cached overlay, run in a subprocess): per layer kind and "
+                   "path (prefill, decode, mixed), the window, cap, scale and sinks asked vs told; with --model "
+                   "FAMILY (default gemma2) and --gpu sm80|sm90|sm100 (default sm90)")
+    sglang_func = p.get_default("func")
+
+    def func(a):
+        if a.vllm is None:
+            return sglang_func(a)
+        if a.sglang:
+            from swa_repro.core.errors import UsageError
+
+            raise UsageError("--vllm and --sglang: audit one project at a time")
+        from swa_repro.vllm import audit
+
+        return audit.main(a)
+
+    p.set_defaults(func=func)

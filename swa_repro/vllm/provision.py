@@ -1,0 +1,114 @@
+"""A vLLM release as a cached overlay *without its compiled extension*.
+
+The wheel (~240 MB, ~300 MB of it ``.so``) is fetched once into the shared cache
+(``core.cache.cache_root()/wheels/vllm``, ``pip download --no-deps``), and its Python files only
+are unpacked into ``cache_root()/vllm/X``: the audit never loads ``vllm._C`` (the FlashInfer calls
+are stand-ins, the platform is the audit's). vLLM's pure imports that this venv lacks
+(``DEPS``) go into ``X/.deps`` with ``uv pip install --no-deps --target`` (as sglang's overlay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+from swa_repro.sglang.provision import installer
+
+MIN_RELEASE = (0, 20, 0)
+MARKER = ".swa-repro-overlay.json"
+BACKEND = "vllm/v1/attention/backends/flashinfer.py"
+DEPS = ("cachetools", "blake3", "cbor2", "py-cpuinfo")  # imported on the way to the backend (0.34.0)
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
+
+
+def parse(version: str) -> tuple:
+    if not _VERSION.match(version or ""):
+        raise UsageError(f"--vllm {version!r}: give a release number such as 0.34.0 (see `pip index versions vllm`)")
+    nums = [int(x) for x in re.findall(r"\d+", version)]
+    return tuple(nums + [0] * (4 - len(nums)))
+
+
+def root() -> Path:
+    from swa_repro.core.cache import cache_root
+
+    return cache_root()
+
+
+def wheel(version: str) -> Path:
+    """The release's wheel in the shared cache, downloaded once."""
+    folder = root() / "wheels" / "vllm"
+    found = sorted(folder.glob(f"vllm-{version}-*.whl"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".dl-{version}"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(tmp),
+           f"vllm=={version}"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    got = sorted(tmp.glob("vllm-*.whl"))
+    if p.returncode != 0 or not got:
+        low = (p.stdout + p.stderr).lower()
+        why = ("is not on the package index: see `pip index versions vllm`" if "no matching distribution" in low
+               else "could not be downloaded (no network?)")
+        raise UsageError(f"vllm=={version} {why}")
+    dest = folder / got[0].name
+    got[0].rename(dest)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def provision(version: str) -> tuple[Path, dict]:
+    """``(overlay, info)``: the release's Python files and ``.deps``, unpacked now unless cached."""
+    if parse(version) < MIN_RELEASE:
+        raise UsageError(f"--vllm {version}: the audit drives vLLM 0.20.0 and later")
+    from swa_repro.core.cache import locked
+
+    target = root() / "vllm" / version
+    if (target / MARKER).is_file():
+        return target, {**json.loads((target / MARKER).read_text()), "cached": True}
+    with locked(target.with_name(f".{version}.lock")):
+        if (target / MARKER).is_file():
+            return target, {**json.loads((target / MARKER).read_text()), "cached": True}
+        return _unpack(version, target)
+
+
+def _unpack(version: str, target: Path) -> tuple[Path, dict]:
+    t0 = time.monotonic()
+    whl = wheel(version)
+    partial = target.with_name(f".{version}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with zipfile.ZipFile(whl) as z:
+        names = [n for n in z.namelist() if not n.endswith(".so")]
+        z.extractall(partial, names)
+    if not (partial / BACKEND).is_file():
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UsageError(f"vllm {version} has no {BACKEND}: the audit drives the v1 FlashInfer backend")
+    cmd = installer(partial / ".deps", "x")[:-1] + list(DEPS)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UsageError(f"installing {', '.join(DEPS)} for vllm {version} failed (no network?)")
+    info = {"vllm": version, "wheel": whl.name, "files": len(names), "deps": list(DEPS),
+            "unpack_seconds": round(time.monotonic() - t0, 1)}
+    (partial / MARKER).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target, {**info, "cached": False}
+
+
+def content_digest(overlay: Path) -> str:
+    """The release's RECORD (every shipped file's sha256) and the backend file's bytes."""
+    h = hashlib.sha256()
+    for rec in sorted(overlay.glob("vllm-*.dist-info/RECORD")):
+        h.update(rec.read_bytes())
+    b = overlay / BACKEND
+    h.update(b.read_bytes() if b.is_file() else b"<no backend>")
+    return h.hexdigest()
