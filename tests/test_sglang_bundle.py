@@ -1,6 +1,6 @@
 """`swa-repro bundle --sglang`: the sgl_kernel stub, the derived wheel set and MANIFEST.json (fake wheels,
 offline), --out refusals, sglang-check failing a run whose stub was called, scripts/gpu_sglang.sh with a
-fake python; one network test builds the real bundle and installs it under CPython 3.12."""
+fake python; one network test, in `make test-matrix`, builds the real bundle and installs it under CPython 3.12."""
 
 from __future__ import annotations
 
@@ -287,6 +287,8 @@ PY312 = _python312()
 
 @pytest.mark.network
 @pytest.mark.slow
+@pytest.mark.matrix  # the real wheels of a release's import chain (~30 s from nothing): make test-matrix;
+# make test builds, lists and installs bundles from stand-in wheels (the tests above)
 @pytest.mark.skipif(PY312 is None, reason="needs a CPython 3.12 to install the cp312 bundle")
 def test_real_bundle_installs_and_imports_under_cpython_312(tmp_path):
     from swa_repro.core.cache import cache_root

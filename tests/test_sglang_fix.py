@@ -193,13 +193,19 @@ def test_cli_refusals(argv, words, capsys):
 
 # ----------------------------------------------------------------------------- the audit of the fixed release
 def audit(version, *extra):
-    import subprocess
-    import sys
+    """``swa-repro audit --sglang VERSION --json EXTRA``, the CLI run in this process: the release's
+    child forks from this worker's warm server (``sglang.forkserver``) instead of a new interpreter
+    importing torch & co. again (the CLI as a subprocess: test_cli_errors, test_sglang_kit)."""
+    import contextlib
+    import io
 
-    p = subprocess.run([sys.executable, "-m", "swa_repro.cli", "audit", "--sglang", version, "--json", *extra],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout)
+    from swa_repro.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["audit", "--sglang", version, "--json", *extra])
+    assert rc == 0, err.getvalue()[-2000:]
+    return json.loads(out.getvalue())
 
 
 def test_committed_fixed_table_reads_every_release_fixed():
