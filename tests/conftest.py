@@ -92,6 +92,19 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(pytest.mark.skip(reason=why))
 
 
+def release_overlay(version: str):
+    """Release ``version``'s overlay, installed now if the cache lacks it (``provision``: from uv's
+    download cache or the package index). Only where it cannot be had at all (no network, no cached
+    wheel) does the test skip, saying so: a cold cache is no reason to skip (from nothing, the tests
+    that skipped on it were the ones CI ran last)."""
+    from swa_repro.sglang.provision import provision
+
+    try:
+        return provision(version, any_release=True)[0]
+    except Exception as e:  # noqa: BLE001 - no cached overlay and no package index
+        pytest.skip(f"cannot provision sglang=={version}: {e}")
+
+
 def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m swa_repro.cli ARGS` in a subprocess of this interpreter (the venv's python)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -101,12 +101,9 @@ def test_all_keeps_the_families_the_release_serves(no_work):
 
 # ----------------------------------------------------------------------------- 0.5.23's own code
 def _overlay_0_5_23():
-    from swa_repro.sglang.provision import MARKER, overlay_dir
+    from conftest import release_overlay
 
-    d = overlay_dir("0.5.23")
-    if not (d / MARKER).is_file():
-        pytest.skip("sglang 0.5.23's overlay is not in the cache (`swa-repro audit --sglang 0.5.23` installs it)")
-    return d
+    return release_overlay("0.5.23")
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,15 @@ pytest.importorskip("transformers")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402
-from swa_repro.sglang.provision import MARKER, overlay_dir  # noqa: E402
 
 OLD = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1")
 ENTRY = re.compile(r"^EntryClass\s*=\s*(\[[^\]]*\]|\w+)", re.M)
 
 
 def _overlay(version: str):
-    d = overlay_dir(version)
-    if not (d / MARKER).is_file():
-        pytest.skip(f"sglang {version}'s overlay is not in the cache (`swa-repro audit --sglang {version}` installs it)")
-    return d
+    from conftest import release_overlay
+
+    return release_overlay(version)
 
 
 def _registered(overlay) -> set[str]:

@@ -134,11 +134,10 @@ def test_doctor_model_bad_input_is_one_line_exit_2(installed, argv, must, fake_i
 
 # ----------------------------------------------------------------------------- the real thing (cached)
 def _baseline_overlay():
-    from swa_repro.sglang.provision import MARKER, overlay_dir
+    from conftest import release_overlay
 
     pytest.importorskip("sglang")
-    if not (overlay_dir(RELEASE) / MARKER).is_file():
-        pytest.skip(f"sglang {RELEASE}'s overlay is not in the cache (`swa-repro audit --sglang {RELEASE}` installs it)")
+    release_overlay(RELEASE)
 
 
 @pytest.mark.slow

@@ -24,12 +24,9 @@ RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0
 
 
 def _text(version: str, rel: str) -> str:
-    from swa_repro.sglang.provision import MARKER, overlay_dir
+    from conftest import release_overlay
 
-    d = overlay_dir(version)
-    if not (d / MARKER).is_file():
-        pytest.skip(f"sglang {version}'s overlay is not in the cache (`swa-repro audit --sglang {version}` installs it)")
-    return (d / "sglang" / rel).read_text()
+    return (release_overlay(version) / "sglang" / rel).read_text()
 
 
 def _ruff_dirty(code: str) -> str | None:
