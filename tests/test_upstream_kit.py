@@ -154,14 +154,13 @@ def _run(overlay: Path, files: list[Path], tmp_path: Path) -> dict:
     the overlay's release and backend file, its kit files, the test files, swa-repro's code and the
     interpreter; a change of any runs it again."""
     from swa_repro.core.cache import cached, code_hash, interpreter
-    from swa_repro.sglang.overlay_run import run_module
+    from swa_repro.sglang.overlay_run import child_env, run_module
     from swa_repro.sglang.provision import content_digest
 
     def run() -> dict:
         out = tmp_path / f"{overlay.name}.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
-        rc, _, err = run_module("swa_repro.sglang.fix.upstream_cpu", [str(overlay), str(out), *map(str, files)], env,
-                                tmp_path)
+        rc, _, err = run_module("swa_repro.sglang.fix.upstream_cpu", [str(overlay), str(out), *map(str, files)],
+                                child_env(), tmp_path)
         assert rc == 0 and out.is_file(), err[-3000:]
         return json.loads(out.read_text())
 

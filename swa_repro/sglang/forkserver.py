@@ -15,7 +15,8 @@ overlay's, or the run's), and the server imports them before the next fork. The 
 server is therefore as slow as a plain child; the ones after it are not.
 
 Linux only. ``fork`` is safe while the server has no thread but its main one: a preloaded module
-that starts one (pandas and datasets start pyarrow's pool) is left out from then on (:func:`serve`).
+that starts one (pandas and datasets start pyarrow's pool: none of :data:`SAFE_ROOTS`) is left out
+from then on (:func:`serve`).
 ``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
 per (environment, working directory, thread) and at most :data:`MAX_SERVERS`.
 """
@@ -38,7 +39,6 @@ MAX_EXECS = 2
 # A run forked from the server computes single-threaded (its tensors are small: tests/conftest.py
 # measured one OpenMP thread faster on 2 cores), and the server has no pool thread to fork over.
 SINGLE_THREADED = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-THREADED = ("datasets", "pandas", "pyarrow")  # importing them starts pyarrow's thread pool (found by serve's check)
 OWN_ROOTS = ("sglang", "sgl_kernel", "swa_repro", "__main__")  # the overlay's or the run's: never preloaded
 
 
@@ -164,7 +164,7 @@ def loaded_from_venv() -> list[str]:
 
 def _preload(names, denied: set) -> str | None:
     """Import ``names`` (parents first) but those under ``denied`` roots; stop at the first import
-    that starts a thread (pyarrow's pool, through pandas or datasets) and return its root: this
+    that starts a thread (a library with a pool of its own) and return its root: this
     process may then no longer fork."""
     import importlib
     import warnings
@@ -231,7 +231,7 @@ def serve() -> int:
 
     for k in SINGLE_THREADED:  # numpy's OpenBLAS starts its pool at import unless told one thread
         os.environ.setdefault(k, "1")
-    denied = set(THREADED) | set(filter(None, os.environ.pop(STATE[0], "").split(",")))
+    denied = set(filter(None, os.environ.pop(STATE[0], "").split(",")))
     carried = os.environ.pop(STATE[1], None)  # what the process before the exec had learned
     known = set(_read(Path(carried)).split()) if carried else set()
     if carried:

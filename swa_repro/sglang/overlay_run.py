@@ -97,10 +97,8 @@ def child_env() -> dict:
 def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
-        cmd = [sys.executable, "-m", module, "--overlay", str(overlay), "--out", str(out), *args]
-        env = child_env()
         t0 = time.monotonic()
-        rc, _, stderr = run_module(module, cmd[3:], env, Path(tmp))
+        rc, _, stderr = run_module(module, ["--overlay", str(overlay), "--out", str(out), *args], child_env(), Path(tmp))
         if rc != 0 or not out.is_file():
             last = [ln for ln in stderr.splitlines() if ln.strip()]
             raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")
