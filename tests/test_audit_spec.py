@@ -73,12 +73,9 @@ def test_the_key_model_starts_each_fa2_cta_at_its_first_rows_window():
 
 # ----------------------------------------------------------------------------- the layout vs sglang's kernel
 def _overlay(version="0.5.23"):
-    from swa_repro.sglang.provision import provision
+    from conftest import release_overlay
 
-    try:
-        return provision(version, any_release=True)[0]
-    except Exception as e:  # no cached overlay and no package index
-        pytest.skip(f"cannot provision sglang=={version}: {e}")
+    return release_overlay(version)
 
 
 @pytest.fixture(scope="module")

@@ -169,11 +169,9 @@ INSTALLED = Path(__file__).resolve().parents[1] / ".venv/lib/python3.11/site-pac
 def release(version: str) -> dict:
     if version == "0.5.15.post1" and (INSTALLED / "srt/server_args.py").is_file():
         return by_arch(INSTALLED, version)
-    from swa_repro.sglang.provision import provision
-    try:
-        root, _ = provision(version)
-    except Exception as e:  # no network / not installable: skip cleanly
-        pytest.skip(f"cannot provision sglang=={version}: {e}")
+    from conftest import release_overlay
+
+    root = release_overlay(version)
     return by_arch(root / "sglang", version)
 
 

@@ -22,12 +22,9 @@ TEST_FILE = DOCS / up.TEST
 
 @pytest.fixture(scope="module")
 def text():
-    from swa_repro.sglang.provision import provision
+    from conftest import release_overlay
 
-    try:
-        overlay, _ = provision(up.VERSION)
-    except Exception as e:  # no cached overlay and no package index
-        pytest.skip(f"cannot provision sglang=={up.VERSION}: {e}")
+    overlay = release_overlay(up.VERSION)
     return (overlay / "sglang" / up.REL_PATH).read_text()
 
 

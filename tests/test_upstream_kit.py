@@ -35,12 +35,9 @@ NAMES = (*ke.ORDER, ke.ALL)
 
 @pytest.fixture(scope="module")
 def overlay():
-    from swa_repro.sglang.provision import provision
+    from conftest import release_overlay
 
-    try:
-        return provision(up.VERSION)[0]
-    except Exception as e:  # no cached overlay and no package index
-        pytest.skip(f"cannot provision sglang=={up.VERSION}: {e}")
+    return release_overlay(up.VERSION)
 
 
 @pytest.fixture(scope="module")
