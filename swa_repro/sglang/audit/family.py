@@ -188,22 +188,42 @@ def cap_state(run, gpu: GpuClass) -> str:
     return "applied" if not why else "dropped (" + ", ".join(sorted(why)) + ")"
 
 
-def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
+def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass, memo: dict | None = None) -> dict:
     """One path x layer kind: status, what the plans carried, backends, keys, verdict, cap, and the
-    rows of its longest request as ranges (``audit.rows``: what a keys heatmap draws)."""
+    rows of its longest request as ranges (``audit.rows``: what a keys heatmap draws). ``memo``
+    (one per family, its runs kept alive): the parts a GPU class cannot change, computed once per
+    run (plans, findings) and once per run and :func:`spans.kernel_rule` of each call (keys, rows,
+    verdicts: all that :func:`spans.kernel_ranges` reads of the backend a GPU class runs)."""
     d = {"path": run.path, "kind": layer.kind, "layer": layer.name}
     if run.error:
         return {**d, "status": run.status, "why": run.error}
-    stages = spans.stage_spans(run, intended, backend_of(gpu))
-    keys = spans.summary(stages)
-    main = max(stages, key=lambda s: len(stages[s]["q_pos"]), default=None)
-    d.update(status="driven", plans=audit_core.plan_texts(run), wrappers=wrappers(run, gpu), keys=keys,
-             rows=None if main is None else {"stage": main, **(rows.request_rows(stages[main]) or {})},
-             verdict=ak.verdict(keys), cap=cap_state(run, gpu),
-             findings=[f.to_dict() for f in audit_core.analyze(run)])
-    if run.layer_window != intended:  # the same calls against the window the layer itself asked for
-        d["verdict_vs_layer"] = ak.verdict(spans.keys_of_run(run, run.layer_window, backend_of(gpu)))
+    memo = {} if memo is None else memo
+    be = backend_of(gpu)
+    same_run = (id(run), intended)
+    if same_run not in memo:
+        memo[same_run] = {"plans": audit_core.plan_texts(run), "findings": [f.to_dict() for f in audit_core.analyze(run)]}
+    same_ranges = (*same_run, tuple(spans.kernel_rule(p, p.plan[1], p.fwd[1], be(p, p.plan[1]))
+                                    for p in ak.pairs(run)))
+    if same_ranges not in memo:
+        memo[same_ranges] = _keys(run, intended, be)
+    common, k = copy.deepcopy(memo[same_run]), copy.deepcopy(memo[same_ranges])
+    d.update(status="driven", plans=common["plans"], wrappers=wrappers(run, gpu), keys=k["keys"], rows=k["rows"],
+             verdict=k["verdict"], cap=cap_state(run, gpu), findings=common["findings"])
+    if "verdict_vs_layer" in k:
+        d["verdict_vs_layer"] = k["verdict_vs_layer"]
     return d
+
+
+def _keys(run, intended: int, be) -> dict:
+    """:func:`record`'s key counts, rows and verdicts of ``run`` against ``intended``."""
+    stages = spans.stage_spans(run, intended, be)
+    keys = spans.summary(stages)
+    main = max(stages, key=lambda s: len(spans.stage_rows(stages[s])["rows"]), default=None)
+    out = {"keys": keys, "rows": None if main is None else {"stage": main, **(rows.request_rows(stages[main]) or {})},
+           "verdict": ak.verdict(keys)}
+    if run.layer_window != intended:  # the same calls against the window the layer itself asked for
+        out["verdict_vs_layer"] = ak.verdict(spans.keys_of_run(run, run.layer_window, be))
+    return out
 
 
 def reads_platform_once(fb) -> bool:
@@ -221,17 +241,6 @@ def uses_ragged(run) -> bool:
     """A run that could differ with the platform switch: it planned or ran the ragged wrapper, or
     was not driven (driven again, never assumed)."""
     return bool(run.error) or any(p.cls == RAGGED for p in ak.pairs(run))
-
-
-def _record_once(memo: dict, run, layer: FamilyLayer, intended: int, gpu: GpuClass) -> dict:
-    """:func:`record`, computed once per run and backend assignment: a GPU class whose FlashInfer
-    runs the same backend for every call of ``run`` (decode everywhere, paged fa2) shares it."""
-    if run.error:
-        return record(run, layer, intended, gpu)
-    key = (id(run), intended, tuple(backend_of(gpu)(p, p.plan[1]) for p in ak.pairs(run)))
-    if key not in memo:
-        memo[key] = record(run, layer, intended, gpu)
-    return copy.deepcopy(memo[key])
 
 
 # ----------------------------------------------------------------------------- one family
@@ -260,6 +269,8 @@ def audit_family(family: str, gpus, paths=None) -> dict:
     fb = harness.backend_module()
     todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
     out, first, one_switch = {}, None, reads_platform_once(fb)
+    memo: dict = {}  # record()'s shared parts, keyed by id(run): every run stays alive in `kept`
+    kept = []
     for is_sm100 in dict.fromkeys(g.is_sm100 for g in gpus):
         group = [g for g in gpus if g.is_sm100 == is_sm100]
         t1 = time.monotonic()
@@ -267,11 +278,11 @@ def audit_family(family: str, gpus, paths=None) -> dict:
             done = [first[i] if first and one_switch and not uses_ragged(first[i]) else ap.drive(p, x, device="cpu")
                     for i, (p, x) in enumerate(todo)]
         first, runs = first or done, list(zip(done, (x for _, x in todo)))
+        kept.append(done)
         t_drive = time.monotonic() - t1
-        memo: dict = {}
         for gpu in group:
             t2 = time.monotonic()
-            recs = [_record_once(memo, r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu)
+            recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu, memo)
                     for r, layer in runs]
             out[gpu.name] = _document(family, gpu, small, built, layers, recs,
                                       {"build": round(t_build, 1), "drive": round(t_drive, 1),

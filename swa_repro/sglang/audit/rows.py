@@ -26,17 +26,63 @@ def request_rows(stage: dict) -> dict | None:
     """The request of ``stage`` (``spans.stage_spans``' value) with the most rows, encoded; None
     without rows. ``undefined``: positions whose output is no masked softmax (split-KV without
     the window), drawn as such, never as keys."""
-    by_req: dict[int, list[int]] = {}
-    for t, r in stage["request"].items():
-        by_req.setdefault(r, []).append(t)
-    if not by_req:
+    import numpy as np
+
+    from swa_repro.sglang.audit import rowsets
+    from swa_repro.sglang.audit.spans import stage_rows
+
+    sr = stage_rows(stage)
+    if not len(sr["rows"]):
         return None
-    rows = max(by_req.values(), key=len)
-    q = {t: int(stage["q_pos"][t]) for t in rows}
-    defined = sorted((q[t], t) for t in rows if t in stage["seen"])
-    lines = [(p, merge(stage["seen"][t][0]), merge(stage["seen"][t][1])) for p, t in defined]
-    return {"queries": len(rows), "undefined": merge((q[t], q[t]) for t in rows if t not in stage["seen"]),
-            "runs": encode(lines)}
+    by_first = np.argsort(sr["order"], kind="stable")  # rows in the order they first came
+    reqs = sr["request"][by_first]
+    counts = {}
+    for r in reqs.tolist():  # requests in the order their first row came: the first of the largest wins
+        counts[r] = counts.get(r, 0) + 1
+    chosen = max(counts, key=counts.get)
+    mine = reqs == chosen
+    rows, q = sr["rows"][by_first][mine], sr["q_pos"][by_first][mine]
+    defined = np.isin(rows, sr["defined"])
+    order = np.lexsort((rows[defined], q[defined]))
+    return {"queries": len(rows), "undefined": merge((p, p) for p in q[~defined].tolist()),
+            "runs": encode_flat(q[defined][order], rows[defined][order], rowsets.union(sr["want"]), sr["seen"])}
+
+
+def encode_flat(q, t, want, seen) -> list[dict]:
+    """:func:`encode` of the lines ``(q[k], want of row t[k], seen of row t[k])`` (``q``
+    ascending; ``want`` and ``seen`` ``rowsets.union`` forms), over arrays: a row joins the
+    previous row's run where its position is the next, its range counts the same, and (from the
+    run's third row on) its endpoints move by the run's step."""
+    import numpy as np
+
+    from swa_repro.sglang.audit import rowsets
+
+    if not len(t):
+        return []
+    wlo, whi, nw = rowsets.padded(want, t)
+    slo, shi, ns = rowsets.padded(seen, t)
+    flat = np.concatenate([np.stack([wlo, whi], 2).reshape(len(t), -1), np.stack([slo, shi], 2).reshape(len(t), -1)], 1)
+    split = 2 * wlo.shape[1]  # want's slots, then seen's (a row's unused slots hold 0)
+    step = np.zeros_like(flat)
+    step[1:] = flat[1:] - flat[:-1]  # meaningful where the shapes agree (unused slots are 0 in both)
+    follows = np.zeros(len(t), bool)
+    follows[1:] = (q[1:] == q[:-1] + 1) & (nw[1:] == nw[:-1]) & (ns[1:] == ns[:-1])
+    same = np.zeros(len(t), bool)
+    same[2:] = (step[2:] == step[1:-1]).all(1)
+    starts, start = [0], 0
+    for i in np.flatnonzero(~follows | ~same).tolist():  # where a run may end; elsewhere a row joins
+        if i and (not follows[i] or i != start + 1):
+            starts.append(i)
+            start = i
+    ends = starts[1:] + [len(t)]
+    runs = []
+    for a, b in zip(starts, ends):
+        n_w, n_s = int(nw[a]), int(ns[a])
+        d = step[a + 1] if b - a > 1 else np.zeros_like(step[a])
+        runs.append({"q": int(q[a]), "n": b - a, "want": np.stack([wlo[a, :n_w], whi[a, :n_w]], 1).tolist(),
+                     "seen": np.stack([slo[a, :n_s], shi[a, :n_s]], 1).tolist(),
+                     "step": d[:2 * n_w].tolist() + d[split:split + 2 * n_s].tolist()})
+    return runs
 
 
 def _flat(want, seen) -> tuple:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from swa_repro.sglang.audit import keys as ak
+from swa_repro.sglang.audit import rowsets
 from swa_repro.sglang.audit.env import DECODE, PAGED, RAGGED
 
 BIG = 1 << 62
@@ -115,9 +116,9 @@ def kernel_ranges(p: ak.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int,
     causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
     mask = plan.get("custom_mask")
     compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
-    applied = w if compiled and backend != "cutlass" else -1
-    spans = CallSpans(qo, kv, causal, applied)
-    if not compiled and w >= 0 and p.cls == PAGED and mask is None and causal and backend == "fa2":
+    rule = kernel_rule(p, plan, fwd, backend)
+    spans = CallSpans(qo, kv, causal, w if compiled and rule != "cutlass" else -1)
+    if rule == "fa2 leak":
         return _fa2_leak(plan, w, req, geo)
     if mask is None:
         return spans.ranges()
@@ -127,6 +128,20 @@ def kernel_ranges(p: ak.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int,
     if w >= 0 and p.cls == PAGED:  # a custom mask runs on fa2: each CTA starts at its first row's window
         lo = np.maximum(lo, _cta_start(plan, geo, qo, kv, w)[:, :, None])
     return lo, np.where(hi >= lo, hi, lo - 1)
+
+
+def kernel_rule(p: ak.Pair, plan: dict, fwd: dict, backend: str) -> str:
+    """All that :func:`kernel_ranges` reads of the backend FlashInfer runs: ``cutlass`` (a window
+    compiled in but not applied), ``fa2 leak`` (a paged causal fa2 call planned without the window
+    and run with one: the kernel model's CTA leak), else ``other``. Two GPU classes whose calls
+    get the same rules let every row see the same keys."""
+    compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
+    if compiled and backend == "cutlass":
+        return "cutlass"
+    causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
+    if not compiled and w >= 0 and p.cls == PAGED and plan.get("custom_mask") is None and causal and backend == "fa2":
+        return "fa2 leak"
+    return "other"
 
 
 def _cta_start(plan: dict, geo, qo: int, kv: int, w: int) -> np.ndarray:
@@ -217,22 +232,6 @@ def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[Reques
 
 
 # ----------------------------------------------------------------------------- per path x layer
-def _measure_missing(want, seen) -> int:
-    """``|want - union(seen)|``, both lists of inclusive id ranges (want disjoint)."""
-    merged = []
-    for lo, hi in sorted(r for r in seen if r[1] >= r[0]):
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    total = 0
-    for wl, wh in want:
-        if wh < wl:
-            continue
-        total += wh - wl + 1 - sum(max(min(wh, h) - max(wl, lo) + 1, 0) for lo, h in merged)
-    return total
-
-
 def _example(rs: RequestSpans, r: int, n_extra: int) -> dict:
     """The first extra query: its position and (at most 8) extra key positions, one row of length kv."""
     kv = len(rs.k_pos)
@@ -257,14 +256,15 @@ def keys_of_run(run, window: int | None = None, backend_of=default_backend) -> d
 
 
 def stage_spans(run, window: int | None = None, backend_of=default_backend) -> dict:
-    """Per stage, every call's requests folded in (:func:`_add`): counts, and per token row its
-    position, request and the id ranges it intends and is let see (``audit.rows`` draws them)."""
+    """Per stage, every call's requests folded in (:func:`_add`): counts, and per call its token
+    rows, their positions and request, and the id ranges each row intends and is let see
+    (``audit.rowsets``; :func:`stage_rows` joins them per row, ``audit.rows`` draws them)."""
     window = run.layer_window if window is None else window
     stages: dict[str, dict] = {}
     for p in ak.pairs(run):
-        st = stages.setdefault(p.stage, {"calls": 0, "queries": set(), "extra_queries": set(), "extra_keys": 0,
-                                         "max_extra_per_query": 0, "foreign_keys": 0, "undefined_rows": 0,
-                                         "seen": {}, "q_pos": {}, "request": {}, "example": None})
+        st = stages.setdefault(p.stage, {"calls": 0, "extra_keys": 0, "max_extra_per_query": 0, "foreign_keys": 0,
+                                         "undefined_rows": 0, "example": None, "requests": [], "extra_rows": [],
+                                         "defined": []})
         st["calls"] += 1
         for rs in call_spans(p, run.snapshot, window, backend_of(p, p.plan[1])):
             _add(st, rs)
@@ -273,18 +273,20 @@ def stage_spans(run, window: int | None = None, backend_of=default_backend) -> d
 
 def summary(stages: dict) -> dict:
     """:func:`stage_spans` -> :func:`keys_of_run`'s counts per stage."""
-    return {name: {"calls": st["calls"], "queries": len(st["queries"]), "queries_with_extra": len(st["extra_queries"]),
-                   "extra_keys": st["extra_keys"], "max_extra_per_query": st["max_extra_per_query"],
-                   "missing_keys": sum(_measure_missing(w, s) for w, s in st["seen"].values()),
-                   "foreign_keys": st["foreign_keys"], "undefined_rows": st["undefined_rows"], "example": st["example"]}
-            for name, st in stages.items()}
+    out = {}
+    for name, st in stages.items():
+        rows = stage_rows(st)
+        out[name] = {"calls": st["calls"], "queries": len(rows["rows"]),
+                     "queries_with_extra": len(np.unique(np.concatenate([np.zeros(0, np.int64), *st["extra_rows"]]))),
+                     "extra_keys": st["extra_keys"], "max_extra_per_query": st["max_extra_per_query"],
+                     "missing_keys": rows["missing"], "foreign_keys": st["foreign_keys"],
+                     "undefined_rows": st["undefined_rows"], "example": st["example"]}
+    return out
 
 
 def _add(st: dict, rs: RequestSpans) -> None:
     """One request of one call into its stage's counts."""
-    st["queries"].update(rs.rows.tolist())
-    st["q_pos"].update(zip(rs.rows.tolist(), rs.q_pos.tolist()))
-    st["request"].update((t, rs.req) for t in rs.rows.tolist())
+    st["requests"].append((np.asarray(rs.rows, np.int64), np.asarray(rs.q_pos, np.int64), rs.req))
     st["foreign_keys"] += int((rs.k_pos < 0).sum())
     if rs.seen is None:
         st["undefined_rows"] += len(rs.rows)
@@ -295,13 +297,39 @@ def _add(st: dict, rs: RequestSpans) -> None:
     st["extra_keys"] += int(ex.sum())
     st["max_extra_per_query"] = max(st["max_extra_per_query"], int(ex.max()))
     hits = np.nonzero(ex)[0]
-    st["extra_queries"].update(rs.rows[hits].tolist())
+    st["extra_rows"].append(np.asarray(rs.rows[hits], np.int64))
     if len(hits) and st["example"] is None:
         st["example"] = _example(rs, int(hits[0]), int(ex[hits[0]]))
-    if (ilo == ilo[:1]).all() and (ihi == ihi[:1]).all():  # every head sees the same ranges: count one
-        ilo, ihi = ilo[:1], ihi[:1]
-    h, q, k = ilo.shape
-    seen_lo, seen_hi = ilo.transpose(1, 0, 2).reshape(q, h * k).tolist(), ihi.transpose(1, 0, 2).reshape(q, h * k).tolist()
-    want = [list(zip(a, b)) for a, b in zip(rs.want[0].tolist(), rs.want[1].tolist())]
-    for r, t in enumerate(rs.rows.tolist()):
-        st["seen"].setdefault(t, (want[r], []))[1].extend(zip(seen_lo[r], seen_hi[r]))
+    rows = np.asarray(rs.rows, np.int64)
+    st["defined"].append((rows, rs.want, rowsets.union(rowsets.flat(rows[None, :, None], ilo, ihi))))
+
+
+def stage_rows(st: dict) -> dict:
+    """Per token row of a stage (memoized in ``st``): ``rows`` every row once, its position and
+    request (``q_pos``, ``request``: the last call's, as a dict update keeps), ``order``: each
+    row's first appearance; of the rows some call defined, ``want`` the ranges the first such
+    call intends for it (``rowsets.flat``, as given), ``seen`` the union of what every call lets
+    it see (``rowsets.union``), and ``missing``: intended ids no call lets it see."""
+    if "_rows" in st:
+        return st["_rows"]
+    t = np.concatenate([np.zeros(0, np.int64), *(r for r, _, _ in st["requests"])])
+    q = np.concatenate([np.zeros(0, np.int64), *(p for _, p, _ in st["requests"])])
+    req = np.concatenate([np.zeros(0, np.int64), *(np.full(len(r), i, np.int64) for r, _, i in st["requests"])])
+    rows, first = np.unique(t, return_index=True)
+    last = len(t) - 1 - np.unique(t[::-1], return_index=True)[1]
+    d_rows = np.concatenate([np.zeros(0, np.int64), *(r for r, _, _ in st["defined"])])
+    picked = np.zeros(len(d_rows), bool)
+    picked[np.unique(d_rows, return_index=True)[1]] = True  # the first call that defines each row
+    wants, at = [], 0
+    for r, (wlo, whi), _ in st["defined"]:
+        k = picked[at:at + len(r)]
+        wants.append(rowsets.RowRanges(*(np.asarray(a, np.int64) for a in np.broadcast_arrays(
+            r[k][:, None], wlo[k], whi[k]))))
+        at += len(r)
+    want = rowsets.RowRanges(*(np.concatenate([np.zeros(0, np.int64), *(getattr(w, f).ravel() for w in wants)])
+                               for f in ("t", "lo", "hi")))
+    seen = rowsets.union(rowsets.concat(u for _, _, u in st["defined"]))
+    missing = int(np.clip(want.hi - want.lo + 1, 0, None).sum() - rowsets.overlap_sizes(seen, want.t, want.lo, want.hi).sum())
+    st["_rows"] = {"rows": rows, "q_pos": q[last], "request": req[last], "order": first, "defined": np.unique(d_rows),
+                   "want": want, "seen": seen, "missing": missing}
+    return st["_rows"]
