@@ -242,11 +242,10 @@ def _family_table(a) -> int:
         if provision.parse(v) < provision.MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
-    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr))
-    from swa_repro.sglang.audit import family_fix
+    from swa_repro.sglang.audit.family_fix import FIXED_RELEASE
 
-    if family_fix.FIXED_RELEASE in versions:  # the companion table: that release with --fix all
-        table["fixed"] = family_fix.fixed_cells(gpus, note=lambda s: print(s, file=sys.stderr))
+    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
+                               fixed=FIXED_RELEASE if FIXED_RELEASE in versions else None)  # the companion table
     md, js = family_table.write(table, a.out)
     print(f"wrote {md} and {js}")
     return 0

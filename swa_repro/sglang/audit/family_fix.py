@@ -63,17 +63,14 @@ def remedy_text(r: dict) -> str:
 # ----------------------------------------------------------------------------- the companion table
 def fixed_cells(gpus, version: str = FIXED_RELEASE, note=print) -> dict:
     """``{"sglang", "command", "cells": {gpu: {family: cell}}}``: every family of ``version`` audited
-    with ``--fix all`` (``fix.overlay``) on each GPU class."""
-    from swa_repro.sglang.audit.family_run import audit_families
+    with ``--fix all`` (``fix.overlay``) on each GPU class, by one child for all of them."""
+    from swa_repro.sglang.audit.family_run import audit_release
     from swa_repro.sglang.audit.family_table import cell_of
     from swa_repro.sglang.fix import parse_names
 
-    cells = {}
-    for g in gpus:
-        doc = audit_families(version, "all", g, fixes=parse_names("all"), note=note)
-        cells[g] = {f["family"]: cell_of(f) for f in doc["families"]}
+    docs = audit_release(version, "all", list(gpus), fixes=parse_names("all"), note=note)
     return {"sglang": version, "command": f"swa-repro audit --sglang {version} --model all --gpu G --fix all",
-            "cells": cells}
+            "cells": {g: {f["family"]: cell_of(f) for f in docs[g]["families"]} for g in gpus}}
 
 
 def markdown(table: dict, fams: list[str], short) -> list[str]:

@@ -61,27 +61,42 @@ def cell_of(f: dict) -> dict:
             "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad}
 
 
-def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print) -> dict:
+def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None) -> dict:
     """Audit every family of each release on every GPU class: one child per release serves them all
-    (``family_run.audit_release``), ``jobs`` releases at a time."""
+    (``family_run.audit_release``), ``jobs`` at a time, and with ``fixed`` (a release) the companion
+    table of that release with ``--fix all`` (``family_fix.fixed_cells``) as one more child in the
+    same pool. Longest first, so no long child starts last: the companion (every family, every fix)
+    and then the newest releases (they serve the most families; 0.5.23's child takes a third longer
+    than 0.5.10's)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swa_repro.core.errors import UsageError
+    from swa_repro.sglang import provision
+    from swa_repro.sglang.audit.family_fix import fixed_cells
     from swa_repro.sglang.audit.family_run import audit_release
 
-    def one(v):
+    def one(task):
+        kind, v = task
+        if kind == "fixed":
+            return task, fixed_cells(gpus, v, note=note)
         try:
-            return v, audit_release(v, "all", list(gpus), note=note)
+            return task, audit_release(v, "all", list(gpus), note=note)
         except UsageError as e:  # a release this machine cannot install or run: a row that says so
             note(f"sglang {v}: {e}")
-            return v, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
+            return task, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
 
+    tasks = [("fixed", fixed)] * bool(fixed) + [("release", v) for v in sorted(versions, key=provision.parse,
+                                                                                 reverse=True)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        done = dict(ex.map(one, versions))
+        got = dict(ex.map(one, tasks))
+    done = {v: got["release", v] for v in versions}
     rows = [{"sglang": v, "gpu": g, "error": done[v][g]["release"].get("error"),
              "cells": {f["family"]: cell_of(f) for f in done[v][g]["families"]}} for g in gpus for v in versions]
     docs = [done[v][gpus[0]] for v in versions if "state" in done[v][gpus[0]]["release"]]
-    return {"provenance": provenance(command, docs), "gpus": list(gpus), "rows": rows}
+    table = {"provenance": provenance(command, docs), "gpus": list(gpus), "rows": rows}
+    if fixed:
+        table["fixed"] = got["fixed", fixed]
+    return table
 
 
 def write(table: dict, out: Path = TABLE_DIR) -> tuple[Path, Path]:
