@@ -108,6 +108,8 @@ def main(argv=None) -> int:
            "runs": runs}
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
     for k, r in runs.items():
+        if k.endswith("_earlier"):  # the earlier runs of a target: a list, rendered by REPORT.md
+            continue
         print(f"{k}: {r['wall_s']} s (exit {r['returncode']}; load {r['loadavg_before']} -> {r['loadavg_after']})")
     return 0
 
