@@ -1,11 +1,11 @@
 """docs/upstream: the committed diffs are what the generator makes of sglang 0.5.23's file and apply
-to it. The regression test and the kit diffs, and their CPU runs: tests/test_upstream_kit.py."""
+to it. The regression test and the kit diffs, and their CPU runs: tests/test_upstream_kit.py; the
+git-am series and git apply: tests/test_upstream_series.py."""
 
 from __future__ import annotations
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,59 +133,3 @@ def test_each_diff_is_ruff_clean(text, name):
         pytest.skip(f"no diff for {name}")
     bad = _ruff_clean(up.plus_side(text, p.read_text()))
     assert bad is None, f"ruff format rewrites {name}.diff's file:\n{bad}"
-
-
-def _git(cwd, *args):
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z",
-                               "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t"})
-
-
-@pytest.fixture()
-def checkout(text, tmp_path):
-    """A git repository holding 0.5.23's backend file and attention kit where sglang's repository holds them."""
-    from swa_repro.sglang.fix import kit_edits
-    from swa_repro.sglang.provision import provision
-
-    f = tmp_path / up.REPO_PATH
-    f.parent.mkdir(parents=True)
-    f.write_text(text)
-    for rel in kit_edits.FILES:  # the attention kit the last commit edits, as 0.5.23 ships it
-        kit = tmp_path / "python" / rel
-        kit.parent.mkdir(parents=True, exist_ok=True)
-        kit.write_text((provision(up.VERSION)[0] / rel).read_text())
-    for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "0.5.23")):
-        r = _git(tmp_path, *args)
-        assert r.returncode == 0, r.stderr
-    return tmp_path, f
-
-
-@pytest.mark.parametrize("name", [*ORDER, "all"])
-def test_each_diff_applies_alone_with_git_apply(checkout, name):
-    repo, _ = checkout
-    p = DOCS / f"{name}.diff"
-    if not p.exists():
-        pytest.skip(f"no diff for {name}")
-    r = _git(repo, "apply", "--check", str(p))
-    assert r.returncode == 0, r.stderr
-
-
-def test_series_applies_stacked_with_git_am_and_ends_at_all_diff(checkout, text):
-    repo, f = checkout
-    series = DOCS / "series"
-    names = (series / "series").read_text().split()
-    assert names == sorted(names) and len(names) >= 6
-    for k, name in enumerate(names, 1):
-        r = _git(repo, "am", "-q", "--keep-non-patch", str(series / name))
-        assert r.returncode == 0, f"{name} does not apply on top of the {k - 1} before it: {r.stderr}"
-        assert _ruff_clean(f.read_text()) is None, f"after {name} the file is not ruff-clean"
-    assert f.read_text() == apply_fixes(text, ORDER) == up.plus_side(text, (DOCS / "all.diff").read_text())
-    log = _git(repo, "log", "--format=%s", f"-{len(names)}").stdout.splitlines()[::-1]
-    assert all(s.startswith("[FlashInfer] ") for s in log) and len(set(log)) == len(names)
-    # the last commit adds the regression test where sglang keeps its attention tests
-    assert (repo / up.TEST).read_text() == (DOCS / up.TEST).read_text()
-    from swa_repro.sglang.fix import kit_edits
-
-    touched = set(_git(repo, "show", "--name-only", "--format=", "HEAD").stdout.split())
-    assert "test" in log[-1] and touched == {up.TEST, *(f"python/{rel}" for rel in kit_edits.FILES)}

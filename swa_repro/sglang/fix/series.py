@@ -1,18 +1,21 @@
 """The fixes as one PR-ready patch series against sglang's repository: ``git am`` applies it.
 
-Each finding with an edit of its own (``fix.ORDER``, less what the release already has and what
-only combines others) is one commit. Patch ``k`` is the difference between the file with the first
-``k - 1`` fixes and with the first ``k`` (``apply_fixes`` on the release's own text, in ``ORDER``),
-so the series stacks without conflicts and ends exactly at ``all.diff``'s file; each finding's
-stand-alone ``<finding>.diff`` (``upstream.diffs``) applies to the shipped file alone. Extra
-commits (the regression test, the kit's case lists) come after the fixes.
+Each finding with an edit of its own in the release (``fix.ALL``: the backend's plan-time findings,
+then the family- and GPU-class-level ones; less what the release already has, read from its code,
+and what only combines others) is one commit of the one file it edits. Patch ``k`` is the
+difference between that file with the fixes of it before ``k`` and with them and ``k``'s
+(``apply_fixes`` on the release's own text, in ``ALL``'s order), so the series stacks without
+conflicts and ends at ``swa-repro patch apply --fix all``'s files (the backend: ``all.diff``'s file
+plus the family fixes of the backend); each finding's stand-alone ``<finding>.diff``
+(``upstream.diffs``, ``upstream_family.diff_of``) applies to the shipped file alone. Extra commits
+(the regression test, the kit's case lists) come after the fixes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, states
+from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, apply_fixes, states
 
 AUTHOR = "swa-repro <swa-repro@users.noreply.github.com>"
 DATE = "Thu, 1 Jan 1970 00:00:00 +0000"  # fixed, so that a regenerated series is byte-identical
@@ -33,24 +36,40 @@ SUBJECTS = {
     "dflash_verify_window": "[FlashInfer] DFlash verify: plan window_left on the sliding-window wrapper",
     "soft_cap_prefill": "[FlashInfer] plan logits_soft_cap for prefill, refuse a layer with another cap",
     "soft_cap_decode": "[FlashInfer] plan logits_soft_cap for decode, refuse a layer with another cap",
+    "commandr_window_hook": "[Model] Cohere2: derive the sliding window, in RadixAttention's count",
+    "sm100_no_cutlass_window": "[FlashInfer] sm100: ragged prefill keeps fa2 for a sliding window or soft cap",
 }
 
 
-def own_fixes(text: str) -> tuple[str, ...]:
-    """The findings of ``text`` that are one commit each: needed, with an edit of their own."""
-    st = states(text)
-    return tuple(n for n in ORDER if st[n].state != "applied" and not FIXES[n].requires)
+def own_fixes(text: str, file: str = BACKEND, names=ORDER) -> tuple[str, ...]:
+    """The fixes of ``names`` that edit ``file`` and are one commit each in ``text`` (that file's):
+    needed, with an edit of their own."""
+    st = states(text, names, file)
+    return tuple(n for n in st if st[n].state != "applied" and not FIXES[n].requires)
 
 
-def fix_commits(text: str, unified, body) -> list[Commit]:
-    """One commit per :func:`own_fixes`, stacked; ``unified(old, new)`` makes a diff, ``body(name)``
-    a commit message body."""
-    out, cur, done = [], text, []
-    for n in own_fixes(text):
-        done.append(n)
-        new = apply_fixes(text, tuple(done))
-        out.append(Commit(n, SUBJECTS[n], body(n), unified(cur, new)))
-        cur = new
+def fix_names(texts: dict[str, str]) -> tuple[str, ...]:
+    """The fix commits' findings, in the series' order (``texts`` as :func:`fix_commits` takes it)."""
+    own = {n for f, t in texts.items() for n in own_fixes(t, f, ALL)}
+    return tuple(n for n in ALL if n in own)
+
+
+def patch_name(k: int, slug: str) -> str:
+    """``git format-patch``'s file name of the series' ``k``-th commit (1-based)."""
+    return f"{k:04d}-{slug.replace('_', '-')}.patch"
+
+
+def fix_commits(texts: dict[str, str], unified, body) -> list[Commit]:
+    """One commit per :func:`own_fixes` of each file of ``texts`` (file under the sglang package ->
+    the release's text), in ``ALL``'s order, stacked per file; ``unified(old, new, path)`` makes a
+    diff of sglang's repository ``path``, ``body(name)`` a commit message body."""
+    out, cur, done = [], dict(texts), {f: [] for f in texts}
+    for n in fix_names(texts):
+        f = FIXES[n].file
+        done[f].append(n)
+        new = apply_fixes(texts[f], tuple(done[f]), f)
+        out.append(Commit(n, SUBJECTS[n], body(n), unified(cur[f], new, f"python/sglang/{f}")))
+        cur[f] = new
     return out
 
 
@@ -65,7 +84,7 @@ def write_series(out, commits: list[Commit]) -> list:
     """``out/000k-<slug>.patch`` and ``out/series`` (the order, as quilt lists it); stale patches of
     an earlier series are removed."""
     out.mkdir(parents=True, exist_ok=True)
-    names = [f"{k:04d}-{c.slug.replace('_', '-')}.patch" for k, c in enumerate(commits, 1)]
+    names = [patch_name(k, c.slug) for k, c in enumerate(commits, 1)]
     for old in out.glob("*.patch"):
         if old.name not in names:
             old.unlink()

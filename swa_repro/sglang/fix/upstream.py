@@ -173,7 +173,10 @@ def cell_text(doc: dict, name: str) -> str:
 # ----------------------------------------------------------------------------- live (H200)
 # ----------------------------------------------------------------------------- README
 def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None,
-           live_diff: str | None = None, cost=None) -> str:
+           live_diff: str | None = None, cost=None, family: tuple = ()) -> str:
+    """``family``: the family- and GPU-class-level fixes the series has (``series.fix_names``)."""
+    from swa_repro.sglang.fix import upstream_family as uf
+
     st, probs = states(text), problems(text)
     shipped = runs["shipped"]
     lines = [
@@ -193,8 +196,10 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         f"without them. Line numbers are `python/sglang/{REL_PATH}` of sglang {VERSION}.",
         "",
         f"`series/` is the PR: one commit per finding, stacked (`git am --keep-non-patch docs/upstream/series/*.patch` "
-        f"in an sglang checkout at {VERSION}), ruff-formatted as sglang's pre-commit wants, ending at `all.diff`'s "
-        f"file (`git apply docs/upstream/all.diff` does it in one step); each `<finding>.diff` applies alone. "
+        f"in an sglang checkout at {VERSION}), ruff-formatted as sglang's pre-commit wants; each `<finding>.diff` "
+        "applies alone. Its commits: the plan-time findings below, ending at `all.diff`'s file (`git apply "
+        f"docs/upstream/all.diff` does them in one step); then {uf.series_text(family)[0]}; then the kit's "
+        f"changes and the regression test. {uf.series_text(family)[1]} "
         f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is a regression test in the style of sglang's attention "
         f"test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers replaced by swa-repro's CPU model of them "
         f"(`tests/test_upstream.py`) it fails on {VERSION} as shipped and passes with `all.diff`; its CUDA run is "
@@ -248,22 +253,36 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
     return "\n".join(lines) + "\n"
 
 
-def commit_body(text: str, name: str) -> str:
-    """A commit message body: the problem (file:line in the release), the fix, the upstream threads
-    on the same finding (``fix.upstream_refs``), wrapped at 72 as git wants."""
+def commit_body(texts: dict, name: str) -> str:
+    """A commit message body: the problem (file:line in the release; ``texts``: sglang-package file
+    -> 0.5.23's text), the fix, the upstream threads on the same finding (``fix.upstream_refs``),
+    wrapped at 72 as git wants."""
     import textwrap
 
+    from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER
+    from swa_repro.sglang.fix import upstream_family as uf
+    from swa_repro.sglang.fix.upstream_refs import REFS
+
     f = FIXES[name]
-    paras = [f"Problem: {problems(text)[name]}", f"Fix: {f.summary}. {DETAIL.get(name, '')}".rstrip()]
-    try:
-        from swa_repro.sglang.fix.upstream_refs import REFS
-    except ImportError:
-        REFS = {}
+    if name in FAMILY_ORDER:
+        problem = uf.problem(name, {n: texts[FIXES[n].file] for n in FAMILY_ORDER})
+        audit = uf.audit_command(name)
+    else:
+        problem, audit = problems(texts[BACKEND])[name], f"swa-repro audit --sglang {VERSION} --fix {name}"
+    paras = [f"Problem: {problem}", f"Fix: {f.summary}. {DETAIL.get(name, '')}".rstrip()]
     refs = REFS.get(name, ())
     if refs:
         paras.append("Upstream: " + "; ".join(f"{r.repo}#{r.number} ({r.kind}, {r.state})" for r in refs) + ".")
-    paras.append(f"Found and checked with swa-repro (`swa-repro audit --sglang {VERSION} --fix {name}`).")
+    paras.append(f"Found and checked with swa-repro (`{audit}`).")
     return "\n\n".join(textwrap.fill(p, 72, break_on_hyphens=False, break_long_words=False) for p in paras)
+
+
+def series_texts() -> dict[str, str]:
+    """sglang-package file -> 0.5.23's text, for every file a fix of the series edits."""
+    from swa_repro.sglang.fix import ALL
+    from swa_repro.sglang.fix.upstream_family import release_file
+
+    return {f: release_file(f) for f in dict.fromkeys(FIXES[n].file for n in ALL)}
 
 
 def test_commit(out: Path):
@@ -290,12 +309,15 @@ def test_commit(out: Path):
 
 
 def write(out: Path, *, command: str, note=print) -> list[Path]:
-    from swa_repro.sglang.fix.series import fix_commits, write_series
+    from swa_repro.sglang.fix.series import fix_commits, fix_names, write_series
     from swa_repro.sglang.provision import provision
 
-    text = source()
+    from swa_repro.sglang.fix import BACKEND
+
+    texts = series_texts()
+    text = texts[BACKEND]
     ds = diffs(text)
-    commits = fix_commits(text, unified, lambda n: commit_body(text, n))
+    commits = fix_commits(texts, unified, lambda n: commit_body(texts, n))
     runs = audits(note=note)
     prov = at.provenance(command, list(runs.values()))
     prov["flashinfer_pin"] = provision(VERSION)[1].get("flashinfer_pin")
@@ -318,12 +340,15 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     md = out / "README.md"
     regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
     live_diff = LIVE / "fix.diff"
+    from swa_repro.sglang.fix import FAMILY_ORDER
+
+    family = tuple(n for n in fix_names(texts) if n in FAMILY_ORDER)
     md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
                          load_live(LIVE / "audit-live-after.json.xz"),
                          regress.read_text() if regress.is_file() else None,
                          json.loads(kit.read_text()) if kit.is_file() else None,
                          live_diff=live_diff.read_text() if live_diff.is_file() else None,
-                         cost=json.loads(cost.read_text()) if cost.is_file() else None))
+                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family))
     return written + [md]
 
 

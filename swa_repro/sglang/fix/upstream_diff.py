@@ -25,9 +25,10 @@ def source(version: str = VERSION) -> str:
     return (overlay / "sglang" / REL_PATH).read_text()
 
 
-def unified(old: str, new: str) -> str:
+def unified(old: str, new: str, path: str = REPO_PATH) -> str:
+    """``old`` -> ``new`` as a unified diff of ``path`` (sglang's repository path; default the backend)."""
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        f"a/{REPO_PATH}", f"b/{REPO_PATH}"))
+                                        f"a/{path}", f"b/{path}"))
 
 
 def diffs(text: str) -> dict[str, str | None]:

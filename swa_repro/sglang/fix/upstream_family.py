@@ -15,7 +15,7 @@ import difflib
 import json
 from pathlib import Path
 
-from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
+from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER, FIXES, apply_fixes, states
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
@@ -49,7 +49,8 @@ NO_FIX = ("Refused families never reach the FlashInfer backend (sglang's own ser
           "and is not offered here.")
 
 
-def _text(rel: str) -> str:
+def release_file(rel: str) -> str:
+    """0.5.23's text of ``rel`` (under the sglang package), from the provisioned overlay."""
     from swa_repro.sglang.provision import provision
 
     return (provision(VERSION)[0] / "sglang" / rel).read_text()
@@ -73,15 +74,47 @@ def _short(c) -> str:
     return _main(c)
 
 
-def readme(texts: dict, shipped: dict, fixed: dict) -> str:
-    from swa_repro.sglang.audit.family_fix import remedy, remedy_text
+def release_texts() -> dict[str, str]:
+    """fix name -> 0.5.23's text of the file it edits."""
+    return {n: release_file(FIXES[n].file) for n in FAMILY_ORDER}
 
-    cmd = texts["commandr_window_hook"]
-    be = texts["sm100_no_cutlass_window"]
+
+def problem(name: str, texts: dict) -> str:
+    """The finding's problem, its lines found in 0.5.23's files (``texts``: :func:`release_texts`)."""
+    cmd, be = texts["commandr_window_hook"], texts["sm100_no_cutlass_window"]
     where = {"cls": f"`commandr.py:{_line(cmd, 'class Cohere2ForCausalLM')}`",
              "kw": f"`commandr.py:{_line(cmd, 'sliding_window_size=self.sliding_window_size')}`",
              "gate": f"`flashinfer_backend.py:{_line(be, 'fmha_backend = ' + chr(34) + 'cutlass')}`",
              "full": f"`flashinfer_backend.py:{_line(be, 'elif use_ragged:')}`"}
+    return PROBLEM[name].format(**where)
+
+
+def audit_command(name: str) -> str:
+    """The family audit that finds ``name`` and reads it fixed (``--fix all``: the backend's
+    plan-time fixes are part of what makes the family exact)."""
+    fams, gpus = CELLS[name]
+    return f"swa-repro audit --sglang {VERSION} --model {','.join(fams)} --gpu {gpus[0]} --fix all"
+
+
+def series_text(family: tuple) -> tuple[str, str]:
+    """What the series holds of the fixes here (``family``: those it has, in its order): the
+    commits, then where the series ends and why the others are not in it (``VERSION``'s code has
+    them: they read applied, ``fix.states``)."""
+    have = ", ".join(f"`{n}` (`python/sglang/{FIXES[n].file}`)" for n in family)
+    commits = (f"the family- and GPU-class-level findings of `families.md` that {VERSION} needs, one commit "
+               f"each: {have or 'none'}")
+    after = (f"So the series ends, for the backend, at what `swa-repro patch apply --fix all` makes of {VERSION}'s "
+             f"file" + "".join(f", for `{FIXES[n].file.rsplit('/', 1)[1]}` at `--fix {n}`'s" for n in family
+                                if FIXES[n].file != BACKEND) + ".")
+    for n in (n for n in FAMILY_ORDER if n not in family):
+        after += (f" Not in it: `{n}`, which {VERSION}'s code already has (the fix reads applied there); "
+                  f"`swa-repro patch --fix {n}` backports it to the earlier releases that lack it (`families.md`).")
+    return commits, after
+
+
+def readme(texts: dict, shipped: dict, fixed: dict) -> str:
+    from swa_repro.sglang.audit.family_fix import remedy, remedy_text
+
     lines = [f"# Family- and GPU-class-level findings in sglang {VERSION} (issue #25)", "",
              "Do not edit: regenerate (`python -m swa_repro.sglang.fix.upstream --out docs/upstream`).", "",
              "What `swa-repro audit --sglang X --model FAMILY --gpu G` finds beyond the backend's plan-time "
@@ -89,18 +122,26 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
              "`all.diff` stays the backend's plan-time fixes). `swa-repro patch --fix NAME` makes the same "
              "edit on an installed sglang, on every release 0.5.14-0.5.23 whose file has the anchors. Cells: "
              f"as shipped from `docs/audit/families.json`; with the fixes: sglang {VERSION} audited with "
-             f"`--fix all` ({fixed['command']}), the families' real windows and head dims on a CPU.", ""]
+             f"`--fix all` ({fixed['command']}), the families' real windows and head dims on a CPU.", "",
+             f"`series/` (`README.md`), the PR against {VERSION}, has each fix below that {VERSION} needs as a "
+             "commit of its own, after the plan-time fixes and before the regression test; the others are "
+             f"fixed in {VERSION}'s own code, so they have no diff here (every diff of this folder is against "
+             f"{VERSION}, what upstream takes a PR against) and `swa-repro patch --fix NAME` is their backport.", ""]
+    from swa_repro.sglang.fix.series import fix_names, patch_name
+
+    order = fix_names({FIXES[n].file: t for n, t in texts.items()})
     for name in FAMILY_ORDER:
         fams, gpus = CELLS[name]
         d = diff_of(name, texts[name])
         if not d:
-            lines += [f"## {name}", "", f"**Problem.** {PROBLEM[name].format(**where)}", "",
-                      f"**Fix.** Nothing to do in {VERSION}: no diff. `swa-repro patch --fix {name}` backports "
-                      f"it: {FIXES[name].summary}.", "", upstream_section(name), ""]
+            lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
+                      f"**Fix.** Nothing to do in {VERSION}: no diff, and not in `series/`. `swa-repro patch "
+                      f"--fix {name}` backports it: {FIXES[name].summary}.", "", upstream_section(name), ""]
             continue
-        lines += [f"## {name}", "", f"**Problem.** {PROBLEM[name].format(**where)}", "",
+        lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
                   f"**Fix** (`{name}.diff`, `python/sglang/{FIXES[name].file}`, {d.count(chr(10) + '+') - 1} "
-                  f"lines added): {FIXES[name].summary}.", "", "| family | GPU | as shipped | with --fix all |",
+                  f"lines added; in `series/` as `{patch_name(order.index(name) + 1, name)}`): "
+                  f"{FIXES[name].summary}.", "", "| family | GPU | as shipped | with --fix all |",
                   "|---|---|---|---|"]
         lines += [f"| {f} | {g} | {_short(shipped.get(g, {}).get(f))} | {_short(fixed['cells'].get(g, {}).get(f))} |"
                   for f in fams for g in gpus]
@@ -123,7 +164,7 @@ def shipped_cells() -> dict:
 def write(out: Path, note=print) -> list[Path]:
     from swa_repro.sglang.audit.family_fix import fixed_cells
 
-    texts = {n: _text(FIXES[n].file) for n in FAMILY_ORDER}
+    texts = release_texts()
     assert all(states(texts[n], (n,), FIXES[n].file)[n].state != "unknown" for n in FAMILY_ORDER)
     shipped = shipped_cells()
     fixed = fixed_cells(list(shipped), note=note)
