@@ -12,7 +12,8 @@ def register(sub) -> None:
     p.add_argument("--vllm", metavar="VERSION", help="audit this vLLM release's FlashInfer backend (0.20.0 or "
                    "later; its wheel's Python files as a cached overlay, run in a subprocess): per layer kind and "
                    "path (prefill, decode, mixed), the window, cap, scale and sinks asked vs told; with --model "
-                   "FAMILY (default gemma2) and --gpu sm80|sm90|sm100 (default sm90)")
+                   "FAMILY[,..]|all (default gemma2) and --gpu sm80|sm90|sm100[,..] (default sm90). With "
+                   "--release-table: VERSION[,..] or 'table' (the table's releases) -> --out/vllm-releases.md + .json")
     sglang_func = p.get_default("func")
 
     def func(a):
