@@ -184,3 +184,87 @@ def test_release_table_findings(version):
     assert sm90 == {"0.20.0": "not affected", "0.25.0": "refused", "0.29.0": "refused", "0.34.0": "affected"}[version]
     assert c[("9.0", "gpt-oss")]["state"] == ("not affected" if version == "0.34.0" else "refused")
     assert c[("10.0", "cohere2")]["state"] == ("layer != HF" if version >= "0.29.0" else "not affected")
+
+
+# ----------------------------------------------------------------------------- the cap-route fix
+_SNIPPET = '''class FlashInferMetadataBuilder:
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
+        self.use_trtllm_decode_attention = can_use_trtllm
+
+    def build(self):
+        prefill_use_trtllm = use_trtllm_attention(
+            self.num_qo_heads,
+        )
+'''
+
+
+def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
+    from swa_repro.core.errors import UsageError
+    from swa_repro.vllm.fix import edit
+
+    out = edit(_SNIPPET, "0.20.0")
+    assert "        can_use_trtllm = can_use_trtllm and not infer_global_hyperparameters(\n" in out
+    assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
+    assert "        prefill_use_trtllm = not self.logits_soft_cap and use_trtllm_attention(\n" in out
+    compile(out, "flashinfer.py", "exec")
+    with pytest.raises(UsageError, match="not a structure this fix knows"):
+        edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["audit", "--vllm", "0.34.0", "--fix", "window"], "choose cap-route"),
+    (["audit", "--diff"], "--diff goes with --vllm"),
+])
+def test_fix_bad_input_is_one_line(argv, says, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_committed_fixed_table_renders_from_its_json():
+    from swa_repro.sglang import families as sf
+    from swa_repro.vllm import table
+
+    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
+    t = json.loads(p.read_text())
+    md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
+    assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
+    for v, rel in t["releases"].items():  # the fix leaves no dropped cap anywhere
+        for g, row in rel.items():
+            assert not any("logits_soft_cap" in w for c in row.values() for w in c["why"]), (v, g)
+
+
+@pytest.mark.matrix
+def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
+    """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
+    and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm import table
+    from swa_repro.vllm.audit import run_release
+    from swa_repro.vllm.fix import upstream_diff
+    from swa_repro.vllm.provision import provision
+    from swa_repro.vllm.verdict import cell
+
+    doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss"], [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]],
+                            note=lambda s: None, fix="cap-route")
+    for a in ("9.0", "10.0"):
+        g = doc["audits"][a]["gemma2"]
+        assert cell(g)["state"] == "not affected"
+        assert {k["kernel"] for r in g["rows"] for k in r["kernels"]} == {
+            "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
+    assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
+        "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
+    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
+    assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])
+
+
+@pytest.mark.slow
+def test_notebook_08_vllm(tmp_path):
+    """Notebook 08 (the committed tables, one heatmap) runs headless with its checks passing (~8 s)."""
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+
+    r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
+    assert r["status"] == "ok", r["error"]
+    assert r["checks_failed"] == 0 and r["checks_passed"] == 4
+    assert [str(f).rsplit("/", 1)[-1] for f in r["figures"]] == ["08_vllm_states.png"]

@@ -48,13 +48,20 @@ def arch(g: sf.GpuClass) -> str:
     return ".".join(map(str, g.arch))
 
 
-def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, note=print) -> tuple[dict, float, dict]:
-    """The release's child document (``drive.run``), cached by content -> (document, seconds, how)."""
+def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, note=print,
+                fix: str | None = None) -> tuple[dict, float, dict]:
+    """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
+    ``fix``: on a copy of the release with that fix (``vllm.fix``)."""
     from swa_repro.core.cache import cached, code_hash, interpreter
     from swa_repro.vllm.provision import content_digest, provision
 
     overlay, info = provision(version)
-    note(f"vllm {version}: overlay {overlay} ({'cached' if info['cached'] else 'unpacked now'})")
+    if fix:
+        from swa_repro.vllm.fix import fixed_overlay
+
+        overlay = fixed_overlay(version, overlay)
+    note(f"vllm {version}{' with --fix ' + fix if fix else ''}: overlay {overlay} "
+         f"(release {'cached' if info['cached'] else 'unpacked now'})")
     args = ["--families", ",".join(families), "--archs", ",".join(arch(g) for g in gpus),
             "--deps", str(overlay / ".deps")]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
@@ -121,8 +128,18 @@ def main(a) -> int:
 
         return table.main(a)
     families, gpus = check(a.vllm, a.model, a.gpu)
+    fix = None
+    if a.fix is not None or a.diff:
+        from swa_repro.vllm import fix as vfix
+
+        fix = vfix.check(a.fix)
+        if a.diff:
+            from swa_repro.vllm.provision import provision
+
+            print(vfix.upstream_diff(a.vllm, provision(a.vllm)[0]), end="")
+            return 0
     note = (lambda s: print(s, file=sys.stderr)) if a.json else print
-    doc, seconds, how = run_release(a.vllm, families, gpus, note=note)
+    doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix)
     if a.json:
         print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache")}, default=str))
         return 0
@@ -130,6 +147,6 @@ def main(a) -> int:
         for f in families:
             d = doc["audits"][arch(g)][f]
             d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
-            print("\n".join(render(d, a.vllm, g)))
+            print("\n".join(render(d, a.vllm + (f" with --fix {fix}" if fix else ""), g)))
     print(f"(child {seconds} s, cache {how.get('cache')})")
     return 0
