@@ -114,9 +114,14 @@ def test_cell_states():
     assert cell(_doc(error="RuntimeError: no driver"))["state"] == "not driven"
 
 
-def test_family_sources_follow_the_release_file(tmp_path):
-    """cohere2's window is the config's, or + 1 where the release's commandr.py says so (0.29.0 on)."""
+def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
+    """cohere2's window is the config's, or + 1 where the release's commandr.py says so (0.29.0 on).
+    (The config is Cohere2Config's defaults as ``small_config`` gives them, without importing transformers.)"""
+    from swa_repro.sglang import families as sf
     from swa_repro.vllm.families import MODELS, resolve
+
+    monkeypatch.setattr(sf, "small_config", lambda name: sf.SmallConfig(
+        name, {}, ("sliding", "sliding", "sliding", "full"), 40, 4096, 128, 64, 64, 0.0))
 
     f = tmp_path / MODELS / "commandr.py"
     f.parent.mkdir(parents=True)
@@ -165,7 +170,7 @@ def test_release_034_gemma2_sm90():
 
 
 @pytest.mark.matrix
-@pytest.mark.parametrize("version", ["0.20.0", "0.25.0", "0.29.0", "0.34.0"])
+@pytest.mark.parametrize("version", ["0.20.0", "0.25.0", "0.29.0", "0.30.0", "0.34.0"])
 def test_release_table_findings(version):
     """Each structural epoch's release, every family, sm90 and sm100: what the table says."""
     from swa_repro.sglang.families import GPU_CLASSES
@@ -181,8 +186,9 @@ def test_release_table_findings(version):
     assert doc["audits"]["10.0"]["gemma2"]["platform"]["default"] == "FLASHINFER"
     assert doc["audits"]["9.0"]["gemma2"]["platform"]["order"][:2] == ["FLASH_ATTN", "FLASHINFER"]
     sm90 = c[("9.0", "gemma2")]["state"]
-    assert sm90 == {"0.20.0": "not affected", "0.25.0": "refused", "0.29.0": "refused", "0.34.0": "affected"}[version]
-    assert c[("9.0", "gpt-oss")]["state"] == ("not affected" if version == "0.34.0" else "refused")
+    assert sm90 == {"0.20.0": "not affected", "0.25.0": "refused", "0.29.0": "refused", "0.30.0": "affected",
+                    "0.34.0": "affected"}[version]
+    assert c[("9.0", "gpt-oss")]["state"] == ("not affected" if version >= "0.30.0" else "refused")
     assert c[("10.0", "cohere2")]["state"] == ("layer != HF" if version >= "0.29.0" else "not affected")
 
 

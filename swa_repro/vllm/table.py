@@ -21,8 +21,9 @@ from swa_repro.vllm.families import FAMILIES
 # 0.20.0 (first), the last release before each change of the backend's structure, the first after
 # it, and the latest: 0.24.0 (last without XQA decode on sm90), 0.25.0 (XQA decode and the sm90
 # sliding-window refusal arrive), 0.28.0 (last with the "NHD"/"HND" layout strings), 0.29.0
-# (KVCacheLayout; cohere2's window + 1), 0.31.0, 0.34.0 (latest on the index, 2026-12-05)
-TABLE_RELEASES = ("0.20.0", "0.24.0", "0.25.0", "0.28.0", "0.29.0", "0.31.0", "0.34.0")
+# (KVCacheLayout; cohere2's window + 1; last with the refusal), 0.30.0 (refusal gone: sm90 decodes
+# sliding layers on XQA), 0.31.0 (openai>=2.25 on the import path), 0.34.0 (latest, 2026-12-05)
+TABLE_RELEASES = ("0.20.0", "0.24.0", "0.25.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.34.0")
 GPUS = ("sm90", "sm100", "sm80")
 NAME = "vllm-releases"
 
