@@ -1,9 +1,11 @@
-"""vLLM audit (issue #27, phase 1): argument checks and the stand-in contract run in `make test`;
-the real-release audit is `matrix` (it needs the vLLM wheel, fetched once into the shared cache)."""
+"""vLLM audit (issue #27): argument checks, the stand-in contract, the verdicts and the committed
+table's consistency run in `make test` (no wheel, no child); the real-release audits are `matrix`
+(they need the vLLM wheels, fetched once into the shared cache)."""
 
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 
@@ -15,9 +17,13 @@ from swa_repro.cli import main
 @pytest.mark.parametrize("argv, says", [
     (["audit", "--vllm", "latest"], "give a release number"),
     (["audit", "--vllm", "0.19.0"], "0.20.0 and later"),
+    (["audit", "--vllm", "0.20.3"], "not a vLLM release"),
     (["audit", "--vllm", "0.34.0", "--gpu", "sm75"], "--gpu"),
+    (["audit", "--vllm", "0.34.0", "--gpu", "sm90,sm75"], "--gpu"),
     (["audit", "--vllm", "0.34.0", "--model", "llama"], "unknown family"),
     (["audit", "--vllm", "0.34.0", "--sglang", "0.5.23"], "one project at a time"),
+    (["audit", "--release-table", "--vllm", "0.34.0,0.19.1"], "0.20.0 and later"),
+    (["audit", "--release-table", "--vllm", "table", "--model", "qwen2-swa"], "unknown family"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, says, capsys):
     assert main(argv) == 2
@@ -31,9 +37,10 @@ def test_bad_input_subprocess_has_no_traceback():
 
 
 def test_standin_wrappers_take_flashinfers_parameters():
-    """Every parameter of the installed flashinfer's plan/run is one the recording stand-in binds by name."""
+    """Every parameter of the installed flashinfer's plan/run is one the recording stand-in binds by
+    name; the sink wrapper's constructor takes flashinfer's."""
     flashinfer = pytest.importorskip("flashinfer")
-    from swa_repro.vllm.standins import WRAPPERS
+    from swa_repro.vllm.standins import WRAPPERS, SinkStandIn
 
     for name, standin in WRAPPERS.items():
         real = getattr(flashinfer, name)
@@ -43,10 +50,28 @@ def test_standin_wrappers_take_flashinfers_parameters():
             has_var_kw = any(p.kind is p.VAR_KEYWORD for p in ours.values())
             missing = theirs - set(ours)
             assert has_var_kw or not missing, f"{name}.{method}: stand-in lacks {sorted(missing)}"
+    real = getattr(flashinfer, "BatchAttentionWithAttentionSinkWrapper", None)
+    if real is not None:
+        assert set(inspect.signature(real.__init__).parameters) <= set(inspect.signature(SinkStandIn.__init__).parameters)
+
+
+def test_sink_wrapper_is_a_paged_wrapper_recorded_once():
+    """vLLM asserts ``isinstance(wrapper, BatchPrefillWithPagedKVCacheWrapper)`` of the sink wrapper
+    (flashinfer subclasses it); its calls are recorded under its own name only."""
+    from swa_repro.vllm.standins import PagedStandIn, Recorder, SinkStandIn, recording_wrapper
+
+    rec = Recorder()
+    paged = recording_wrapper("BatchPrefillWithPagedKVCacheWrapper", PagedStandIn, rec)
+    sink = recording_wrapper("BatchAttentionWithAttentionSinkWrapper", SinkStandIn, rec, paged)
+    import torch
+
+    w = sink(torch.zeros(8), "NHD", window_left=127)
+    assert isinstance(w, paged) and w._jit_window_left == 127
+    assert [c["target"] for c in rec.calls] == ["BatchAttentionWithAttentionSinkWrapper"]
 
 
 def test_verdict_flags_a_missing_cap_and_a_wrong_window():
-    from swa_repro.vllm.drive import verdict
+    from swa_repro.vllm.paths import verdict
 
     asked = {"window_left": 4095, "logits_soft_cap": 50.0, "sm_scale": 0.0625, "sinks": False}
     assert verdict(asked, dict(asked)) == []
@@ -55,13 +80,74 @@ def test_verdict_flags_a_missing_cap_and_a_wrong_window():
     assert verdict({**asked, "logits_soft_cap": None}, {**asked, "logits_soft_cap": "not passed"}) == []
 
 
-def test_family_params_gemma2():
-    from swa_repro.vllm.audit import family_params
+def test_told_sink_wrapper_compiled_without_a_window_attends_without_one():
+    from swa_repro.vllm.paths import told
 
-    f = family_params("gemma2")
-    assert (f["sliding_window"], f["cap"], f["kinds"]) == (4096, 50.0, ["full", "sliding"])
+    call = {"method": "run", "args": {"jit_window_left": -1, "planned_window_left": 127, "planned_logits_soft_cap": 0.0,
+                                      "planned_sm_scale": 1.0, "sink_sm_scale": 0.125, "sinks": {"shape": [64]}}}
+    assert told(call) == {"window_left": -1, "logits_soft_cap": 0.0, "sm_scale": 0.125, "sinks": True}
+    call["args"]["jit_window_left"] = 127
+    assert told(call)["window_left"] == 127
 
 
+def _doc(kernels_differs=(), error=None, asked_window=4095, valid=True):
+    fam = {"family": "x", "layers": {"sliding": {"hf_window_left": 4095}, "full": {"hf_window_left": -1}}}
+    rows = [{"layer": "sliding", "path": "decode", "asked": {"window_left": asked_window},
+             "kernels": [{"kernel": "xqa_batch_decode_with_kv_cache", "differs": list(kernels_differs)}],
+             **({"error": error} if error else {})},
+            {"layer": "full", "path": "decode", "asked": {"window_left": -1},
+             "kernels": [{"kernel": "BatchDecodeWithPagedKVCacheWrapper", "differs": []}]}]
+    return {"family": fam, "rows": rows, "platform": {"flashinfer_valid": valid, "flashinfer_reasons":
+                                                      [] if valid else ["attention sinks not supported"]}}
+
+
+def test_cell_states():
+    from swa_repro.vllm.verdict import cell, short
+
+    assert cell(_doc())["state"] == "not affected"
+    c = cell(_doc(["logits_soft_cap 50.0 asked, not passed told"]))
+    assert c["state"] == "affected" and short(c) == "**affected**: cap dropped by xqa_batch_decode"
+    assert cell(_doc(asked_window=4096))["state"] == "layer != HF"
+    assert cell(_doc(error="NotImplementedError: FlashInfer backend on SM90 currently crashes with sliding-window"))[
+        "state"] == "refused"
+    assert short(cell(_doc(valid=False))) == "refused: sinks"
+    assert cell(_doc(error="RuntimeError: no driver"))["state"] == "not driven"
+
+
+def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
+    """cohere2's window is the config's, or + 1 where the release's commandr.py says so (0.29.0 on).
+    (The config is Cohere2Config's defaults as ``small_config`` gives them, without importing transformers.)"""
+    from swa_repro.sglang import families as sf
+    from swa_repro.vllm.families import MODELS, resolve
+
+    monkeypatch.setattr(sf, "small_config", lambda name: sf.SmallConfig(
+        name, {}, ("sliding", "sliding", "sliding", "full"), 40, 4096, 128, 64, 64, 0.0))
+
+    f = tmp_path / MODELS / "commandr.py"
+    f.parent.mkdir(parents=True)
+    f.write_text("        if x:\n            self.sliding_window = config.sliding_window\n"
+                 "        self.scaling = self.head_dim**-0.5\n")
+    r = resolve("cohere2", tmp_path)
+    assert r["layers"]["sliding"]["sliding_window"] == 4096 and r["sources"]["window"].endswith(
+        "commandr.py:2: self.sliding_window = config.sliding_window")
+    f.write_text("            self.sliding_window = config.sliding_window + 1\n")
+    r = resolve("cohere2", tmp_path)
+    assert r["layers"]["sliding"]["sliding_window"] == 4097 and r["sources"]["scale"].endswith("not found")
+
+
+def test_committed_table_renders_from_its_json():
+    """docs/audit/vllm-releases.md is what ``table.markdown`` makes of the committed JSON."""
+    from swa_repro.sglang import families as sf
+    from swa_repro.vllm import table
+
+    p = table.TABLE_DIR / f"{table.NAME}.json"
+    t = json.loads(p.read_text())
+    md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
+    assert md == (table.TABLE_DIR / f"{table.NAME}.md").read_text()
+    assert list(t["releases"]) == list(table.TABLE_RELEASES) and t["provenance"]["command"].startswith("swa-repro")
+
+
+# ----------------------------------------------------------------------------- the releases themselves
 @pytest.mark.matrix
 def test_release_034_gemma2_sm90():
     """vLLM 0.34.0's own backend: the prefill wrapper is planned with the window and the cap; the
@@ -81,3 +167,110 @@ def test_release_034_gemma2_sm90():
     assert dec[0]["differs"] == ["logits_soft_cap 50.0 asked, not passed told"]
     assert [k["kernel"] for k in rows[("full", "mixed")]["kernels"]] == [
         "BatchPrefillWithPagedKVCacheWrapper", "xqa_batch_decode_with_kv_cache"]
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", ["0.20.0", "0.25.0", "0.29.0", "0.30.0", "0.34.0"])
+def test_release_table_findings(version):
+    """Each structural epoch's release, every family, sm90 and sm100: what the table says."""
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm.audit import run_release
+    from swa_repro.vllm.families import FAMILIES
+    from swa_repro.vllm.verdict import cell
+
+    gpus = [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]]
+    doc, seconds, _ = run_release(version, list(FAMILIES), gpus, note=lambda s: None)
+    c = {(a, f): cell(d) for a, fams in doc["audits"].items() for f, d in fams.items()}
+    assert all(x["state"] != "not driven" for x in c.values()), {k: v for k, v in c.items() if v["state"] == "not driven"}
+    assert c[("10.0", "gemma2")]["state"] == "affected"  # trtllm-gen is called without the cap, every release
+    assert doc["audits"]["10.0"]["gemma2"]["platform"]["default"] == "FLASHINFER"
+    assert doc["audits"]["9.0"]["gemma2"]["platform"]["order"][:2] == ["FLASH_ATTN", "FLASHINFER"]
+    sm90 = c[("9.0", "gemma2")]["state"]
+    assert sm90 == {"0.20.0": "not affected", "0.25.0": "refused", "0.29.0": "refused", "0.30.0": "affected",
+                    "0.34.0": "affected"}[version]
+    assert c[("9.0", "gpt-oss")]["state"] == ("not affected" if version >= "0.30.0" else "refused")
+    assert c[("10.0", "cohere2")]["state"] == ("layer != HF" if version >= "0.29.0" else "not affected")
+
+
+# ----------------------------------------------------------------------------- the cap-route fix
+_SNIPPET = '''class FlashInferMetadataBuilder:
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
+        self.use_trtllm_decode_attention = can_use_trtllm
+
+    def build(self):
+        prefill_use_trtllm = use_trtllm_attention(
+            self.num_qo_heads,
+        )
+'''
+
+
+def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
+    from swa_repro.core.errors import UsageError
+    from swa_repro.vllm.fix import edit
+
+    out = edit(_SNIPPET, "0.20.0")
+    assert "        can_use_trtllm = can_use_trtllm and not infer_global_hyperparameters(\n" in out
+    assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
+    assert "        prefill_use_trtllm = not self.logits_soft_cap and use_trtllm_attention(\n" in out
+    compile(out, "flashinfer.py", "exec")
+    with pytest.raises(UsageError, match="not a structure this fix knows"):
+        edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["audit", "--vllm", "0.34.0", "--fix", "window"], "choose cap-route"),
+    (["audit", "--diff"], "--diff goes with --vllm"),
+])
+def test_fix_bad_input_is_one_line(argv, says, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_committed_fixed_table_renders_from_its_json():
+    from swa_repro.sglang import families as sf
+    from swa_repro.vllm import table
+
+    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
+    t = json.loads(p.read_text())
+    md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
+    assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
+    for v, rel in t["releases"].items():  # the fix leaves no dropped cap anywhere
+        for g, row in rel.items():
+            assert not any("logits_soft_cap" in w for c in row.values() for w in c["why"]), (v, g)
+
+
+@pytest.mark.matrix
+def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
+    """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
+    and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm import table
+    from swa_repro.vllm.audit import run_release
+    from swa_repro.vllm.fix import upstream_diff
+    from swa_repro.vllm.provision import provision
+    from swa_repro.vllm.verdict import cell
+
+    doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss"], [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]],
+                            note=lambda s: None, fix="cap-route")
+    for a in ("9.0", "10.0"):
+        g = doc["audits"][a]["gemma2"]
+        assert cell(g)["state"] == "not affected"
+        assert {k["kernel"] for r in g["rows"] for k in r["kernels"]} == {
+            "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
+    assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
+        "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
+    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
+    assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])
+
+
+@pytest.mark.slow
+def test_notebook_08_vllm(tmp_path):
+    """Notebook 08 (the committed tables, one heatmap) runs headless with its checks passing (~8 s)."""
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+
+    r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
+    assert r["status"] == "ok", r["error"]
+    assert r["checks_failed"] == 0 and r["checks_passed"] == 4
+    assert [str(f).rsplit("/", 1)[-1] for f in r["figures"]] == ["08_vllm_states.png"]

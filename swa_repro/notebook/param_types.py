@@ -160,7 +160,7 @@ NOTEBOOK: dict[str, dict[str, Param]] = {}  # a notebook whose parameter of a sh
 # table is theirs. Another notebook (``--notebooks-dir``) is typed by its defaults.
 PROJECT = ("00_overview", "01_plan_with_and_without_window_left", "02_masks_and_cta_skips", "03_apply_backend_patch",
            "04_rerun_checks", "05_backend_matrix_and_audit", "06_performance",
-           "07_my_model_my_gpu")
+           "07_my_model_my_gpu", "08_vllm")
 
 
 def declared(notebook: str, name: str) -> Param | None:

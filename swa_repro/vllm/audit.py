@@ -1,9 +1,11 @@
-"""``swa-repro audit --vllm X [--model FAMILY] [--gpu CLASS]``: the parent side.
+"""``swa-repro audit --vllm X [--model FAMILY[,..]|all] [--gpu CLASS[,..]]``: the parent side.
 
-Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` in a child
-forked from the warm server (``sglang.overlay_run.run_module``), cached by content
-(``core.cache``: the overlay's digest, the family, the GPU class, the package code), and prints per
-layer kind and path what the layer asks for and what each FlashInfer kernel is told.
+Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` once per
+release in a child forked from the warm server (``sglang.overlay_run.run_module``; the child forks
+once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
+families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
+what the layer asks for and what each FlashInfer kernel is told, with the cell's verdict
+(``verdict.cell``).
 """
 
 from __future__ import annotations
@@ -17,45 +19,61 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import families as sf
+from swa_repro.vllm import verdict as vv
+from swa_repro.vllm.families import FAMILIES
 
 DEFAULT_FAMILY = "gemma2"
 
 
-def family_params(name: str) -> dict:
-    """What ``FlashInferImpl`` is constructed with, from transformers' config of the family
-    (``sglang.families.small_config``): not from vLLM's model classes (phase 1)."""
-    sc = sf.small_config(name)
-    qpas = sc.config.get("query_pre_attn_scalar")
-    return {"family": name, "kinds": sorted(set(k for k in sc.kinds if k in (sf.SLIDING, sf.FULL))),
-            "num_qo_heads": sc.num_qo_heads, "num_kv_heads": sc.num_kv_heads, "head_dim": sc.head_dim,
-            "sliding_window": sc.sliding_window, "cap": sc.cap,
-            "scale": float(qpas) ** -0.5 if qpas else sc.head_dim ** -0.5,
-            "scale_rule": "query_pre_attn_scalar ** -0.5" if qpas else "head_dim ** -0.5"}
+def check(version: str, model: str | None, gpu: str | None) -> tuple[list[str], list[sf.GpuClass]]:
+    """-> (families, GPU classes); any bad input one line (``UsageError``, exit 2), before any work."""
+    from swa_repro.vllm.provision import check_release
+
+    check_release(version)
+    names = [x.strip() for x in (model or DEFAULT_FAMILY).split(",") if x.strip()]
+    if names == ["all"]:
+        names = list(FAMILIES)
+    bad = [x for x in names if x not in FAMILIES]
+    if bad or not names:
+        raise UsageError(f"--model {bad[0] if bad else model!r}: unknown family for --vllm; choose from "
+                         f"{', '.join(FAMILIES)} or all")
+    gpus = [x.strip() for x in (gpu or sf.DEFAULT_GPU).split(",") if x.strip()]
+    unknown = [x for x in gpus if x not in sf.GPU_CLASSES]
+    if unknown or not gpus:
+        raise UsageError(f"--gpu {gpu!r}: choose one or more of {', '.join(sf.GPU_CLASSES)}")
+    return names, [sf.GPU_CLASSES[g] for g in gpus]
 
 
-def check(version: str, model: str | None, gpu: str | None) -> tuple[str, sf.GpuClass]:
-    from swa_repro.vllm.provision import parse
-
-    parse(version)
-    fams, g = sf.check_args(model or DEFAULT_FAMILY, gpu)
-    if len(fams) != 1:
-        raise UsageError("--model with --vllm: one family at a time (phase 1)")
-    return fams[0], g
+def arch(g: sf.GpuClass) -> str:
+    return ".".join(map(str, g.arch))
 
 
-def run_audit(version: str, family: str, gpu: sf.GpuClass, *, note=print) -> tuple[dict, float, dict]:
+def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, note=print,
+                fix: str | None = None) -> tuple[dict, float, dict]:
+    """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
+    ``fix``: on a copy of the release with that fix (``vllm.fix``)."""
     from swa_repro.core.cache import cached, code_hash, interpreter
     from swa_repro.vllm.provision import content_digest, provision
 
     overlay, info = provision(version)
-    note(f"vllm {version}: overlay {overlay} ({'cached' if info['cached'] else 'unpacked now'})")
-    fam = family_params(family)
-    args = ["--family", json.dumps(fam, sort_keys=True), "--arch", ".".join(map(str, gpu.arch)),
+    if fix:
+        from swa_repro.vllm.fix import fixed_overlay
+
+        overlay = fixed_overlay(version, overlay)
+    note(f"vllm {version}{' with --fix ' + fix if fix else ''}: overlay {overlay} "
+         f"(release {'cached' if info['cached'] else 'unpacked now'})")
+    args = ["--families", ",".join(families), "--archs", ",".join(arch(g) for g in gpus),
             "--deps", str(overlay / ".deps")]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "sglang", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"))
     return doc["document"], doc["seconds"], how
+
+
+def run_audit(version: str, family: str, gpu: sf.GpuClass, *, note=print) -> tuple[dict, float, dict]:
+    """One family on one GPU class (phase 1's shape): -> (its audit, seconds, how)."""
+    doc, seconds, how = run_release(version, [family], [gpu], note=note)
+    return doc["audits"][arch(gpu)][family], seconds, how
 
 
 def _child(overlay: Path, args: list[str], what: str) -> dict:
@@ -81,28 +99,54 @@ def _fmt(d: dict) -> str:
 
 
 def render(doc: dict, version: str, gpu: sf.GpuClass) -> list[str]:
+    """One family on one GPU class, as text."""
     fam = doc["family"]
+    if doc.get("error"):
+        return [f"vllm {version} {fam['family']} on {gpu.name}: not driven: {doc['error']}"]
+    cell = vv.cell(doc)
+    pl = doc.get("platform", {})
     lines = [f"vllm {version} FlashInfer backend ({doc['backend_file'].split('/vllm/', 1)[-1]}), {fam['family']} "
-             f"(window {fam['sliding_window']}, cap {fam['cap']}, head_dim {fam['head_dim']}; layer parameters "
-             f"from transformers' config, scale {fam['scale_rule']}), {gpu.name} ({gpu.cards}), "
-             f"kv layout {doc['kv_cache_layout']}"]
+             f"(HF window {fam['hf_sliding_window']}, cap {fam['hf_cap']}, head_dim {fam['head_dim']}), {gpu.name} "
+             f"({gpu.cards}), kv layout {doc['kv_cache_layout']}",
+             f"  default backend ({pl.get('source', 'platform code')}): {vv.default_text(pl)}",
+             f"  layer parameters: {fam['how']}"]
+    lines += [f"    {k}: {v}" for k, v in fam["sources"].items()]
     for r in doc["rows"]:
-        lines.append(f"  {r['layer']:7} {r['path']:7} asks {_fmt(r['asked'])}")
+        lines.append(f"  {r['layer']:7} {r['path']:7} asks {_fmt(r['asked']) if r.get('asked') else '-'}")
         if r.get("error"):
             lines.append(f"          REFUSED by the release: {r['error']}")
         for k in r["kernels"]:
             verdict = "OK" if not k["differs"] else "DIFFERS: " + "; ".join(k["differs"])
             lines.append(f"          {k['kernel']}.{k['how']} told {_fmt(k['told'])}  {verdict}")
+    lines.append(f"  verdict: {cell['state']}" + (f" ({'; '.join(cell['why'])})" if cell["why"] else ""))
     return lines
 
 
 def main(a) -> int:
-    family, gpu = check(a.vllm, a.model, a.gpu)
+    if a.release_table:
+        from swa_repro.vllm import table
+
+        return table.main(a)
+    families, gpus = check(a.vllm, a.model, a.gpu)
+    fix = None
+    if a.fix is not None or a.diff:
+        from swa_repro.vllm import fix as vfix
+
+        fix = vfix.check(a.fix)
+        if a.diff:
+            from swa_repro.vllm.provision import provision
+
+            print(vfix.upstream_diff(a.vllm, provision(a.vllm)[0]), end="")
+            return 0
     note = (lambda s: print(s, file=sys.stderr)) if a.json else print
-    doc, seconds, how = run_audit(a.vllm, family, gpu, note=note)
+    doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix)
     if a.json:
         print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache")}, default=str))
         return 0
-    print("\n".join(render(doc, a.vllm, gpu)))
+    for g in gpus:
+        for f in families:
+            d = doc["audits"][arch(g)][f]
+            d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
+            print("\n".join(render(d, a.vllm + (f" with --fix {fix}" if fix else ""), g)))
     print(f"(child {seconds} s, cache {how.get('cache')})")
     return 0

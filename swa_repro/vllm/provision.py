@@ -23,9 +23,17 @@ from swa_repro.core.errors import UsageError
 from swa_repro.sglang.provision import installer
 
 MIN_RELEASE = (0, 20, 0)
+# vLLM's releases from 0.20.0 on, as `pip index versions vllm` listed them (2026-12-05); a newer one
+# is tried on the index, an older or unlisted one is refused before any download
+RELEASES = ("0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1",
+            "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 MARKER = ".swa-repro-overlay.json"
 BACKEND = "vllm/v1/attention/backends/flashinfer.py"
 DEPS = ("cachetools", "blake3", "cbor2", "py-cpuinfo")  # imported on the way to the backend (0.34.0)
+# Pure-Python packages this venv has, but older than a release requires and imports on the way to
+# the backend (0.31.0: vllm/tool_parsers/utils.py:14 imports openai.types.responses.NamespaceTool,
+# openai>=2.25.0): installed at the release's minimum into .deps, which the child puts before the venv
+SHADOW = ("openai",)
 _VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
 
@@ -34,6 +42,17 @@ def parse(version: str) -> tuple:
         raise UsageError(f"--vllm {version!r}: give a release number such as 0.34.0 (see `pip index versions vllm`)")
     nums = [int(x) for x in re.findall(r"\d+", version)]
     return tuple(nums + [0] * (4 - len(nums)))
+
+
+def check_release(version: str) -> tuple:
+    """One line (``UsageError``) for a release the audit does not cover, before any download."""
+    v = parse(version)
+    if v < MIN_RELEASE:
+        raise UsageError(f"--vllm {version}: the audit drives vLLM 0.20.0 and later")
+    if version not in RELEASES and v <= parse(RELEASES[-1]):
+        raise UsageError(f"--vllm {version}: not a vLLM release (0.20.0 to {RELEASES[-1]}: "
+                         f"{', '.join(RELEASES)})")
+    return v
 
 
 def root() -> Path:
@@ -67,17 +86,42 @@ def wheel(version: str) -> Path:
 
 def provision(version: str) -> tuple[Path, dict]:
     """``(overlay, info)``: the release's Python files and ``.deps``, unpacked now unless cached."""
-    if parse(version) < MIN_RELEASE:
-        raise UsageError(f"--vllm {version}: the audit drives vLLM 0.20.0 and later")
+    check_release(version)
     from swa_repro.core.cache import locked
 
     target = root() / "vllm" / version
-    if (target / MARKER).is_file():
+    if _current(target):
         return target, {**json.loads((target / MARKER).read_text()), "cached": True}
     with locked(target.with_name(f".{version}.lock")):
-        if (target / MARKER).is_file():
+        if _current(target):
             return target, {**json.loads((target / MARKER).read_text()), "cached": True}
         return _unpack(version, target)
+
+
+def _current(target: Path) -> bool:
+    """An unpacked overlay whose .deps are the ones this code installs for it."""
+    m = target / MARKER
+    return m.is_file() and json.loads(m.read_text()).get("deps") == deps_for(target)
+
+
+def deps_for(overlay: Path) -> list[str]:
+    """``DEPS``, plus each ``SHADOW`` package at the release's minimum where this venv's is older
+    (the release's ``Requires-Dist`` in its METADATA)."""
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    out = list(DEPS)
+    meta = "\n".join(p.read_text() for p in overlay.glob("vllm-*.dist-info/METADATA"))
+    for name in SHADOW:
+        m = re.search(rf"^Requires-Dist: {name}>=([0-9.]+)", meta, re.M)
+        try:
+            have = Version(metadata.version(name))
+        except metadata.PackageNotFoundError:
+            have = None
+        if m and have is not None and have < Version(m.group(1)):
+            out.append(f"{name}=={m.group(1)}")
+    return out
 
 
 def _unpack(version: str, target: Path) -> tuple[Path, dict]:
@@ -91,12 +135,13 @@ def _unpack(version: str, target: Path) -> tuple[Path, dict]:
     if not (partial / BACKEND).is_file():
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"vllm {version} has no {BACKEND}: the audit drives the v1 FlashInfer backend")
-    cmd = installer(partial / ".deps", "x")[:-1] + list(DEPS)
+    deps = deps_for(partial)
+    cmd = installer(partial / ".deps", "x")[:-1] + deps
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise UsageError(f"installing {', '.join(DEPS)} for vllm {version} failed (no network?)")
-    info = {"vllm": version, "wheel": whl.name, "files": len(names), "deps": list(DEPS),
+        raise UsageError(f"installing {', '.join(deps)} for vllm {version} failed (no network?)")
+    info = {"vllm": version, "wheel": whl.name, "files": len(names), "deps": deps,
             "unpack_seconds": round(time.monotonic() - t0, 1)}
     (partial / MARKER).write_text(json.dumps(info, indent=1))
     shutil.rmtree(target, ignore_errors=True)

@@ -28,6 +28,26 @@ import torch
 
 from swa_repro.sglang.audit.env import DecodeStandIn, PagedStandIn, RaggedStandIn
 
+class SinkStandIn(PagedStandIn):
+    """flashinfer's ``BatchAttentionWithAttentionSinkWrapper`` (``attention/_core.py:218``, a
+    subclass of the paged prefill wrapper): its constructor's ``window_left`` picks the compiled
+    variant (``use_sliding_window: window_left >= 0``, :276), and ``run`` takes the sinks and the
+    softmax scale as extra positional arguments (the ``AttentionSink`` variant's ``sink`` and
+    ``sm_scale``)."""
+
+    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
+                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
+                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", pos_encoding_mode="NONE",
+                 use_fp16_qk_reduction=False, q_data_type=None, kv_data_type=None, head_dim_qk=128,
+                 head_dim_vo=128, window_left=-1):
+        self._jit_window_left = window_left
+        PagedStandIn.__init__(self, float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf, paged_kv_indptr_buf,
+                         paged_kv_indices_buf, paged_kv_last_page_len_buf, custom_mask_buf, mask_indptr_buf, backend)
+
+    def run(self, q, paged_kv_cache, *extra, **kw):
+        return PagedStandIn.run(self, q, paged_kv_cache, **kw)
+
+
 WRAPPERS = {"BatchPrefillWithPagedKVCacheWrapper": PagedStandIn,
             "BatchPrefillWithRaggedKVCacheWrapper": RaggedStandIn,
             "BatchDecodeWithPagedKVCacheWrapper": DecodeStandIn}
@@ -76,30 +96,34 @@ def _bound(fn, args, kwargs) -> dict:
     return out
 
 
-def recording_wrapper(name: str, base: type, rec: Recorder) -> type:
+def recording_wrapper(name: str, base: type, rec: Recorder, parent: type | None = None) -> type:
     """``base`` whose constructor, ``plan`` and ``run`` are recorded into ``rec`` (a real class:
-    vLLM annotates and ``isinstance``-checks its wrappers)."""
+    vLLM annotates and ``isinstance``-checks its wrappers); ``parent``: the class it derives from
+    instead of ``base`` (the sink wrapper is flashinfer's paged prefill wrapper's subclass), whose
+    methods it does not call."""
 
-    class Recording(base):
+    class Recording(parent or base):
         def __init__(self, *a, **kw):
             self._wid = rec.next_id
             rec.next_id += 1
             rec.add(name, "__init__", _bound(base.__init__, (self, *a), kw), self._wid)
-            super().__init__(*a, **kw)
+            base.__init__(self, *a, **kw)
 
         def plan(self, *a, **kw):
             rec.add(name, "plan", _bound(base.plan, (self, *a), kw), self._wid)
-            out = super().plan(*a, **kw)
+            out = base.plan(self, *a, **kw)
             if self._logits_soft_cap is None:  # flashinfer 0.6.12 prefill.py:1877-1878 (plan stores 0.0)
                 self._logits_soft_cap = 0.0
             return out
 
         def run(self, *a, **kw):
-            rec.add(name, "run", {**_bound(base.run, (self, *a), kw),
+            extra = {"jit_window_left": self._jit_window_left, "sinks": a[2], "sink_sm_scale": a[3]} \
+                if hasattr(self, "_jit_window_left") and len(a) >= 4 else {}
+            rec.add(name, "run", {**_bound(base.run, (self, *a), kw), **extra,
                                   "planned_window_left": self._window_left,
                                   "planned_logits_soft_cap": self._logits_soft_cap,
                                   "planned_sm_scale": self._sm_scale}, self._wid)
-            return super().run(*a, **kw)
+            return base.run(self, *a, **kw)
 
     Recording.__name__ = Recording.__qualname__ = name
     return Recording
@@ -183,6 +207,8 @@ def install(rec: Recorder) -> dict:
     for k in [k for k in sys.modules if k == "flashinfer" or k.startswith("flashinfer.")]:
         del sys.modules[k]
     wrappers = {n: recording_wrapper(n, base, rec) for n, base in WRAPPERS.items()}
+    sink = "BatchAttentionWithAttentionSinkWrapper"
+    wrappers[sink] = recording_wrapper(sink, SinkStandIn, rec, wrappers["BatchPrefillWithPagedKVCacheWrapper"])
     root = StandInModule("flashinfer", rec, dict(wrappers))
     sys.modules["flashinfer"] = root
     for sub in ("decode", "prefill", "utils", "cascade"):

@@ -221,6 +221,10 @@ def markdown(table: dict) -> str:
              "release builds them: [families.md](" + ("../" if table.get("fixes") else "") + "families.md) "
              "(`swa-repro audit --sglang X --model FAMILY --gpu G`).",
              "",
+             "vLLM's FlashInfer backend, per release, family and GPU class (issue #27): [vllm-releases.md]("
+             + ("../" if table.get("fixes") else "") + "vllm-releases.md) (`swa-repro audit --vllm X --model "
+             "FAMILY --gpu G`).",
+             "",
              "| sglang | flashinfer pin | backend | " + " | ".join(classes.values()) + " |",
              "|---|---|---|" + "---|" * len(classes)]
     for r in table["rows"]:

@@ -1,0 +1,100 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · vLLM: does its FlashInfer backend attend with the window and cap my model's layers ask for?
+#
+# The same question this project answers for sglang, for vLLM releases 0.20.0 to 0.34.0 (issue #27).
+# `swa-repro audit --vllm X --model FAMILY --gpu G` drives release X's own FlashInfer backend on CPU
+# (its metadata builder and `FlashInferImpl`, FlashInfer replaced by recording stand-ins) and
+# compares what each kernel is told with what the layer asks for; the table below is the committed
+# `docs/audit/vllm-releases.json` (`swa-repro audit --release-table --vllm table`), read here, not
+# re-derived: each release's wheel is large, and one release's audit takes about half a minute.
+#
+# *Exploring here.* Opened with `make lab`, this file is your copy in `scratch/` (git-ignored), not
+# the tracked one in `notebooks/`: a save, and JupyterLab's autosave every two minutes, write that
+# copy only, and the next `make lab` keeps your edits. Change the cell tagged `parameters`, then
+# *Run All*: this run's figures, checks and parameters go to
+# `artifacts/interactive/<notebook>-<hash of the parameters>/`; `artifacts/` itself is `make repro`'s.
+
+# %% tags=["parameters"]
+mode = "auto"  # auto | live | model
+output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
+
+# %%
+from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+
+output_dir = artifact_set("08_vllm", globals())  # this run's folder (the first cell says which)
+info = announce_mode(mode, output_dir, "08_vllm")
+
+# %%
+from swa_repro.notebook import plots, vllm_page
+from swa_repro.notebook.checks import Checks
+
+checks = Checks("08_vllm", output_dir)
+save = figure_saver(output_dir)
+t = vllm_page.load()
+df = vllm_page.cells(t)
+print(t["provenance"]["command"], "|", t["provenance"]["date"], "| swa-repro", t["provenance"]["swa_repro_commit"])
+
+# %% [markdown]
+# ## 1. The table, per GPU class
+#
+# **affected**: a kernel that runs is told another window, cap, scale or sinks than the layer asks
+# ("cap dropped by X": vLLM calls kernel X directly, without the soft cap); *layer != HF*: the
+# kernels get what the layer asks, but the layer asks for another window than transformers' mask;
+# *refused*: the release will not serve the family with FlashInfer on that GPU class. Where
+# FlashInfer is not the default backend (column `default_backend`), a cell applies with
+# `--attention-config.backend FLASHINFER`.
+
+# %%
+df.drop_duplicates(["vllm", "gpu"]).pivot(index="vllm", columns="gpu", values="default_backend")
+
+# %%
+vllm_page.grid(df, "sm100")
+
+# %%
+vllm_page.grid(df, "sm90")
+
+# %%
+vllm_page.grid(df, "sm80")
+
+# %% [markdown]
+# ## 2. One picture: every release, GPU class and family
+
+# %%
+plots.publish(vllm_page.heatmap(df, "vLLM's FlashInfer backend, as shipped"), "08_vllm_states", save)
+
+# %% [markdown]
+# ## 3. With the opt-in fix (`--fix cap-route`)
+#
+# Soft-capped layers stay on the planned wrappers, which take the cap
+# (`swa-repro audit --vllm X --fix cap-route --diff` prints the edit); the same audit, every release.
+
+# %%
+fixed = vllm_page.cells(vllm_page.load(fixed=True))
+fixed[fixed.family == "gemma2"].pivot(index="vllm", columns="gpu", values="cell")
+
+# %%
+sm100 = df[(df.gpu == "sm100") & (df.family == "gemma2")]
+checks.expect(set(sm100.state) == {"affected"} and sm100.cell.str.contains("cap dropped").all(),
+              "gemma2 on sm100 (FlashInfer by default): the soft cap is dropped in every release")
+checks.expect(set(df[df.gpu == "sm100"].default_backend) == {"FLASHINFER"}
+              and set(df[df.gpu != "sm100"].default_backend) == {"FLASH_ATTN"},
+              "FlashInfer is sm100's default backend, FlashAttention sm90's and sm80's, in every release")
+checks.expect(not fixed.cell.str.contains("cap dropped").any(), "with --fix cap-route no cap is dropped")
+both = df.merge(fixed, on=["vllm", "gpu", "family"], suffixes=("", "_fixed"))
+checks.expect((both[both.state != "affected"].state == both[both.state != "affected"].state_fixed).all(),
+              "the fix changes only cells that were affected")
+
+# %%
+checks.close()

@@ -1,0 +1,225 @@
+"""One family on one GPU class, inside the child (``drive``): the release's
+``FlashInferMetadataBuilder`` built per layer kind, every batch shape (``PATHS``) built and run
+through ``FlashInferImpl.forward`` with the recording stand-ins, and per kernel call what it is
+told against what the layer asks for.
+
+Release differences handled here, each read from the release's own code rather than assumed:
+the KV-cache layout (0.29 and later: ``KVCacheLayout`` objects, the first of the release's
+``get_supported_kv_cache_layouts([FlashInferBackend])``, as its worker resolves them; before: the ``"NHD"``/``"HND"`` strings of
+``get_required_kv_cache_layout()``, set with the release's ``set_kv_cache_layout`` as its
+``v1/attention/selector.py`` does, and the cache allocated from ``get_kv_cache_shape`` permuted by
+``get_kv_cache_stride_order``, as its model runner does).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from swa_repro.vllm import standins
+
+PAGE = 16
+# path -> per request (query tokens, sequence length); decodes first, as vLLM's reorder puts them
+PATHS = {"prefill": [(300, 5000), (200, 200)],
+         "decode": [(1, 6000), (1, 100), (1, 4097)],
+         "mixed": [(1, 6000), (1, 50), (300, 5000)]}
+KERNEL_CALLS = ("run", "call")
+
+
+# ----------------------------------------------------------------------------- layers and config
+def layer_params(fam: dict) -> dict:
+    """kind -> FlashInferImpl kwargs, from the family's per-kind parameters (``vllm.families``:
+    the release's model code where it could be driven, else the config): ``sliding_window`` is
+    HF's (inclusive; the impl keeps ``sliding_window - 1``), ``sinks`` a tensor of one per head
+    where the layer has them (gpt-oss)."""
+    out = {}
+    for kind, k in sorted(fam["layers"].items()):
+        kw = dict(num_heads=fam["num_qo_heads"], head_size=fam["head_dim"], scale=k["scale"],
+                  num_kv_heads=fam["num_kv_heads"], alibi_slopes=None, sliding_window=k["sliding_window"],
+                  kv_cache_dtype="auto", logits_soft_cap=k["logits_soft_cap"] or None)
+        if k.get("sinks"):
+            kw["sinks"] = torch.zeros(fam["num_qo_heads"], dtype=torch.float32)
+        out[kind] = kw
+    return out
+
+
+def make_config(fam: dict, layers: dict, max_len: int):
+    from vllm.config import CUDAGraphMode
+
+    ns = types.SimpleNamespace
+    return ns(cache_config=ns(cache_dtype="auto", block_size=PAGE),
+              model_config=ns(max_model_len=max_len, dtype=torch.bfloat16, use_mla=False,
+                              get_num_attention_heads=lambda pc=None: fam["num_qo_heads"],
+                              get_num_kv_heads=lambda pc=None: fam["num_kv_heads"],
+                              get_head_size=lambda: fam["head_dim"]),
+              attention_config=ns(use_trtllm_attention=None, disable_flashinfer_prefill=False,
+                                  disable_flashinfer_q_quantization=False, use_prefill_decode_attention=False,
+                                  flashinfer_max_num_splits=None),
+              num_speculative_tokens=0, speculative_config=None,
+              scheduler_config=ns(max_num_batched_tokens=8192, max_num_seqs=16),
+              compilation_config=ns(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=None,
+                                    static_forward_context=layers),
+              parallel_config=ns(cp_kv_cache_interleave_size=1, dcp_comm_backend="ag_rs",
+                                 decode_context_parallel_size=1, prefill_context_parallel_size=1,
+                                 tensor_parallel_size=1),
+              kv_transfer_config=None, use_v2_model_runner=False)
+
+
+def common_metadata(reqs: list):
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    q = [a for a, _ in reqs]
+    s = [b for _, b in reqs]
+    qsl = torch.tensor([0, *torch.tensor(q).cumsum(0).tolist()], dtype=torch.int32)
+    pages = [(n + PAGE - 1) // PAGE for n in s]
+    table = torch.zeros(len(reqs), max(pages), dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
+        start += n
+    slots = torch.cat([table[i, (torch.arange(sl - ql, sl) // PAGE)] * PAGE + torch.arange(sl - ql, sl) % PAGE
+                       for i, (ql, sl) in enumerate(reqs)]).long()
+    seq = torch.tensor(s, dtype=torch.int32)
+    cm = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
+                                 num_reqs=len(reqs), num_actual_tokens=int(sum(q)), max_query_len=max(q),
+                                 max_seq_len=max(s), block_table_tensor=table, slot_mapping=slots, causal=True)
+    return cm, start
+
+
+class Layer:
+    """What vLLM's ``FlashInferImpl.forward`` reads of its layer: the q/k/v scales (1.0: no fp8)."""
+
+    def __init__(self, impl, name):
+        self.impl, self.layer_name, self.kv_cache_dtype = impl, name, "auto"
+        for n in ("_q_scale", "_k_scale", "_v_scale"):
+            setattr(self, n, torch.ones(()))
+            setattr(self, f"{n}_float", 1.0)
+        self._o_scale_float = None
+
+
+# ----------------------------------------------------------------------------- KV-cache layout
+def resolve_layout(fb, cfg):
+    """The layout this GPU class gets, by the release's own rule -> (layout, its name)."""
+    from vllm.v1.attention.backends import utils as bu
+
+    be = fb.FlashInferBackend
+    if hasattr(be, "supported_kv_cache_layouts"):  # 0.29+: the worker's resolution, most preferred first
+        pick = getattr(bu, "get_supported_kv_cache_layouts", None)
+        layout = pick([be])[0] if pick else be.supported_kv_cache_layouts()[0]
+        cfg.cache_config.get_resolved_kv_cache_layout = lambda: layout
+        return layout, layout.name
+
+    required = be.get_required_kv_cache_layout() if hasattr(be, "get_required_kv_cache_layout") else None
+    if required is not None:
+        bu.set_kv_cache_layout(required)
+    return None, bu.get_kv_cache_layout()
+
+
+def kv_cache(fb, layout, pages: int, heads: int, head_dim: int) -> torch.Tensor:
+    """A layer's cache in the release's logical shape, allocated in its physical order."""
+    if layout is not None:  # logical [B, H, N, 2*D]; ``layer_view_order`` the physical one
+        logical = (pages, heads, PAGE, 2 * head_dim)
+        order = layout.layer_view_order
+    else:  # get_kv_cache_shape, permuted by get_kv_cache_stride_order (the model runner's view)
+        logical = fb.FlashInferBackend.get_kv_cache_shape(pages, PAGE, heads, head_dim)
+        order = fb.FlashInferBackend.get_kv_cache_stride_order()
+    phys = torch.zeros([logical[i] for i in order], dtype=torch.bfloat16)
+    return phys.permute(*[list(order).index(i) for i in range(len(order))])
+
+
+# ----------------------------------------------------------------------------- verdicts
+def told(call: dict) -> dict:
+    """What the kernel is told: a wrapper's ``run`` -> the window, cap and scale it planned; a
+    direct kernel call -> its own arguments (``bmm1_scale`` is the softmax scale for bf16 caches;
+    no ``logits_soft_cap`` argument is recorded as "not passed")."""
+    a = call["args"]
+    if call["method"] == "run" and "jit_window_left" in a:  # the sink wrapper (standins.SinkStandIn)
+        window = a["planned_window_left"] if a["jit_window_left"] >= 0 else -1  # compiled without a window
+        return {"window_left": window, "logits_soft_cap": a["planned_logits_soft_cap"],
+                "sm_scale": a["sink_sm_scale"], "sinks": a.get("sinks") is not None}
+    if call["method"] == "run":
+        return {"window_left": a["planned_window_left"], "logits_soft_cap": a["planned_logits_soft_cap"],
+                "sm_scale": a["planned_sm_scale"], "sinks": a.get("sinks") is not None}
+    return {"window_left": a.get("window_left", "not passed"),
+            "logits_soft_cap": a.get("logits_soft_cap", "not passed"),
+            "sm_scale": a.get("sm_scale", a.get("bmm1_scale", "not passed")),
+            "sinks": a.get("sinks") is not None}
+
+
+def verdict(asked: dict, got: dict) -> list[str]:
+    """What differs, one phrase each (empty: the kernel is told what the layer asks for)."""
+    out = []
+    if got["window_left"] != asked["window_left"]:
+        out.append(f"window_left {asked['window_left']} asked, {got['window_left']} told")
+    cap_a, cap_t = asked["logits_soft_cap"] or 0.0, got["logits_soft_cap"]
+    if (cap_a if cap_t == "not passed" else (cap_t or 0.0) != cap_a):
+        out.append(f"logits_soft_cap {cap_a} asked, {cap_t} told")
+    if isinstance(got["sm_scale"], float) and abs(got["sm_scale"] - asked["sm_scale"]) > 1e-9:
+        out.append(f"sm_scale {asked['sm_scale']} asked, {got['sm_scale']} told")
+    if got["sinks"] != asked["sinks"]:
+        out.append(f"sinks {asked['sinks']} asked, {got['sinks']} told")
+    return out
+
+
+# ----------------------------------------------------------------------------- one family, one GPU class
+def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
+    import vllm.config.vllm as cv
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    class AuditLayer(Layer, AttentionLayerBase):
+        def get_attn_backend(self):
+            return fb.FlashInferBackend
+
+        def get_kv_cache_spec(self, vllm_config):
+            return None
+
+    params = layer_params(fam)
+    layers: dict = {}
+    cfg = make_config(fam, layers, 16384)
+    cv._current_vllm_config = cfg  # what force_use_trtllm_attention() reads
+    layout, layout_name = resolve_layout(fb, cfg)
+    hq, hk, d = fam["num_qo_heads"], fam["num_kv_heads"], fam["head_dim"]
+    rows = []
+    for kind, p in params.items():
+        name = f"model.layers.{kind}.attn"
+        row0 = {"layer": kind}
+        try:
+            layer = layers[name] = AuditLayer(fb.FlashInferImpl(**p), name)
+        except Exception as e:  # the release's impl refuses the layer (e.g. sinks on this GPU class)
+            rows.append({**row0, "path": "build", "error": f"{type(e).__name__}: {e}".splitlines()[0],
+                         "asked": None, "calls": [], "kernels": []})
+            continue
+        impl = layer.impl
+        asked = {"window_left": impl.window_left, "logits_soft_cap": impl.logits_soft_cap, "sm_scale": impl.scale,
+                 "sinks": getattr(impl, "sinks", None) is not None}
+        common = dict(block_size=PAGE, num_kv_heads=hk, head_size=d, dtype=torch.bfloat16)
+        spec = SlidingWindowSpec(**common, sliding_window=p["sliding_window"]) if p["sliding_window"] \
+            else FullAttentionSpec(**common)
+        try:  # one builder per layer kind: vLLM builds one per KV-cache group, and the kinds' specs differ
+            builder = fb.FlashInferMetadataBuilder(spec, [name], cfg, torch.device("cpu"))
+        except Exception as e:
+            rows.append({**row0, "path": "build", "asked": asked, "calls": [], "kernels": [],
+                         "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            continue
+        for path, reqs in PATHS.items():
+            n0 = len(rec.calls)
+            cm, pages = common_metadata(reqs)
+            row = {**row0, "path": path, "requests": reqs, "asked": asked}
+            try:
+                md = builder.build(0, cm)
+                t = cm.num_actual_tokens
+                q = torch.zeros(t, hq, d, dtype=torch.bfloat16)
+                k = torch.zeros(t, hk, d, dtype=torch.bfloat16)
+                impl.forward(layer, q, k, k.clone(), kv_cache(fb, layout, pages, hk, d), md,
+                             torch.zeros(t, hq, d, dtype=torch.bfloat16))
+            except Exception as e:  # the release refused this path: that is the row's answer
+                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            calls = rec.calls[n0:]
+            row["calls"] = calls
+            row["kernels"] = [{"kernel": c["target"], "how": c["method"], "told": told(c),
+                               "differs": verdict(asked, told(c))}
+                              for c in calls if c["method"] in KERNEL_CALLS and c["target"] != "get_seq_lens"]
+            rows.append(row)
+    return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__}
