@@ -83,12 +83,17 @@ CHAIN = {
                                                "<- sglang/srt/configs/model_config.py:28"),
     "loguru": ("compressed-tensors", "0.7.3", "compressed_tensors/logger.py:13"),
     "gguf": ("sglang", "0.19.0", "srt/layers/quantization/gguf.py:10 <- srt/layers/quantization/__init__.py:31"),
+    "datasets": ("sglang", "5.2.0", "sglang/benchmark/datasets/mmmu.py:8 <- benchmark/datasets/__init__.py:11 <- "
+                                    "benchmark/serving.py:44 <- sglang/test/test_utils.py:38 (CustomTestCase: the "
+                                    "registered regression test's import, 0.5.23; the H100 run of 2026-12-05 stopped "
+                                    "there; measured with swa_repro.sglang.device_image)"),
+    "multiprocess": ("datasets", "0.70.19", "datasets/arrow_dataset.py:56 (datasets 5.2.0)"),
 }
 # carried although sglang's Requires-Dist does not name it: (parent named instead, why)
 INDIRECT = {"starlette": ("fastapi", "sglang imports starlette directly (srt/utils/common.py:90) but requires it "
                                      "only through fastapi (carried since 0.5.23's path imports it)"),
             "dill": ("datasets", "sglang imports dill directly (srt/sampling/custom_logit_processor.py:7) but requires "
-                                 "it only through datasets, which the path never imports (not carried)")}
+                                 "it only through datasets")}
 
 
 def norm(name: str) -> str:

@@ -41,18 +41,29 @@ def getter(name: str):
 
 def build(names) -> dict:
     """Each helper built (or loaded, when its library exists) in its own thread: ``{name: seconds}``,
-    or ``"error: ..."`` for one that failed."""
-    def one(name):
+    or ``"error: ..."`` for one that failed. The getters are imported first, one after another, in
+    this thread: two threads importing flashinfer's submodules at once deadlocked on the H100 on
+    2026-12-05 (``_DeadlockError`` on ``flashinfer.trace.templates.quantize``), and the other thread's
+    import then failed, so neither helper was built; only the builds run side by side."""
+    def one(item):
+        name, fn = item
+        if isinstance(fn, str):
+            return name, fn
         t = time.perf_counter()
         try:
-            getter(name)()
+            fn()
         except Exception as e:  # noqa: BLE001 - reported; the caller goes on
             return name, f"error: {type(e).__name__}: {str(e)[-300:]}"
         return name, round(time.perf_counter() - t, 1)
 
-    names = list(dict.fromkeys(names))
-    with ThreadPoolExecutor(max_workers=max(1, len(names))) as ex:
-        return dict(ex.map(one, names))
+    fns = {}
+    for name in dict.fromkeys(names):
+        try:
+            fns[name] = getter(name)
+        except Exception as e:  # noqa: BLE001 - reported; the caller goes on
+            fns[name] = f"error: {type(e).__name__}: {str(e)[-300:]}"
+    with ThreadPoolExecutor(max_workers=max(1, len(fns))) as ex:
+        return dict(ex.map(one, fns.items()))
 
 
 def main(argv=None) -> int:
