@@ -62,6 +62,7 @@ def overlay():
     return release_overlay(up.VERSION)
 
 
+@pytest.mark.matrix  # a plain child importing sglang's test utilities (~20 s from nothing): with the bundle tests
 def test_the_gpu_test_files_import_as_on_the_device(overlay):
     doc = _checked(overlay, GPU_FILES)
     assert doc["files"] == {f.name: "imports" for f in GPU_FILES}, doc
