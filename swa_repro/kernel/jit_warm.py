@@ -39,6 +39,10 @@ def getter(name: str):
     raise LookupError(f"this flashinfer has none of {[f'{m}.{f}' for m, f in HELPERS[name]]}")
 
 
+def _error(e: BaseException) -> str:
+    return f"error: {type(e).__name__}: {str(e)[-300:]}"
+
+
 def build(names) -> dict:
     """Each helper built (or loaded, when its library exists) in its own thread: ``{name: seconds}``,
     or ``"error: ..."`` for one that failed. The getters are imported first, one after another, in
@@ -47,23 +51,23 @@ def build(names) -> dict:
     import then failed, so neither helper was built; only the builds run side by side."""
     def one(item):
         name, fn = item
-        if isinstance(fn, str):
-            return name, fn
         t = time.perf_counter()
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - reported; the caller goes on
-            return name, f"error: {type(e).__name__}: {str(e)[-300:]}"
+            return name, _error(e)
         return name, round(time.perf_counter() - t, 1)
 
-    fns = {}
-    for name in dict.fromkeys(names):
+    names = list(dict.fromkeys(names))
+    fns, out = {}, {}
+    for name in names:
         try:
             fns[name] = getter(name)
         except Exception as e:  # noqa: BLE001 - reported; the caller goes on
-            fns[name] = f"error: {type(e).__name__}: {str(e)[-300:]}"
+            out[name] = _error(e)
     with ThreadPoolExecutor(max_workers=max(1, len(fns))) as ex:
-        return dict(ex.map(one, fns.items()))
+        out.update(ex.map(one, fns.items()))
+    return {n: out[n] for n in names}
 
 
 def main(argv=None) -> int:

@@ -6,8 +6,8 @@ which imports ``sglang.benchmark.serving`` (0.5.23 test_utils.py:38) -> ``sglang
 (serving.py:44) -> ``datasets`` (benchmark/datasets/mmmu.py:8). The image lacks ``datasets``: on the H100
 on 2026-12-05 both regression runs stopped there before any case ran
 (recordings/sglang-live/fix-0.5.23/call-20261205T1245-h100-kit-regress). A CPU child imports the same
-files behind :class:`DeviceFilter`, which refuses every distribution that neither :data:`IMAGE` nor a
-bundle (:func:`carried`) holds: a required one fails here as it failed there, before device time is spent.
+files with only :func:`device_view` on its path: the site-packages entries of :data:`IMAGE` and of the
+bundles (:func:`carried`), so a required import fails here as it failed there, before device time is spent.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from swa_repro.evidence.sglang_bundle import norm
 
 # /work/.library/device/KINDS.md: "their image, 'cuda', holds these, as last read on a machine running
 # it on 2026-11-17" (nvidia-h100-x1 and nvidia-h200 alike); names as listed there
@@ -52,13 +53,6 @@ IMAGE = frozenset([
     "transformers", "treescope", "triton", "typer", "typing-extensions", "typing-inspect", "urllib3", "uvloop",
     "wadler-lindig", "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp"
 ])
-# torch's own wheel requirements: on the image as torch's, not listed by name above
-TORCH_REQUIRES = frozenset({"sympy", "networkx", "jinja2", "filelock", "fsspec", "typing-extensions", "setuptools"})
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
 
 def carried() -> frozenset[str]:
     """Every distribution the two bundles install: sglang and its measured chain, flashinfer, its
@@ -77,9 +71,9 @@ def owners() -> dict[str, set[str]]:
 
 
 def have(own=("swa-repro",)) -> set[str]:
-    """What the GPU machine holds: the image, torch's requirements, the bundles, and ``own`` (this
+    """What the GPU machine holds: the image, the bundles, and ``own`` (this
     project's code, on the device's PYTHONPATH from the checkout)."""
-    return {norm(d) for d in IMAGE | TORCH_REQUIRES} | carried() | {norm(d) for d in own}
+    return {norm(d) for d in IMAGE} | carried() | {norm(d) for d in own}
 
 
 def device_view(dest: Path, site_packages: Path | None = None) -> Path:
