@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER, apply_fixes
+from swa_repro.sglang.fix import ALL, ORDER, apply_fixes
 from swa_repro.sglang.fix import upstream as up
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +72,10 @@ def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
 def test_a_live_recording_of_another_all_diff_is_said_to_predate_it(text):
     """The H200 run of the fixed file counts for today's all.diff only if its fix.diff makes the same file."""
     assert up.stale_live(text, up.unified(text, apply_fixes(text, ORDER))) is None
+    assert up.stale_live(text, up.unified(text, apply_fixes(text, ALL))) is None  # what patch --fix all ran
+    also = up.live_fix_set(text, up.unified(text, apply_fixes(text, ALL)))  # ... and the README says so
+    assert also and "`sm100_no_cutlass_window`" in also
+    assert up.live_fix_set(text, up.unified(text, apply_fixes(text, ORDER))) is None
     assert "predates" in up.stale_live(text, up.unified(text, apply_fixes(text, ("soft_cap_decode",))))
     assert up.stale_live(text, None) is None
 
@@ -89,25 +93,35 @@ def test_live_section_renders_a_recording():
 
 
 def test_regress_results_reads_unittests_own_report(tmp_path):
-    """A real ``unittest -v`` run (pass, fail, error, and log lines between a name and its verdict),
-    framed as scripts/gpu_fix.sh frames each site's run, read back case by case."""
-    t = tmp_path / "t.py"
+    """Real ``unittest -v`` runs (pass, fail, error, a failing subtest case, and log lines between a
+    name and its verdict), two files per site, framed as scripts/gpu_fix.sh frames each site's run,
+    read back test by test, with the failing cases named and the runs' counts summed."""
+    t, k = tmp_path / "t.py", tmp_path / "k.py"
     t.write_text("import sys, unittest\n"
                  "class T(unittest.TestCase):\n"
                  "    def test_a_ok(self): print('INFO - flashinfer.jit: Building JIT module x', file=sys.stderr)\n"
                  "    def test_b_fail(self): self.fail('off the reference')\n"
                  "    def test_c_error(self): raise RuntimeError('boom')\n"
                  "unittest.main()\n")
-    p = subprocess.run([sys.executable, str(t), "-v"], capture_output=True, text=True)
-    assert p.returncode == 1
-    log = ("== regress shipped on /tmp/site-shipped (expected to FAIL)\n" + p.stdout + p.stderr +
+    k.write_text("import unittest\n"
+                 "class K(unittest.TestCase):\n"
+                 "    def test_kit(self):\n"
+                 "        for case in ('edges', 'past_window'):\n"
+                 "            with self.subTest(case=case, topk=2): self.assertEqual(case, 'edges')\n"
+                 "unittest.main()\n")
+    p, q = (subprocess.run([sys.executable, str(f), "-v"], capture_output=True, text=True) for f in (t, k))
+    assert p.returncode == q.returncode == 1
+    log = ("== regress shipped on /tmp/site-shipped (expected to FAIL)\n" + p.stdout + p.stderr + q.stderr +
            "== regress shipped: FAIL, as expected, after 9s\n== regress fixed on /tmp/site-fixed (expected to PASS)\n"
            + p.stderr.replace("test_b_fail", "test_d").replace("FAIL: test_d", "ok").replace("ERROR: test_c_error", "ok"))
     got = up.regress_results(log)
-    assert got["shipped"] == {"ran": 3, "status": {"test_a_ok": "pass", "test_b_fail": "fail", "test_c_error": "error"}}
-    assert got["fixed"]["ran"] == 3 and got["fixed"]["status"]["test_a_ok"] == "pass"
+    assert got["shipped"] == {"ran": 4, "status": {"test_a_ok": "pass", "test_b_fail": "fail", "test_c_error": "error",
+                                                   "test_kit": "fail"},
+                              "cases": {"test_kit": ["past_window topk=2"]}}
+    assert got["fixed"]["ran"] == 3 and got["fixed"]["status"]["test_a_ok"] == "pass" and got["fixed"]["cases"] == {}
     lines = up.regress_lines(log, {"mode": "live", "results": [{"status": "passed"}] * 3 + [{"status": "failed"}]})
-    assert "| test_b_fail | fail | - |" in lines and any("3 passed, 1 failed, 0 errors" in ln for ln in lines)
+    assert "| test_b_fail | **fail** | - |" in lines and "| test_kit | **fail** (past_window topk=2) | - |" in lines
+    assert any("3 passed, 1 failed, 0 errors" in ln for ln in lines)
     assert up.regress_lines(None, None) == []
 
 

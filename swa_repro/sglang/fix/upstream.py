@@ -19,7 +19,7 @@ from swa_repro.sglang.fix import FIXES, ORDER, parse_names, states
 from swa_repro.sglang.fix.alternatives import ALTERNATIVES
 from swa_repro.sglang.fix.upstream_diff import (LIVE, REPO_PATH, ROOT, TEST, VERSION, diffs,  # noqa: F401
                                                 plus_side, source, unified)
-from swa_repro.sglang.fix.upstream_live import (load_live, live_lines, regress_lines, regress_results,  # noqa: F401
+from swa_repro.sglang.fix.upstream_live import (live_fix_set, load_live, live_lines, regress_lines, regress_results,  # noqa: F401
                                                 stale_live)
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 from swa_repro.sglang.patch.classify import REL_PATH
@@ -248,7 +248,9 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
     lines += alternative_lines(runs, cost)
     stale = stale_live(text, live_diff) if after is not None else None
-    lines += ["", "## Live on an H200", "", *([stale, ""] if stale else []), *live_lines(before, after),
+    also = live_fix_set(text, live_diff) if after is not None else None
+    lines += ["", "## Live on an H200", "", *([stale, ""] if stale else []), *([also, ""] if also else []),
+              *live_lines(before, after),
               *regress_lines(regress_log, kit, stale=stale is not None)]
     return "\n".join(lines) + "\n"
 

@@ -11,7 +11,7 @@ import lzma
 import re
 from pathlib import Path
 
-from swa_repro.sglang.fix import ORDER, apply_fixes
+from swa_repro.sglang.fix import ALL, ORDER, apply_fixes
 from swa_repro.sglang.fix.upstream_diff import LIVE, ROOT, TEST, VERSION, plus_side
 
 def load_live(path: Path) -> dict | None:
@@ -20,24 +20,29 @@ def load_live(path: Path) -> dict | None:
 
 _SITE = re.compile(r"^== regress (shipped|fixed) on ")
 _TEST = re.compile(r"\b(test_\w+) \(__main__\.")
-_BAD = re.compile(r"^(FAIL|ERROR): (test_\w+) \(")
+_BAD = re.compile(r"^(FAIL|ERROR): (test_\w+) \([^)]*\)(?: \(case='([^']*)'(?:.*\btopk=(\d+))?)?")
 _RAN = re.compile(r"^Ran (\d+) tests? in ")
 
 
 def regress_results(log: str) -> dict:
-    """``scripts/gpu_fix.sh``'s regress.log -> ``{site: {"ran": N, "status": {test: pass|fail|error}}}``.
-    Read off unittest's own report (``-v`` names every test; its summary heads each failure with
-    ``FAIL:`` / ``ERROR:``), not off the ``ok`` after a name: log lines of the run can come between."""
+    """``scripts/gpu_fix.sh``'s regress.log -> ``{site: {"ran": N, "status": {test: pass|fail|error},
+    "cases": {test: [subtest case that failed]}}}``. Read off unittest's own report (``-v`` names
+    every test; its summary heads each failure with ``FAIL:`` / ``ERROR:``, a subtest's with its
+    ``case=``), not off the ``ok`` after a name: log lines of the run can come between. A site runs
+    more than one test file (the registered test, then sglang's kit cases): ``ran`` is their sum."""
     out, cur = {}, None
     for line in log.splitlines():
         if m := _SITE.match(line):
-            cur = out.setdefault(m.group(1), {"ran": None, "status": {}})
+            cur = out.setdefault(m.group(1), {"ran": None, "status": {}, "cases": {}})
         elif cur is None:
             continue
         elif m := _BAD.match(line):
             cur["status"][m.group(2)] = m.group(1).lower()
+            if m.group(3):  # a subtest: its case, and the draft tree's topk where the case has one
+                case = m.group(3) + (f" topk={m.group(4)}" if m.group(4) else "")
+                cur["cases"].setdefault(m.group(2), []).append(case)
         elif m := _RAN.match(line):
-            cur["ran"] = int(m.group(1))
+            cur["ran"] = (cur["ran"] or 0) + int(m.group(1))
         elif m := _TEST.search(line):
             cur["status"].setdefault(m.group(1), "pass")
     return out
@@ -52,11 +57,19 @@ def regress_lines(log: str | None, kit: dict | None, stale: bool = False) -> lis
         res = regress_results(log)
         which = (f"The regression test as recorded with the fixes of then (the former hand-written "
                  f"`{Path(TEST).name}`, before it moved to `{TEST}` on the kit)") if stale else f"`{TEST}`"
-        out += ["", f"{which} on CUDA (regress.log), per case: **fail** / **error** / pass.", "",
-                "| case | as shipped | with all.diff |", "|---|---|---|"]
-        cases = sorted({t for r in res.values() for t in r["status"]})
-        out += [f"| {t} | {res.get('shipped', {}).get('status', {}).get(t, '-')} | "
-                f"{res.get('fixed', {}).get('status', {}).get(t, '-')} |" for t in cases]
+        then = "" if stale else (", then sglang's own FlashInfer kit tests re-expressed "
+                                 "(`tests/sglang_kit_flashinfer_cases.py`), each site's kit edited")
+        out += ["", f"{which}{then}, on CUDA (regress.log), per test: **fail** / **error** (the failing "
+                "subtest cases) / pass.", "",
+                "| test | as shipped | with all.diff |", "|---|---|---|"]
+
+        def cell(site, t):
+            r = res.get(site, {})
+            st, failed = r.get("status", {}).get(t, "-"), r.get("cases", {}).get(t)
+            return f"**{st}** ({', '.join(failed)})" if failed else (f"**{st}**" if st in ("fail", "error") else st)
+
+        tests = sorted({t for r in res.values() for t in r["status"]})
+        out += [f"| {t} | {cell('shipped', t)} | {cell('fixed', t)} |" for t in tests]
         for site, r in sorted(res.items()):
             bad = sum(v != "pass" for v in r["status"].values())
             out.append(f"\n{site}: {r['ran']} ran, {bad} failed or errored.")
@@ -104,14 +117,34 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
 
 def stale_live(text: str, live_diff: str | None) -> str | None:
     """Why the recorded H200 run of the fixed file is not a run of today's ``all.diff`` (None: it
-    is, or there is no recorded diff): the file its ``fix.diff`` makes differs from ``apply_fixes``'."""
+    is, or there is no recorded diff): the file its ``fix.diff`` makes is neither ``all.diff``'s nor
+    what ``patch --fix all`` makes of the backend (``ALL``: ``all.diff`` plus the family fixes that
+    edit the same file, which gpu_fix.sh's patch step applies)."""
     if live_diff is None:
         return None
     try:
-        same = plus_side(text, live_diff) == apply_fixes(text, ORDER)
+        got = plus_side(text, live_diff)
+        same = got in (apply_fixes(text, ORDER), apply_fixes(text, ALL))
     except (ValueError, IndexError):
         same = False
     return None if same else (
         f"**The with-all.diff column predates today's `all.diff`:** the file it ran ({LIVE.relative_to(ROOT)}/fix.diff) "
         "is not the one `all.diff` makes now, so it says nothing about the fixes changed since. Re-record with "
         "`bash scripts/gpu_fix.sh` on an H200, then regenerate this file.")
+
+
+def live_fix_set(text: str, live_diff: str | None) -> str | None:
+    """Which edits the recorded fixed file carries, where it is more than ``all.diff``: the GPU's
+    patch step runs ``patch apply --fix all``, which also applies the family fixes that edit the
+    backend (their branches may be for another GPU class than the one it ran on)."""
+    if live_diff is None or stale_live(text, live_diff) is not None:
+        return None
+    from swa_repro.sglang.fix import states
+
+    extra = [n for n, st in states(text, ALL).items() if n not in ORDER and st.state == "needed"]
+    if not extra or plus_side(text, live_diff) == apply_fixes(text, ORDER):
+        return None
+    return (f"The fixed site ran `swa-repro patch apply --fix all --in-place` ({LIVE.relative_to(ROOT)}/fix.diff): "
+            f"`all.diff`'s edits and, in the same file, {', '.join(f'`{n}`' for n in extra)} "
+            "(the family fixes' backend side; see families.md for where each branch is taken).")
+
