@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -56,7 +57,7 @@ HEAVY_FIRST = (
     "test_story.py",  # 55 s: notebooks 00, 01, 02 (twice)
     "test_audit_family.py",  # 51 s: 0.5.23's gemma2 at window 4096
     "test_family_answer.py",  # 50 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
-    "test_sglang_kit.py",  # 33 s: the kit on 0.5.23 fixed and 0.5.14
+    "test_sglang_kit.py",  # 21 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
     "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
     "test_upstream_kit.py",  # 29 s: four upstream_cpu runs on 0.5.23 (one warm server)
     "test_audit_spec.py",  # 22 s
@@ -90,6 +91,15 @@ def pytest_collection_modifyitems(config, items):
         return
     for it in gpu_items:
         it.add_marker(pytest.mark.skip(reason=why))
+
+
+def skip_module_unless(*names: str, reason: str = "") -> None:
+    """Skip the calling test module, at collection, when a package is not installed, without
+    importing it: ``pytest.importorskip`` at module level imports in every xdist worker's collection
+    (sglang ~6 s, JupyterLab ~3 s each; issue #24), though only the worker that runs the file needs it."""
+    missing = [n for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        pytest.skip(reason or f"not installed: {', '.join(missing)}", allow_module_level=True)
 
 
 def release_overlay(version: str):

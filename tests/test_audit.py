@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from conftest import skip_module_unless
 import torch
 
-pytest.importorskip("sglang")
+skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import harness  # noqa: E402

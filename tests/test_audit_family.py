@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
+from conftest import skip_module_unless
+
+skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import families as fam  # noqa: E402
@@ -23,6 +25,8 @@ from conftest import never  # noqa: E402
 # ----------------------------------------------------------------------------- families
 @pytest.mark.parametrize("family", fam.FAMILIES)
 def test_small_config_keeps_the_published_pattern_and_sizes(family):
+    import transformers
+
     cls_name, switches, arch = mc.MODELS[family]
     full = getattr(transformers, cls_name)(**switches)
     s = fam.small_config(family)

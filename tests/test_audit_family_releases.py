@@ -14,7 +14,9 @@ import re
 
 import pytest
 
-pytest.importorskip("transformers")
+from conftest import skip_module_unless
+
+skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
+from conftest import skip_module_unless
 import torch
 
-pytest.importorskip("sglang")
+skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.core.reference import visible  # noqa: E402

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import skip_module_unless
+
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import spans as sp
 from swa_repro.sglang.audit.spec import NGRAM_TREES, chain_parents
@@ -88,7 +90,7 @@ def test_a_real_window_counts_match_closed_forms():
 
 
 # ----------------------------------------------------------------------------- whole runs, against the dense form
-sglang = pytest.importorskip("sglang")
+skip_module_unless("sglang")
 from swa_repro.sglang.audit import paths as ap  # noqa: E402
 
 

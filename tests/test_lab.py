@@ -30,13 +30,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import skip_module_unless
+
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
 NOTEBOOK = "02_masks_and_cta_skips.py"
 START_TIMEOUT_S = 180  # a cold `jupyter lab` imports for ~15 s here (jsonschema's rfc3987 grammar)
 
-jupytext = pytest.importorskip("jupytext", reason="the notebooks extra (jupytext, jupyterlab) is not installed")
-pytest.importorskip("jupyterlab", reason="the notebooks extra (jupyterlab) is not installed")
+skip_module_unless("jupytext", "jupyterlab")  # the notebooks extra
 
 
 def _venv_ready() -> str | None:
@@ -250,12 +251,15 @@ def test_lab_save_round_trip_writes_only_the_py(make_lab_ready, tmp_path):
 
     # the .py is still the source: only the edit differs, the header is byte for byte the committed one
     assert text == re.sub(r"(?m)^window_left = None$", "window_left = 8", original)
+    import jupytext
+
     assert _has_parameters_cell(jupytext.reads(text, fmt="py:percent"))
 
 
 def test_jupytext_toml_leaves_swa_repro_run_alone():
     """`swa-repro run` converts with jupytext.read(path) (no config); the lab reads with the config
     of notebooks/jupytext.toml: both give the same notebook, and the config pairs nothing."""
+    import jupytext
     from jupytext.config import find_jupytext_configuration_file, load_jupytext_config
 
     assert Path(find_jupytext_configuration_file(str(NOTEBOOKS))) == NOTEBOOKS / "jupytext.toml"

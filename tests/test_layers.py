@@ -169,3 +169,45 @@ def test_no_import_cycle_even_through_function_level_imports(layer):
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ----------------------------------------------------------------------------- the suite's own collection
+# (matplotlib is not among them: swa_repro.notebook.plots imports it, and test_plots needs that at collection)
+HEAVY_AT_COLLECTION = {"sglang", "jupytext", "jupyterlab", "nbformat", "PIL", "transformers"}
+
+
+def collection_imports(source: str) -> set[str]:
+    """Top-level packages of ``HEAVY_AT_COLLECTION`` a test module imports at module level: by an
+    import statement, or by ``pytest.importorskip`` (which imports). Each xdist worker collects
+    every file, so these cost every worker their import time (issue #24: 12.7 s -> 3.3 s of
+    collection); ``conftest.skip_module_unless`` skips without importing."""
+    got = set()
+    for node in ast.parse(source).body:
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):  # run at collection
+            for call in ast.walk(node):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "importorskip" and call.args and isinstance(call.args[0], ast.Constant)):
+                    names.append(call.args[0].value)
+        got |= {n.split(".")[0] for n in names} & HEAVY_AT_COLLECTION
+    return got
+
+
+def test_no_test_module_imports_a_heavy_package_at_collection():
+    tests = Path(__file__).resolve().parent
+    bad = {p.name: sorted(got) for p in sorted(tests.glob("test_*.py")) if (got := collection_imports(p.read_text()))}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("source, expect", [
+    ("import pytest\nsglang = pytest.importorskip('sglang')\n", {"sglang"}),
+    ("from PIL import Image\n", {"PIL"}),
+    ("def f():\n    import jupytext\n", set()),
+    ("def f():\n    pytest.importorskip('sglang')\n", set()),
+    ("skip_module_unless('sglang')\nimport numpy\n", set())])
+def test_collection_import_checker(source, expect):
+    assert collection_imports(source) == expect

@@ -6,8 +6,10 @@ import ast
 
 import pytest
 
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("sglang")
+from conftest import skip_module_unless
+
+skip_module_unless("transformers")
+skip_module_unless("sglang")
 
 from swa_repro.sglang import model_configs as mc  # noqa: E402
 
@@ -20,6 +22,8 @@ def _line(rule: str) -> tuple[str, int]:
 
 
 def test_gemma2_values_come_from_its_config_class_and_sglang_source():
+    import transformers
+
     s = mc.model_spec("gemma2")
     cfg = transformers.Gemma2Config()
     assert (s.sliding_window, s.head_dim, s.logit_cap) == (cfg.sliding_window, cfg.head_dim, cfg.attn_logit_softcapping)
@@ -34,6 +38,8 @@ def test_gemma2_values_come_from_its_config_class_and_sglang_source():
 
 
 def test_gpt_oss_and_gemma3_read_by_introspection():
+    import transformers
+
     g = mc.model_spec("gpt-oss")
     cfg = transformers.GptOssConfig()
     assert (g.sliding_window, g.head_dim, g.window_left) == (cfg.sliding_window, cfg.head_dim, cfg.sliding_window - 1)
@@ -43,6 +49,8 @@ def test_gpt_oss_and_gemma3_read_by_introspection():
 
 
 def test_models_sglang_serves_without_a_window_and_the_cohere2_convention():
+    import transformers
+
     for name in ("mistral", "qwen2-swa"):
         s = mc.model_spec(name)
         assert s.sliding_window is not None and s.window_left == -1 and not s.has_window
@@ -63,6 +71,8 @@ def test_every_listed_model_is_read_and_absent_ones_are_said():
 
 
 def test_config_expressions_are_evaluated_narrowly():
+    import transformers
+
     cfg = transformers.Gemma2Config()
     e = ast.parse("getattr(config, 'sliding_window', 0) - 1", mode="eval").body
     assert mc.eval_on_config(e, cfg) == cfg.sliding_window - 1

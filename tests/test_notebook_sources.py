@@ -8,11 +8,21 @@ import re
 
 import pytest
 
+from conftest import skip_module_unless
+
 from swa_repro.notebook import artifacts, runner, story
 from swa_repro.notebook.params import notebook_parameters
 from swa_repro.notebook.runner import NOTEBOOKS_DIR, REPO_DIR, available_notebooks, output_path
 
-jupytext = pytest.importorskip("jupytext", reason="the notebooks extra (jupytext) is not installed")
+skip_module_unless("jupytext", reason="the notebooks extra (jupytext) is not installed")
+
+
+def _read(path):
+    import jupytext  # here, not at collection: ~1 s in every worker
+
+    return jupytext.read(path)
+
+
 NOTEBOOKS = available_notebooks(NOTEBOOKS_DIR)
 # a shape parameter followed by a value: what a heading must not state
 VALUE = re.compile(r"\b(window|window_left|prefix|extend|page|heads?|head_dim)\s*[=:]?\s*\d")
@@ -31,7 +41,7 @@ def test_interactive_run_writes_its_own_set_under_the_repo_roots_artifacts(path,
     whose cwd is the notebook's folder, with the default output_dir. The repo root is a temp dir.
     The run's files go to artifacts/interactive/<notebook>-<hash>/, never artifacts/ itself
     (make repro's), with every parameter of the cell recorded."""
-    nb = jupytext.read(path)
+    nb = _read(path)
     start = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     code = [c.source for c in nb.cells[start:] if c.cell_type == "code"]
     upto = next(i for i, src in enumerate(code) if "announce_mode(" in src)
@@ -58,7 +68,7 @@ def test_interactive_run_writes_its_own_set_under_the_repo_roots_artifacts(path,
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_first_cell_says_what_a_save_and_a_run_write(path):
-    first = jupytext.read(path).cells[0]
+    first = _read(path).cells[0]
     text = " ".join(first.source.split())
     assert first.cell_type == "markdown"
     assert "your copy in `scratch/` (git-ignored)" in text and "write that copy only" in text
@@ -68,7 +78,7 @@ def test_first_cell_says_what_a_save_and_a_run_write(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_headings_state_no_parameter_values(path):
     """A heading is markdown: it cannot follow the parameters cell, so it names no shape value."""
-    headings = [ln for c in jupytext.read(path).cells if c.cell_type == "markdown"
+    headings = [ln for c in _read(path).cells if c.cell_type == "markdown"
                 for ln in c.source.splitlines() if ln.startswith("#")]
     assert headings and not [h for h in headings if VALUE.search(h)]
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sglang")
+from conftest import skip_module_unless
+
+skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import provision  # noqa: E402

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-pytest.importorskip("sglang", reason="sglang-check drives sglang's own backend: install sglang==0.5.15.post1")
+from conftest import skip_module_unless
+
+skip_module_unless("sglang", reason="sglang-check drives sglang's own backend: install sglang==0.5.15.post1")
 
 from swa_repro.sglang import check as C  # noqa: E402
 from swa_repro.cli import main  # noqa: E402

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 
 import pytest
+
+from conftest import skip_module_unless
 import torch
 
 from swa_repro.core.case import Case
 
-pytest.importorskip("sglang", reason="the harness drives sglang's own backend: install sglang==0.5.15.post1")
+skip_module_unless("sglang", reason="the harness drives sglang's own backend: install sglang==0.5.15.post1")
 
 from swa_repro.sglang import harness as H  # noqa: E402
 

@@ -84,8 +84,12 @@ def test_bad_input_is_one_line_exit_2(argv, must_mention):
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("version, fix, rc, failing", [("0.5.23", "all", 0, []),
-                                                       ("0.5.14", None, 1, ["swa_extend_prefix_window_edges"])])
+# 0.5.14's run (the kit's one real failure on CPU) is in `make test-matrix`: the same code path as
+# 0.5.23's on another release (its overlay, ~17 s from nothing: issue #24); the failing path's exit
+# status is test_exit_status's, and a kit case failing on a real release is test_upstream_kit's.
+@pytest.mark.parametrize("version, fix, rc, failing", [
+    ("0.5.23", "all", 0, []),
+    pytest.param("0.5.14", None, 1, ["swa_extend_prefix_window_edges"], marks=pytest.mark.matrix)])
 def test_cpu_kit_on_a_release(version, fix, rc, failing, capsys):
     """0.5.23 with every fix passes all 14 kit cases on CPU; 0.5.14 as shipped fails the SWA prefix
     case (paged-only prefill without the plan-time window, fixed by PR #31501 in 0.5.16). The CLI runs
