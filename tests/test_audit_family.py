@@ -185,3 +185,43 @@ def test_kv_pools_are_lazy_only_for_floating_point_zeros():
     t = _LazyPoolTorch()
     assert t.zeros(3, dtype=torch.int32).eq(0).all() and t.zeros(2, 2, dtype=torch.int64).sum() == 0
     assert t.zeros(4, dtype=torch.bfloat16).shape == (4,) and t.arange is torch.arange
+
+
+# ----------------------------------------------------------------------------- live (issue #25's GPU step)
+def test_live_cuda_without_a_gpu_is_one_line(monkeypatch):
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.audit import family_run
+
+    monkeypatch.setattr(family_run, "torch_cuda", lambda: False)
+    with pytest.raises(UsageError, match="--live cuda needs a CUDA device"):
+        family_run.executor_of("cuda")
+    assert family_run.executor_of(None) is None
+
+
+@pytest.mark.matrix
+@pytest.mark.slow
+def test_live_replay_of_a_family_agrees_with_its_key_verdict():
+    """The family child's ``--live model``: Gemma-3's own layers on 0.5.23 at its real window (4096),
+    each driven call run on the kernel model (what ``--live cuda`` runs on FlashInfer) and judged
+    against the float64 reference at the window its config intends. The ragged no-prefix extend
+    (0.5.23 plans it without the window: its sliding layer's key verdict is extra) has rows off the
+    reference; decode (planned with the window) has none; the model's own keys explain every output."""
+    pytest.importorskip("sglang")
+    from swa_repro.sglang.audit.family_run import MODULE
+    from swa_repro.sglang.overlay_run import run_child
+
+    doc, _, _ = run_child(MODULE, _overlay_0_5_23(), ["--families", "gemma3", "--gpus", "sm90", "--paths",
+                                                      "decode,extend_ragged_no_prefix", "--live", "model"],
+                          "live family audit", cache=False)
+    assert doc["live"]["executor"] == "model"
+    (f,) = doc["by_gpu"]["sm90"]
+    recs = {(r["path"], r["kind"]): r for r in f["paths"]}
+    assert len(recs) == 4 and {r["status"] for r in recs.values()} == {"driven"}
+    for key, r in recs.items():
+        lv = r["live"]
+        assert lv["executed"] == lv["calls"] > 0 and not lv["errors"] and lv["model_agrees"] is True, key
+        assert lv["nan_rows"] == 0, key
+        if r["verdict"] == "exact":
+            assert lv["wrong_rows"] == lv["predicted_wrong_rows"] == 0, key
+    bad = recs["extend_ragged_no_prefix", "sliding"]
+    assert bad["verdict"] == "extra" and bad["live"]["predicted_wrong_rows"] > 0 and bad["live"]["wrong_rows"] > 0

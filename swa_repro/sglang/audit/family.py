@@ -96,6 +96,28 @@ class FamilyLayer(ap.LayerConfig):
                      for role, heads in (("q", case.num_qo_heads), ("k", case.num_kv_heads), ("v", case.num_kv_heads)))
 
 
+@dataclass(frozen=True, eq=False)
+class LiveFamilyLayer(FamilyLayer):
+    """The same layer with data a kernel can be judged on (``audit.live``): seeded randn q/k/v and
+    KV pool, as the synthetic audit's layers (``paths.LayerConfig``, ``paths._setup``), recorded by
+    value. Slower and larger than :class:`FamilyLayer` (the pool is written whole)."""
+    trace_values = True
+
+    def extend_inputs(self, case, runner, layer, max_ctx: int, device: str):
+        return ap.LayerConfig.extend_inputs(self, case, runner, layer, max_ctx, device)
+
+    def inputs(self, n_tokens: int, case):
+        return ap.LayerConfig.inputs(self, n_tokens, case)
+
+    def setup(self, fb, case, max_ctx: int, device: str, use_paged: bool = False):
+        runner, backend, layer = super().setup(fb, case, max_ctx, device, use_paged)
+        g = torch.Generator().manual_seed(1)
+        pool = runner.token_to_kv_pool
+        for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
+            buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+        return runner, backend, layer
+
+
 _ZEROS: dict = {}
 
 
@@ -244,28 +266,31 @@ def uses_ragged(run) -> bool:
 
 
 # ----------------------------------------------------------------------------- one family
-def layers_of(built) -> list[FamilyLayer]:
-    """The first layer of each kind transformers declares, as the model built it."""
-    small, out = built.small, []
+def layers_of(built, live: bool = False) -> list[FamilyLayer]:
+    """The first layer of each kind transformers declares, as the model built it (``live``: as
+    :class:`LiveFamilyLayer`, whose calls can be run on a kernel)."""
+    small, out, cls = built.small, [], LiveFamilyLayer if live else FamilyLayer
     for kind in (SLIDING, FULL):
         if kind not in small.kinds:
             continue
         attn = built.layers[small.kinds.index(kind)]
         win = attn.sliding_window_size
-        out.append(FamilyLayer(-1 if win is None or win < 0 else int(win), float(attn.logit_cap or 0.0), kind, built,
+        out.append(cls(-1 if win is None or win < 0 else int(win), float(attn.logit_cap or 0.0), kind, built,
                                attn, family_shape(attn, small.sliding_window or 0)))
     return out
 
 
-def audit_family(family: str, gpus, paths=None) -> dict:
+def audit_family(family: str, gpus, paths=None, live=None) -> dict:
     """Build ``family`` with the importable release once and drive every path x layer kind once
     per distinct platform switch (``gpu_env``: sm100 or not; sm80 and sm90 share the calls, which
-    each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``."""
+    each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``.
+    ``live``: an executor (``audit.live``): each driven path's calls are also run on it and judged
+    against the float64 reference at the window and cap the family's config intends (:func:`live_of`)."""
     t0 = time.monotonic()
     small = small_config(family)
     built = fbuild.build(small, context_length(small.sliding_window or 0))
     t_build = time.monotonic() - t0
-    layers = layers_of(built)
+    layers = layers_of(built, live=live is not None)
     fb = harness.backend_module()
     todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
     out, first, one_switch = {}, None, reads_platform_once(fb)
@@ -284,10 +309,33 @@ def audit_family(family: str, gpus, paths=None) -> dict:
             t2 = time.monotonic()
             recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu, memo)
                     for r, layer in runs]
+            if live is not None:
+                live_of(recs, runs, small, live, memo)
             out[gpu.name] = _document(family, gpu, small, built, layers, recs,
                                       {"build": round(t_build, 1), "drive": round(t_drive, 1),
                                        "keys": round(time.monotonic() - t2, 1)})
     return out
+
+
+def live_of(recs: list, runs: list, small, executor, memo: dict) -> None:
+    """Each driven record's calls executed on ``executor`` (the real FlashInfer on this GPU, or the
+    kernel model on CPU) and judged (``audit.live.live_of_run``) against the window and cap the
+    family's config intends: HF's count of the window on a sliding layer (what the key verdict holds
+    the calls to), none on a full one, and the config's cap on both (Gemma-2 caps every layer).
+    Once per run and layer kind (``memo``): GPU classes that share the calls share the result."""
+    from swa_repro.sglang.audit.live import live_of_run, warm
+
+    if getattr(executor, "jit", False) and ("warm", id(runs)) not in memo:  # every module built at once
+        memo["warm", id(runs)] = warm([run for rec, (run, _) in zip(recs, runs) if rec.get("status") == "driven"],
+                                      executor)
+    for rec, (run, layer) in zip(recs, runs):
+        if rec.get("status") != "driven":
+            continue
+        key = ("live", id(run), layer.kind)
+        if key not in memo:
+            window = small.intended_window if layer.kind == SLIDING else -1
+            memo[key] = live_of_run(run, executor, window=window, cap=float(small.cap or 0.0))
+        rec["live"] = memo[key]
 
 
 def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dict:

@@ -141,7 +141,30 @@ def answer(f: dict, gpu: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- child
-def child(overlay: Path, families: list[str], gpus: list[str]) -> dict:
+def executor_of(live: str | None):
+    """``--live``: ``cuda`` runs each driven call on this GPU's FlashInfer (after one warm-up call
+    per compiled module, ``audit.live.warm``: the JIT builds overlap), ``model`` on the kernel
+    model on CPU (what a CPU host can check the pipeline with); None: the key-level audit only."""
+    if live is None:
+        return None
+    from swa_repro.sglang.audit import live as audit_live
+
+    if live == "model":
+        return audit_live.model_executor()
+    if not torch_cuda():
+        raise UsageError("--live cuda needs a CUDA device and flashinfer; --live model runs the kernel model on CPU")
+    ex = audit_live.flashinfer_executor("cuda")
+    ex.jit = True  # audit.family.live_of warms every module first
+    return ex
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live: str | None = None) -> dict:
     t0 = time.monotonic()
     import_release(overlay)
     from swa_repro.sglang import harness
@@ -153,9 +176,10 @@ def child(overlay: Path, families: list[str], gpus: list[str]) -> dict:
     harness.backend_module()
     t_import = time.monotonic() - t0
     by_gpu = {g: [] for g in gpus}
+    executor = executor_of(live)
     for name in families:
         try:
-            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus])
+            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, executor)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 
@@ -166,14 +190,26 @@ def child(overlay: Path, families: list[str], gpus: list[str]) -> dict:
     rel = audit_core.release_info()
     rel.update(origin="overlay", overlay=str(overlay), import_seconds=round(t_import, 1),
                audit_seconds=round(time.monotonic() - t0 - t_import, 1), sglang_modules_from_overlay=n)
-    return {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
+    doc = {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
+    if live is not None:
+        doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)"}
+    return doc
+
+
+def _device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def main(argv=None) -> int:
     p = child_parser(MODULE)
     p.add_argument("--families", required=True)
     p.add_argument("--gpus", required=True, help=f"comma-separated, of {', '.join(fam.GPU_CLASSES)}")
-    return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(",")), argv)
+    p.add_argument("--paths", help="comma-separated audit paths (default: all)")
+    p.add_argument("--live", choices=("cuda", "model"), help="also run each driven call (see executor_of)")
+    return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(","),
+                                                  a.paths.split(",") if a.paths else None, a.live), argv)
 
 
 if __name__ == "__main__":

@@ -169,8 +169,14 @@ def warm(runs, executor, *, workers: int | None = None, deadline: float | None =
 
 
 # ----------------------------------------------------------------------------- one driven path
-def live_of_run(run, executor, *, deadline: float | None = None, atol: float = ATOL) -> dict:
-    """Every effective call of ``run`` executed and judged: a summary and the calls."""
+def live_of_run(run, executor, *, deadline: float | None = None, atol: float = ATOL, window: int | None = None,
+                cap: float | None = None) -> dict:
+    """Every effective call of ``run`` executed and judged: a summary and the calls. ``window`` /
+    ``cap``: what the rows are held against, by default the layer's own (``run.layer_window``,
+    ``run.layer_cap``); a model family's audit passes the window its config intends (HF's count,
+    ``families.SmallConfig.intended_window``), which a release may hand the layer differently."""
+    window = run.layer_window if window is None else window
+    cap = run.layer_cap if cap is None else cap
     outcomes, ws = [], {}
     for p in pairs(run):
         if deadline is not None and time.monotonic() > deadline:
@@ -181,7 +187,7 @@ def live_of_run(run, executor, *, deadline: float | None = None, atol: float = A
             out = executor(run.trace, p, ws)
             if out is not None and out.is_cuda:
                 torch.cuda.synchronize()
-            outcomes.append(judge(p, out, run.snapshot, run.layer_window, run.layer_cap, atol))
+            outcomes.append(judge(p, out, run.snapshot, window, cap, atol))
         except Exception as e:  # said per call, never hidden
             outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
                                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
