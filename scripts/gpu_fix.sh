@@ -325,11 +325,7 @@ RC=${PIPESTATUS[0]}
 if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
   # the device returns at most 8 files (16 MiB each): these, flat
   {
-    echo "date -u: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "nvidia-smi -L:"; nvidia-smi -L 2>&1
-    echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1)"
-    echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
-    echo "git rev-parse HEAD: $(git rev-parse HEAD 2>&1)"
+    machine_lines
     echo "steps: $STEPS; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; shipped $SITE, fixed $SITE_FIXED; exit status $RC"
     echo "jit cache at start: $JIT_AT_START built libraries (0: a cold call); at the end: $(jit_libs)"
     echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"

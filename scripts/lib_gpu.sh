@@ -1,4 +1,4 @@
-# Shell functions shared by scripts/gpu_sglang.sh and scripts/gpu_fix.sh: sourced, never run.
+# Shell functions shared by scripts/gpu_sglang.sh, gpu_fix.sh and gpu_family.sh: sourced, never run.
 # The caller sets STEPS, START, BUDGET_S, ROOT, PY, FI_VERSION, SGLANG_VERSION, FI_BUNDLE, SG_BUNDLE,
 # NB_BUNDLE (empty: no notebooks bundle wanted) and SITE; DRY_RUN=1 prints each command instead of
 # running it; CMD_LOG, when set, is a file every command run() runs is also appended to; RUN_FD, when
@@ -49,4 +49,12 @@ for mod, want, where in ((flashinfer, os.environ["FI_VERSION"], fi_site), (sglan
 if not getattr(sgl_kernel, "__swa_repro_stub__", False):
     sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
 EOF2
+}
+
+machine_lines() {  # gpu.txt's head: the date, the GPU, its driver, torch and the commit the copy ran
+  echo "date -u: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "nvidia-smi -L:"; nvidia-smi -L 2>&1
+  echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1)"
+  echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
+  echo "git rev-parse HEAD: $(git rev-parse HEAD 2>&1)"
 }

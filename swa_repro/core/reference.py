@@ -38,13 +38,14 @@ def interval_to_mask(lo: np.ndarray, hi: np.ndarray, kv_len: int) -> np.ndarray:
     return bounds_to_mask(lo, hi, kv_len)
 
 
-def masked_attention(q, k, v, mask, sm_scale: float | None = None, logits_soft_cap: float = 0.0):
+def masked_attention(q, k, v, mask, sm_scale: float | None = None, logits_soft_cap: float = 0.0, device=None):
     """float64 softmax attention for one request.
 
     q ``(qo, Hq, D)``, k/v ``(kv, Hk, D)``; mask bool ``(qo, kv)`` shared by all heads or
     ``(Hq, qo, kv)`` per head. Returns ``(qo, Hq, D)`` float64; a row with no visible key is 0.
     ``logits_soft_cap > 0`` caps the scaled logits as FlashInfer does, ``cap * tanh(s / cap)``
-    (flashinfer variants.cuh:47-48, 72; Gemma-2's ``attn_logit_softcapping``).
+    (flashinfer variants.cuh:47-48, 72; Gemma-2's ``attn_logit_softcapping``). ``device``: where
+    the float64 product runs (default the CPU; a GPU audit at a 4096 window judges on its GPU).
     """
     import torch  # here, not at the top: the kernel model and `swa-repro mask` need only numpy
 
@@ -52,13 +53,14 @@ def masked_attention(q, k, v, mask, sm_scale: float | None = None, logits_soft_c
     hk = k.shape[1]
     g = hq // hk
     sm_scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
-    q64, k64, v64 = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    dev = device or "cpu"
+    q64, k64, v64 = q.double().to(dev), k.double().to(dev), v.double().to(dev)
     k64 = k64.repeat_interleave(g, dim=1)  # (kv, Hq, D)
     v64 = v64.repeat_interleave(g, dim=1)
     logits = torch.einsum("qhd,khd->hqk", q64, k64) * sm_scale  # (Hq, qo, kv)
     if logits_soft_cap and logits_soft_cap > 0:
         logits = logits_soft_cap * torch.tanh(logits / logits_soft_cap)
-    m = torch.as_tensor(np.asarray(mask), dtype=torch.bool)
+    m = torch.as_tensor(np.asarray(mask), dtype=torch.bool).to(dev)
     m = m.expand(hq, qo, k.shape[0]) if m.dim() == 2 else m
     logits = logits.masked_fill(~m, float("-inf"))
     p = torch.softmax(logits, dim=-1)

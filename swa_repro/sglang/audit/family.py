@@ -321,7 +321,8 @@ def live_of(recs: list, runs: list, small, executor, memo: dict) -> None:
     """Each driven record's calls executed on ``executor`` (the real FlashInfer on this GPU, or the
     kernel model on CPU) and judged (``audit.live.live_of_run``) against the window and cap the
     family's config intends: HF's count of the window on a sliding layer (what the key verdict holds
-    the calls to), none on a full one, and the config's cap on both (Gemma-2 caps every layer).
+    the calls to), none on a full one, and the config's cap on both (Gemma-2 caps every layer). On a
+    GPU the float64 references run there too (a 4096 window's are ~1 GB of logits a call).
     Once per run and layer kind (``memo``): GPU classes that share the calls share the result."""
     from swa_repro.sglang.audit.live import live_of_run, warm
 
@@ -334,7 +335,8 @@ def live_of(recs: list, runs: list, small, executor, memo: dict) -> None:
         key = ("live", id(run), layer.kind)
         if key not in memo:
             window = small.intended_window if layer.kind == SLIDING else -1
-            memo[key] = live_of_run(run, executor, window=window, cap=float(small.cap or 0.0))
+            memo[key] = live_of_run(run, executor, window=window, cap=float(small.cap or 0.0),
+                                    ref_device="cuda" if getattr(executor, "jit", False) else None)
         rec["live"] = memo[key]
 
 

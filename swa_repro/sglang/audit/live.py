@@ -96,8 +96,10 @@ def _kv(p: Pair, fwd: dict, slots: np.ndarray):
     return (k.cpu().reshape(-1, *k.shape[2:])[idx], v.cpu().reshape(-1, *v.shape[2:])[idx])
 
 
-def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol: float = ATOL) -> CallOutcome:
-    """One executed call against the references (see the module docstring)."""
+def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol: float = ATOL,
+          device=None) -> CallOutcome:
+    """One executed call against the references (see the module docstring); ``device``: where the
+    float64 references run (``core.reference.masked_attention``; default the CPU)."""
     plan, fwd = p.plan[1], p.fwd[1]
     q = fwd["q"].cpu()
     sm = fwd.get("sm_scale") or plan.get("sm_scale") or 1.0 / math.sqrt(q.shape[-1])
@@ -109,7 +111,8 @@ def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol:
         nan_rows += int(torch.isnan(o).reshape(len(rk.rows), -1).any(1).sum())
 
         def err(mask, c):
-            return (o.double() - masked_attention(qr, k, v, mask, sm, c)).abs().reshape(len(rk.rows), -1).amax(1)
+            ref = masked_attention(qr, k, v, mask, sm, c, device=device)
+            return (o.double().to(ref.device) - ref).abs().reshape(len(rk.rows), -1).amax(1).cpu()
         e_int, e_unc = err(rk.intended, cap), err(rk.intended, 0.0)
         errs.append(torch.stack([e_int, e_unc], 1))
         if rk.attended is None:
@@ -170,11 +173,12 @@ def warm(runs, executor, *, workers: int | None = None, deadline: float | None =
 
 # ----------------------------------------------------------------------------- one driven path
 def live_of_run(run, executor, *, deadline: float | None = None, atol: float = ATOL, window: int | None = None,
-                cap: float | None = None) -> dict:
+                cap: float | None = None, ref_device=None) -> dict:
     """Every effective call of ``run`` executed and judged: a summary and the calls. ``window`` /
     ``cap``: what the rows are held against, by default the layer's own (``run.layer_window``,
     ``run.layer_cap``); a model family's audit passes the window its config intends (HF's count,
-    ``families.SmallConfig.intended_window``), which a release may hand the layer differently."""
+    ``families.SmallConfig.intended_window``), which a release may hand the layer differently.
+    ``ref_device``: where :func:`judge` runs the float64 references (default the CPU)."""
     window = run.layer_window if window is None else window
     cap = run.layer_cap if cap is None else cap
     outcomes, ws = [], {}
@@ -187,7 +191,7 @@ def live_of_run(run, executor, *, deadline: float | None = None, atol: float = A
             out = executor(run.trace, p, ws)
             if out is not None and out.is_cuda:
                 torch.cuda.synchronize()
-            outcomes.append(judge(p, out, run.snapshot, window, cap, atol))
+            outcomes.append(judge(p, out, run.snapshot, window, cap, atol, device=ref_device))
         except Exception as e:  # said per call, never hidden
             outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
                                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Issue #25's GPU step: model families at their real window, their layers built by sglang's own model
+# code, each driven call run on this GPU's FlashInfer and judged against the float64 reference at the
+# window and cap the family's config intends, as shipped and with `swa-repro patch --fix all`.
+#   bash scripts/gpu_family.sh [STEPS]   STEPS: all (default) = install,patch,family; or a subset
+# Bundles carried in .bundle/ (as for scripts/gpu_fix.sh):
+#   swa-repro bundle --flashinfer 0.7.2 --out .bundle/fi-0.7.2
+#   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
+# install: a fresh $SITE from both bundles; $SITE_FIXED holds a copy of its `sglang` package alone (one
+#   flashinfer for both: scripts/gpu_fix.sh says why).
+# patch: swa-repro patch apply --fix all --in-place on $SITE_FIXED only (the backend and commandr.py).
+# family: python -m swa_repro.sglang.audit.family_run --overlay SITE --families $FAMILIES --gpus $GPU
+#   --live cuda [--paths $PATHS] on both sites at once (they wait on the same JIT locks), each with a
+#   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
+# If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
+# the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
+# (gemma2,gemma3,cohere2,mistral), GPU (sm90: an H100 or H200), PATHS (empty: every path), PYTHON
+# (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
+# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30), DRY_RUN=1: print each command instead.
+set -uo pipefail
+STEPS="${1:-all}"
+[ "$STEPS" = all ] && STEPS=install,patch,family
+FI_VERSION="${FI_VERSION:-0.7.2}"
+SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
+FAMILIES="${FAMILIES:-gemma2,gemma3,cohere2,mistral}"
+GPU="${GPU:-sm90}"
+PATHS="${PATHS:-}"
+BUDGET_S="${BUDGET_S:-575}"
+RESERVE_S="${RESERVE_S:-30}"
+KILL_AFTER_S="${KILL_AFTER_S:-15}"
+MIN_STEP_S="${MIN_STEP_S:-30}"
+START=$(date +%s)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
+FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
+NB_BUNDLE=""
+SITE="${SITE:-/tmp/site-shipped}"
+SITE_FIXED="${SITE_FIXED:-/tmp/site-fixed}"
+ART="${ART:-artifacts/gpu_family}"
+mkdir -p "$ART"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+LOG="$ART/gpu_family-$STAMP.log"
+CMD_LOG="$ART/commands-$STAMP.txt"
+: > "$CMD_LOG"
+rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
+
+# has, run (also appends to $CMD_LOG), left, install_bundles, verify_site
+. "$ROOT/scripts/lib_gpu.sh"
+
+elapsed() { echo $(( $(date +%s) - START )); }
+step() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"; }
+family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
+  local t0 site="${2%%:*}" out="$ART/family-live-$1.json"; t0=$(elapsed)
+  [ -n "${DRY_RUN:-}" ] && out=/dev/null
+  run env PYTHONPATH="$ROOT:$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m \
+    swa_repro.sglang.audit.family_run --overlay "$site" --out "$out" --families "$FAMILIES" --gpus "$GPU" \
+    --live cuda ${PATHS:+--paths "$PATHS"} 2> "$ART/family-live-$1.err"
+  local rc=$?; step "family_$1" "$t0" "$rc"; return "$rc"
+}
+
+{
+  exec 3>&1; RUN_FD=3
+  echo "== gpu_family steps=$STEPS families=$FAMILIES gpu=$GPU flashinfer=$FI_VERSION sglang=$SGLANG_VERSION (budget ${BUDGET_S}s)"
+  export FLASHINFER_WORKSPACE_BASE="$ROOT/.fi_jit" SGLANG_JIT_CACHE_DIR="$ROOT/.sgl_jit"
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE" "$SGLANG_JIT_CACHE_DIR"
+  RC=0
+  if has install; then
+    T0=$(elapsed)
+    install_bundles "$SITE" || exit 2
+    run rm -rf "$SITE_FIXED" && run mkdir -p "$SITE_FIXED" && run cp -a "$SITE/sglang" "$SITE_FIXED/" || exit 2
+    step install "$T0" 0
+    verify_site "$SITE" || { echo "error: $SITE is not what its bundles install (above)"; exit 2; }
+  fi
+  if has patch; then
+    T0=$(elapsed)
+    run env PYTHONPATH="$ROOT:$SITE_FIXED:$SITE" "$PY" -m swa_repro.cli patch apply --fix all --in-place
+    P=$?; step patch "$T0" "$P"; echo "== patch apply: exit status $P"
+    [ "$P" -ne 0 ] && { RC=1; STEPS="${STEPS/family/}"; echo "== family: skipped on both sites (the patch failed)"; }
+  fi
+  if has family; then
+    T=$(( $(left) - RESERVE_S ))
+    if [ "$T" -lt "$MIN_STEP_S" ]; then
+      echo "== family: skipped, $(left)s left"; RC=1
+    else
+      echo "== family: shipped and fixed at once (timeout ${T}s each) > family-live-{shipped,fixed}.json"
+      family shipped "$SITE" "$T" & PID=$!
+      family fixed "$SITE_FIXED:$SITE" "$T"; F=$?
+      wait "$PID"; S=$?
+      for which in shipped fixed; do echo "== family $which:"; tail -n 5 "$ART/family-live-$which.err" 2>/dev/null; done
+      echo "== family: exit status shipped $S, fixed $F"
+      [ "$S" -ne 0 ] || [ "$F" -ne 0 ] && RC=1
+    fi
+  fi
+  echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null
+  echo "== done after $(elapsed)s, exit status $RC"
+  exit "$RC"
+} 2>&1 | tee "$LOG"
+RC=${PIPESTATUS[0]}
+if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
+  {
+    machine_lines
+    echo "steps: $STEPS; families $FAMILIES; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC"
+    echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"
+    cat "$ART/steps.tsv" 2>/dev/null
+    echo "commands, in the order started:"; cat "$CMD_LOG"
+  } > "$OUT/gpu.txt" 2>&1
+  cp "$LOG" "$OUT/"
+  for which in shipped fixed; do
+    [ -f "$ART/family-live-$which.json" ] && xz -9 -c "$ART/family-live-$which.json" > "$OUT/family-live-$which.json.xz"
+  done
+fi
+exit "$RC"

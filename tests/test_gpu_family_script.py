@@ -1,0 +1,102 @@
+"""scripts/gpu_family.sh (issue #25's GPU step) with a stand-in python: the steps in order, each site's
+family audit with --live cuda on its own path, both at once, the budget and the patch failing."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+from conftest import REPO
+
+MOCK_PY = r"""#!/usr/bin/env bash
+ev() { echo "$* $(date +%s.%N)" >> "$EVENTS"; }
+case "$1" in
+  -) cat >/dev/null; echo "  stand-in verify";;
+  -c) echo "2.11.0+stand-in cuda 13.0";;
+  -m)
+    mod=$2; shift 2
+    if [ "$mod" = swa_repro.sglang.audit.family_run ]; then
+      ev "family-start PYTHONPATH=$PYTHONPATH $*"; sleep 1
+      out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); echo '{"live": {"executor": "cuda"}}' > "$out"
+      ev "family-end $*"; exit 0
+    fi
+    case "$1 $2" in
+      "patch apply") ev "patch PYTHONPATH=$PYTHONPATH $*"; [ -z "${PATCH_FAIL:-}" ] || exit 1;;
+    esac;;
+esac
+"""
+
+
+@pytest.fixture
+def rig(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    for f in ("gpu_family.sh", "lib_gpu.sh"):
+        shutil.copy(REPO / "scripts" / f, repo / "scripts")
+    for b, body in (("fi-0.7.2", 'mkdir -p "$1"\n'), ("sglang-0.5.23", 'mkdir -p "$1/sglang"\n')):
+        (repo / ".bundle" / b).mkdir(parents=True)
+        (repo / ".bundle" / b / "install.sh").write_text(body)
+    py = tmp_path / "python3"
+    py.write_text(MOCK_PY)
+    py.chmod(py.stat().st_mode | stat.S_IEXEC)
+    sites = {"shipped": tmp_path / "site-shipped", "fixed": tmp_path / "site-fixed"}
+
+    def run(**env):
+        out = tmp_path / "out"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        (tmp_path / "events").unlink(missing_ok=True)
+        e = {**os.environ, "PYTHON": str(py), "OUT": str(out), "EVENTS": str(tmp_path / "events"),
+             "SITE": str(sites["shipped"]), "SITE_FIXED": str(sites["fixed"]), **{k: str(v) for k, v in env.items()}}
+        r = subprocess.run(["bash", "scripts/gpu_family.sh"], cwd=repo, env=e, capture_output=True, text=True,
+                           timeout=60, check=False)
+        events = (tmp_path / "events").read_text().splitlines() if (tmp_path / "events").exists() else []
+        return r, out, events
+    run.sites = sites
+    return run
+
+
+def _at(events, prefix):
+    return next(float(e.split()[-1]) for e in events if e.startswith(prefix))
+
+
+def test_install_patch_then_both_sites_live_at_once(rig):
+    r, out, ev = rig()
+    assert r.returncode == 0, r.stdout + r.stderr
+    shipped, fixed = rig.sites["shipped"], rig.sites["fixed"]
+    assert (fixed / "sglang").is_dir()  # the fixed site: a copy of the sglang package alone
+    patch = next(e for e in ev if e.startswith("patch"))
+    assert f":{fixed}:{shipped} patch apply --fix all --in-place" in patch  # the fixed site only, shipped's flashinfer
+    starts = [e for e in ev if e.startswith("family-start")]
+    assert len(starts) == 2 and all("--live cuda" in e and "--gpus sm90" in e and "--paths" not in e for e in starts)
+    assert any(f"--overlay {shipped} " in e and e.split()[1].endswith(f":{shipped}") for e in starts)
+    assert any(f"--overlay {fixed} " in e and e.split()[1].endswith(f":{fixed}:{shipped}") for e in starts)
+    assert "--families gemma2,gemma3,cohere2,mistral" in starts[0]
+    started = [float(e.split()[-1]) for e in starts]
+    assert _at(ev, "patch") < min(started)
+    assert max(started) < min(float(e.split()[-1]) for e in ev if e.startswith("family-end"))  # at once
+    got = {p.name for p in out.iterdir()}
+    assert {"gpu.txt", "family-live-shipped.json.xz", "family-live-fixed.json.xz"} <= got
+    assert json.loads(lzma.decompress((out / "family-live-fixed.json.xz").read_bytes()))["live"]["executor"] == "cuda"
+    gpu = (out / "gpu.txt").read_text()
+    assert "steps: install,patch,family;" in gpu and "family_shipped" in gpu and "family_fixed" in gpu
+
+
+def test_paths_are_passed_when_set(rig):
+    r, _, ev = rig(PATHS="decode,extend_ragged_no_prefix", FAMILIES="gemma3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    starts = [e for e in ev if e.startswith("family-start")]
+    assert starts and all("--paths decode,extend_ragged_no_prefix" in e and "--families gemma3 " in e for e in starts)
+
+
+@pytest.mark.parametrize("env, says", [({"BUDGET_S": 20}, "== family: skipped"),
+                                       ({"PATCH_FAIL": 1}, "skipped on both sites (the patch failed)")])
+def test_a_family_step_it_cannot_run_is_skipped_said_and_exits_1(rig, env, says):
+    r, _, ev = rig(**env)
+    assert r.returncode == 1 and says in r.stdout
+    assert not [e for e in ev if e.startswith("family-start")]
