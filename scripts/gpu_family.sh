@@ -14,7 +14,7 @@
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
 # If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
 # the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
-# (gemma2,gemma3,cohere2,mistral), GPU (sm90: an H100 or H200), PATHS (empty: every path), PYTHON
+# (gemma2,gemma3), GPU (sm90: an H100 or H200), PATHS (empty: every path), PYTHON
 # (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
 # RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30), DRY_RUN=1: print each command instead.
 set -uo pipefail
@@ -22,7 +22,7 @@ STEPS="${1:-all}"
 [ "$STEPS" = all ] && STEPS=install,patch,family
 FI_VERSION="${FI_VERSION:-0.7.2}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
-FAMILIES="${FAMILIES:-gemma2,gemma3,cohere2,mistral}"
+FAMILIES="${FAMILIES:-gemma2,gemma3}"  # hd256 (fa2 and fa3); then cohere2,mistral (hd128) on the warm machine
 GPU="${GPU:-sm90}"
 PATHS="${PATHS:-}"
 BUDGET_S="${BUDGET_S:-575}"
