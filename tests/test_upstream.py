@@ -83,6 +83,7 @@ def test_a_live_recording_of_another_all_diff_is_said_to_predate_it(text):
 def test_live_section_renders_a_recording():
     doc = json.loads((REPO / "recordings/sglang-live/audit-live-sglang-0.5.15.post1-flashinfer-0.6.12.json").read_text())
     lines = up.live_lines(doc, doc)
+    assert lines[0].startswith("Recorded on NVIDIA H200 (sglang 0.5.15.post1;"), lines[0]  # the card, from mode_why
     assert lines[2].startswith("| path | layer | as shipped | with all.diff |")
     rows = [ln for ln in lines[4:] if ln.startswith("| ")]
     assert len(rows) == 36 and all(ln.count("wrong, max err") == 2 for ln in rows)

@@ -102,7 +102,11 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
 
     b, a = rows(before), rows(after) if after is not None else {}
     rel = before["runs"][0]["release"]
-    out = [f"Recorded on {before['runs'][0].get('device', 'cuda')} (sglang {rel['sglang']}; "
+    dev = before['runs'][0].get('device', 'cuda')
+    why = before.get("mode_why") or ""  # "CUDA device NVIDIA H200 and flashinfer 0.7.2 are usable: ..."
+    if why.startswith("CUDA device ") and " and " in why:
+        dev = why.removeprefix("CUDA device ").split(" and ")[0]  # the card, not just "cuda"
+    out = [f"Recorded on {dev} (sglang {rel['sglang']}; "
            f"{LIVE.relative_to(ROOT)}/README.md has the machine and the command); rows: the real kernel's "
            "output rows off the float64 reference over the keys the layer intends, with its cap.", ""]
     if after is None:
