@@ -225,3 +225,32 @@ def test_live_replay_of_a_family_agrees_with_its_key_verdict():
             assert lv["wrong_rows"] == lv["predicted_wrong_rows"] == 0, key
     bad = recs["extend_ragged_no_prefix", "sliding"]
     assert bad["verdict"] == "extra" and bad["live"]["predicted_wrong_rows"] > 0 and bad["live"]["wrong_rows"] > 0
+
+
+# ----------------------------------------------------------------------------- the hybrid SWA pool
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_a_model_on_the_hybrid_swa_pool_is_not_given_the_ordinary_pools_verdict(hybrid):
+    """A release that serves a model on its hybrid SWA KV pool (ModelConfig.is_hybrid_swa: Gemma-4 from
+    0.5.11) runs another path than the audit drives (the ordinary pool): the answer says so, keeps the
+    ordinary pool's verdict beside it, and names the flag that takes that pool; the table cell too."""
+    from swa_repro.sglang.audit import family_run as fr
+    from swa_repro.sglang.audit.family_fix import remedy
+    from swa_repro.sglang.audit.family_table import _main
+
+    path = {"kind": "sliding", "path": "extend_paged", "status": "driven", "verdict": "extra", "cap": "none"}
+    f = {"family": "gemma4", "paths": [path], "serving": {"default_prefill": "paged", "flashinfer_kept": True},
+         "build": {"model_class": "Gemma4ForCausalLM", "model_config": {"is_hybrid_swa": hybrid}}}
+    a = fr.answer(f, "sm80")
+    plain = fr._answer(f, "sm80")
+    assert plain["state"] in ("affected on the default path", "only with flags")
+    if not hybrid:
+        assert a == plain
+        return
+    assert a["state"] == fr.HYBRID and a["ordinary_pool"] == plain["state"] and a["why"] == plain["why"]
+    assert a["flags"] == "--disable-hybrid-swa-memory" and "hybrid SWA KV pool" in a["note"]
+    cell = {"state": a["state"], "why": a["why"], "ordinary_pool": a["ordinary_pool"]}
+    r = remedy("gemma4", cell, "sm80")
+    assert r["fix"] is None and "--disable-hybrid-swa-memory" in r["instead"] and "patch --fix all" in r["instead"]
+    assert _main(cell).startswith("SWA pool: not modelled (ordinary pool: ")
+    refused = {**f, "serving": {"flashinfer_kept": False, "refusal": ["sinks"]}}
+    assert fr.answer(refused, "sm80")["state"] == "flashinfer refused"  # a refusal stays a refusal

@@ -43,6 +43,11 @@ def remedy(family: str, cell: dict, gpu: str) -> dict:
                 f"sliding layers no window (HF {w}; it never reads sliding_window), so no attention backend "
                 f"applies it; serve it with --context-length {w} or less (sliding and full attention agree "
                 "there), or with a server that implements the window"}
+    if state == "unknown (hybrid SWA pool)":  # family_run.HYBRID
+        was = cell.get("ordinary_pool")
+        then = (f"; there it is {was}" + (": swa-repro patch --fix all applies" if was in AFFECTED else "")) if was else ""
+        return {"fix": None, "instead": "sglang serves this model on its hybrid SWA KV pool, which this audit "
+                f"does not model; with --disable-hybrid-swa-memory it takes the pool the audit drove{then}"}
     if state not in AFFECTED:
         return {"fix": None, "instead": None}
     names = ["all"]

@@ -112,9 +112,28 @@ def _bad(f: dict, paths) -> list[str]:
     return out
 
 
+HYBRID = "unknown (hybrid SWA pool)"
+
+
 def answer(f: dict, gpu: str) -> dict:
     """The user's answer: affected on the default path / only with flags / only with speculative
-    decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``."""
+    decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``.
+    A model the release serves on its hybrid SWA KV pool (``ModelConfig.is_hybrid_swa``, from
+    ``is_hybrid_swa_model``'s architecture list: gpt-oss and Gemma-4 in 0.5.11-0.5.23) is
+    :data:`HYBRID`: the audit drives the ordinary pool, which the server takes only with
+    ``--disable-hybrid-swa-memory``; the verdict on that pool is kept beside it (``ordinary_pool``)."""
+    a = _answer(f, gpu)
+    hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
+    if not hybrid or a["state"] in ("not built", "flashinfer refused"):
+        return a
+    return {**a, "state": HYBRID, "ordinary_pool": a["state"], "flags": "--disable-hybrid-swa-memory",
+            "note": "; ".join(filter(None, [
+                f"sglang serves {f['build'].get('model_class')} on its hybrid SWA KV pool "
+                "(ModelConfig.is_hybrid_swa), which this audit does not model; the verdict is the ordinary "
+                f"pool's (--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
+
+
+def _answer(f: dict, gpu: str) -> dict:
     if f.get("error"):
         return {"state": "not built", "why": f["error"]}
     sv = f.get("serving") or {}

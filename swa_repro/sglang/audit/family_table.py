@@ -17,7 +17,8 @@ from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
          "only with speculative decoding": "spec only", "not affected": "not affected",
-         "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown"}
+         "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown",
+         "unknown (hybrid SWA pool)": "SWA pool: not modelled"}
 
 
 NOT_IN = "*not in this release*"  # no model file of the release registers the family's architecture
@@ -58,7 +59,8 @@ def cell_of(f: dict) -> dict:
             "window_hf": f["config"]["sliding_window"],
             "layer_window": {k: v["layer_window"] for k, v in kinds.items()},
             "runner_window": f["build"]["runner_window"], "runner_rule": f["build"]["runner_rule"],
-            "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad}
+            "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad,
+            **({"ordinary_pool": a["ordinary_pool"]} if "ordinary_pool" in a else {})}
 
 
 def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None) -> dict:
@@ -118,8 +120,12 @@ def _main(c: dict | None) -> str:
     """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
     if c is None:
         return NOT_IN
-    t = tags(c["why"]) if c["state"] in ("affected on the default path", "only with flags",
-                                         "only with speculative decoding") else ""
+    affected = ("affected on the default path", "only with flags", "only with speculative decoding")
+    if "ordinary_pool" in c:  # family_run.HYBRID: the verdict is the ordinary pool's, said as such
+        t = tags(c["why"]) if c["ordinary_pool"] in affected else ""
+        return f"{SHORT[c['state']]} (ordinary pool: {SHORT.get(c['ordinary_pool'], c['ordinary_pool'])}" \
+               + (f": {t})" if t else ")")
+    t = tags(c["why"]) if c["state"] in affected else ""
     return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "")
 
 
@@ -147,7 +153,10 @@ def markdown(table: dict) -> str:
              "picks it, decode, decode CUDA graph — lets a query see keys outside its window, or drops the "
              "cap), flags only (only paths that flags such as `SGLANG_FLASHINFER_USE_PAGED=1` or "
              "deterministic inference switch on), spec only (speculative verify), not affected, refused "
-             "(sglang refuses `--attention-backend flashinfer` for it), not built (why in the JSON). Where "
+             "(sglang refuses `--attention-backend flashinfer` for it), SWA pool: not modelled (the release "
+             "serves the model on its hybrid SWA KV pool, `ModelConfig.is_hybrid_swa`, which the audit does "
+             "not drive; in brackets the ordinary pool's verdict, what `--disable-hybrid-swa-memory` serves), "
+             "not built (why in the JSON). Where "
              "FlashInfer is not the default backend on that GPU class, a cell applies with "
              "`--attention-backend flashinfer` (the JSON's `default_backend`).", ""]
     for g in table["gpus"]:
