@@ -47,11 +47,9 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
 
-# has, run (also appends to $CMD_LOG), left, install_bundles, verify_site
+# has, run (also appends to $CMD_LOG), left, elapsed, step, install_bundles, verify_site, machine_lines
 . "$ROOT/scripts/lib_gpu.sh"
 
-elapsed() { echo $(( $(date +%s) - START )); }
-step() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"; }
 family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
   local t0 site="${2%%:*}" out="$ART/family-live-$1.json"; t0=$(elapsed)
   [ -n "${DRY_RUN:-}" ] && out=/dev/null

@@ -94,12 +94,11 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 rm -f "$ART/audit-live-before.json" "$ART/audit-live-after.json" "$ART/kit-after.json" "$ART/regress.log" \
   "$ART/regress-shipped.log" "$ART/regress-fixed.log" "$ART/fix.diff" "$ART/jit-warm.json" "$ART/steps.tsv"
 
-# has, run (also appends to $CMD_LOG), left, install_bundles, verify_site
+# has, run (also appends to $CMD_LOG), left, elapsed, step, install_bundles, verify_site, machine_lines
 . "$ROOT/scripts/lib_gpu.sh"
 
 note() { [ -z "${CMD_LOG:-}" ] || echo "    $*" >> "$CMD_LOG"; }  # how the last command's output was kept
 out_or_null() { if [ -n "${DRY_RUN:-}" ]; then echo /dev/null; else echo "$ART/$1"; fi; }
-elapsed() { echo $(( $(date +%s) - START )); }
 audit_timeout() {  # -> seconds for an audit's timeout, or nothing when too little is left
   local t=$(( $(left) - RESERVE_S ))
   [ "$t" -gt "$AUDIT_BUDGET_S" ] && t=$AUDIT_BUDGET_S
@@ -108,9 +107,6 @@ audit_timeout() {  # -> seconds for an audit's timeout, or nothing when too litt
 jit_libs() { find "$ROOT/.fi_jit" -name '*.so' 2>/dev/null | wc -l; }
 JIT_AT_START=$(jit_libs)
 sha() { [ -f "$1" ] && sha256sum "$1" | cut -c1-64 || echo "(no file)"; }
-step() {  # NAME START RC: one row of steps.tsv (seconds from the script's start)
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"
-}
 live_audit() {  # PATH NAME TIMEOUT: swa-repro audit --mode live on PATH (sites) -> audit-live-NAME.json (.err)
   local t0; t0=$(elapsed)
   run env PYTHONPATH="$ROOT:$1" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m swa_repro.cli \

@@ -1,6 +1,6 @@
 # Shell functions shared by scripts/gpu_sglang.sh, gpu_fix.sh and gpu_family.sh: sourced, never run.
 # The caller sets STEPS, START, BUDGET_S, ROOT, PY, FI_VERSION, SGLANG_VERSION, FI_BUNDLE, SG_BUNDLE,
-# NB_BUNDLE (empty: no notebooks bundle wanted) and SITE; DRY_RUN=1 prints each command instead of
+# NB_BUNDLE (empty: no notebooks bundle wanted), SITE and (for step) ART; DRY_RUN=1 prints each command instead of
 # running it; CMD_LOG, when set, is a file every command run() runs is also appended to; RUN_FD, when
 # set, the file descriptor run() shows each command on (default 2: stderr, redirected with the command).
 
@@ -11,6 +11,10 @@ run() {
   [ -n "${DRY_RUN:-}" ] || "$@"
 }
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+elapsed() { echo $(( $(date +%s) - START )); }
+step() {  # NAME START RC: one row of $ART/steps.tsv (seconds from the script's start)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"
+}
 
 install_bundles() {  # [SITE]: a fresh site from the flashinfer bundle, the notebooks bundle, then sglang's
   local site="${1:-$SITE}"

@@ -111,10 +111,7 @@ class LiveFamilyLayer(FamilyLayer):
 
     def setup(self, fb, case, max_ctx: int, device: str, use_paged: bool = False):
         runner, backend, layer = super().setup(fb, case, max_ctx, device, use_paged)
-        g = torch.Generator().manual_seed(1)
-        pool = runner.token_to_kv_pool
-        for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
-            buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+        ap.fill_kv_pool(runner)
         return runner, backend, layer
 
 
@@ -326,17 +323,17 @@ def live_of(recs: list, runs: list, small, executor, memo: dict) -> None:
     Once per run and layer kind (``memo``): GPU classes that share the calls share the result."""
     from swa_repro.sglang.audit.live import live_of_run, warm
 
-    if getattr(executor, "jit", False) and ("warm", id(runs)) not in memo:  # every module built at once
-        memo["warm", id(runs)] = warm([run for rec, (run, _) in zip(recs, runs) if rec.get("status") == "driven"],
-                                      executor)
-    for rec, (run, layer) in zip(recs, runs):
-        if rec.get("status") != "driven":
-            continue
+    device = getattr(executor, "device", "cpu")  # audit.live.Executor's
+    driven = [(rec, run, layer) for rec, (run, layer) in zip(recs, runs) if rec.get("status") == "driven"]
+    todo = [run for _, run, layer in driven if ("live", id(run), layer.kind) not in memo]
+    if todo and device != "cpu":  # a GPU: every module these calls need, built at once
+        warm(todo, executor)
+    for rec, run, layer in driven:
         key = ("live", id(run), layer.kind)
         if key not in memo:
             window = small.intended_window if layer.kind == SLIDING else -1
             memo[key] = live_of_run(run, executor, window=window, cap=float(small.cap or 0.0),
-                                    ref_device="cuda" if getattr(executor, "jit", False) else None)
+                                    ref_device=None if device == "cpu" else device)
         rec["live"] = memo[key]
 
 

@@ -172,9 +172,7 @@ def executor_of(live: str | None):
         return audit_live.model_executor()
     if not torch_cuda():
         raise UsageError("--live cuda needs a CUDA device and flashinfer; --live model runs the kernel model on CPU")
-    ex = audit_live.flashinfer_executor("cuda")
-    ex.jit = True  # audit.family.live_of warms every module first
-    return ex
+    return audit_live.flashinfer_executor("cuda")  # audit.family.live_of warms every module first
 
 
 def torch_cuda() -> bool:

@@ -55,18 +55,29 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict) -> torch.Tenso
     return _first_tensor(getattr(w, method)(*args, **kwargs))
 
 
-def flashinfer_executor(device: str = "cuda"):
+@dataclass(frozen=True)
+class Executor:
+    """``executor(trace, pair, workspaces) -> output``: a recorded call on a fresh wrapper of
+    ``make(class name)``, its tensors on ``device`` (where its output, and a judge's reference, live)."""
+    make: object
+    device: str
+
+    def __call__(self, trace, p: Pair, ws: dict) -> torch.Tensor:
+        return _execute(self.make, trace, p, self.device, ws)
+
+
+def flashinfer_executor(device: str = "cuda") -> Executor:
     """Real FlashInfer wrappers on ``device`` (imported here: CUDA hosts only)."""
     import flashinfer
 
-    return lambda trace, p, ws: _execute(lambda cls: getattr(flashinfer, cls), trace, p, device, ws)
+    return Executor(lambda cls: getattr(flashinfer, cls), device)
 
 
-def model_executor():
+def model_executor() -> Executor:
     """The kernel-model wrappers on CPU (``kernel.wrappers``): what a CPU host can execute."""
     from swa_repro.sglang.harness import MODEL_CLASSES
 
-    return lambda trace, p, ws: _execute(lambda cls: MODEL_CLASSES[cls], trace, p, "cpu", ws)
+    return Executor(lambda cls: MODEL_CLASSES[cls], "cpu")
 
 
 # ----------------------------------------------------------------------------- one call

@@ -149,19 +149,25 @@ def _case(cfg: LayerConfig, prefix_lens, extend_lens) -> Case:
                 name=f"audit_{cfg.name}", **cfg.shape.heads)
 
 
+def fill_kv_pool(runner, seed: int = 1) -> None:
+    """The runner's KV pool filled with seeded randn, so that a replay of the recorded calls on real
+    kernels (``audit.live``) reads keys that differ."""
+    g = torch.Generator().manual_seed(seed)
+    pool = runner.token_to_kv_pool
+    for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+
+
 def _setup(fb, case: Case, cfg: LayerConfig, max_ctx: int, device: str, use_paged: bool = False):
     """The release's runner (``releases_kit``), its backend and one RadixAttention layer. Without
     ``SGLANG_FLASHINFER_USE_PAGED`` (0.5.10) the paged-only prefill is reached by deterministic
-    inference (0.5.10 flashinfer_backend.py:488-490). The KV pool is filled with seeded randn, so
-    that a replay of the recorded calls on real kernels (``audit.live``) reads keys that differ."""
+    inference (0.5.10 flashinfer_backend.py:488-490). The KV pool is filled with seeded randn
+    (:func:`fill_kv_pool`)."""
     from sglang.srt.layers.radix_attention import RadixAttention
 
     runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
                                        deterministic=use_paged and not releases.has_paged_switch())
-    g = torch.Generator().manual_seed(1)
-    pool = runner.token_to_kv_pool
-    for buf in (*getattr(pool, "k_buffer", ()), *getattr(pool, "v_buffer", ())):
-        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+    fill_kv_pool(runner)
     runner.sliding_window_size = cfg.window_left if cfg.window_left >= 0 else None
     model_cap(runner, cfg.logit_cap)
     releases.newer_release_attrs(runner)

@@ -6,6 +6,7 @@ is of today's ``all.diff``.
 
 from __future__ import annotations
 
+import functools
 import json
 import lzma
 import re
@@ -119,36 +120,39 @@ def live_lines(before: dict | None, after: dict | None) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _recorded_fixes(text: str, live_diff: str) -> tuple | None:
+    """The fix set whose file the recorded ``fix.diff`` makes of ``text``: ``ORDER`` (``all.diff``),
+    ``ALL`` (``patch --fix all``: ``all.diff`` plus the family fixes that edit the same file, which
+    gpu_fix.sh's patch step applies) or None (neither: made by earlier fixes). Computed once for
+    :func:`stale_live` and :func:`live_fix_set` both."""
+    try:
+        got = plus_side(text, live_diff)
+        return next((names for names in (ORDER, ALL) if got == apply_fixes(text, names)), None)
+    except (ValueError, IndexError):
+        return None
+
+
 def stale_live(text: str, live_diff: str | None) -> str | None:
     """Why the recorded H200 run of the fixed file is not a run of today's ``all.diff`` (None: it
     is, or there is no recorded diff): the file its ``fix.diff`` makes is neither ``all.diff``'s nor
-    what ``patch --fix all`` makes of the backend (``ALL``: ``all.diff`` plus the family fixes that
-    edit the same file, which gpu_fix.sh's patch step applies)."""
-    if live_diff is None:
+    what ``patch --fix all`` makes of the backend (:func:`_recorded_fixes`)."""
+    if live_diff is None or _recorded_fixes(text, live_diff) is not None:
         return None
-    try:
-        got = plus_side(text, live_diff)
-        same = got in (apply_fixes(text, ORDER), apply_fixes(text, ALL))
-    except (ValueError, IndexError):
-        same = False
-    return None if same else (
-        f"**The with-all.diff column predates today's `all.diff`:** the file it ran ({LIVE.relative_to(ROOT)}/fix.diff) "
-        "is not the one `all.diff` makes now, so it says nothing about the fixes changed since. Re-record with "
-        "`bash scripts/gpu_fix.sh` on an H200, then regenerate this file.")
+    return (f"**The with-all.diff column predates today's `all.diff`:** the file it ran ({LIVE.relative_to(ROOT)}/fix.diff) "
+            "is not the one `all.diff` makes now, so it says nothing about the fixes changed since. Re-record with "
+            "`bash scripts/gpu_fix.sh` on an H200, then regenerate this file.")
 
 
 def live_fix_set(text: str, live_diff: str | None) -> str | None:
     """Which edits the recorded fixed file carries, where it is more than ``all.diff``: the GPU's
     patch step runs ``patch apply --fix all``, which also applies the family fixes that edit the
     backend (their branches may be for another GPU class than the one it ran on)."""
-    if live_diff is None or stale_live(text, live_diff) is not None:
+    if live_diff is None or _recorded_fixes(text, live_diff) != ALL:  # ORDER first: ALL here makes more than it
         return None
     from swa_repro.sglang.fix import states
 
     extra = [n for n, st in states(text, ALL).items() if n not in ORDER and st.state == "needed"]
-    if not extra or plus_side(text, live_diff) == apply_fixes(text, ORDER):
-        return None
     return (f"The fixed site ran `swa-repro patch apply --fix all --in-place` ({LIVE.relative_to(ROOT)}/fix.diff): "
             f"`all.diff`'s edits and, in the same file, {', '.join(f'`{n}`' for n in extra)} "
             "(the family fixes' backend side; see families.md for where each branch is taken).")
-
