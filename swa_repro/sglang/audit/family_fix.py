@@ -24,6 +24,7 @@ from __future__ import annotations
 
 FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a family, by its sglang file
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
+HYBRID = "unknown (hybrid SWA pool)"  # family_run.answer: served on the hybrid SWA KV pool, not modelled
 FIXED_RELEASE = "0.5.23"
 
 
@@ -43,7 +44,7 @@ def remedy(family: str, cell: dict, gpu: str) -> dict:
                 f"sliding layers no window (HF {w}; it never reads sliding_window), so no attention backend "
                 f"applies it; serve it with --context-length {w} or less (sliding and full attention agree "
                 "there), or with a server that implements the window"}
-    if state == "unknown (hybrid SWA pool)":  # family_run.HYBRID
+    if state == HYBRID:
         was = cell.get("ordinary_pool")
         then = (f"; there it is {was}" + (": swa-repro patch --fix all applies" if was in AFFECTED else "")) if was else ""
         return {"fix": None, "instead": "sglang serves this model on its hybrid SWA KV pool, which this audit "

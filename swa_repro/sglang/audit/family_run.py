@@ -21,6 +21,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import families as fam
+from swa_repro.sglang.audit.family_fix import HYBRID
 from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
     overlay_for, run_child
 
@@ -110,9 +111,6 @@ def _bad(f: dict, paths) -> list[str]:
             if r["cap"].startswith("dropped"):
                 out.append(f"{r['kind']} {r['path']}: cap dropped")
     return out
-
-
-HYBRID = "unknown (hybrid SWA pool)"
 
 
 def answer(f: dict, gpu: str) -> dict:

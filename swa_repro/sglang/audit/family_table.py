@@ -13,12 +13,13 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.sglang.audit.family_fix import HYBRID
 from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
          "only with speculative decoding": "spec only", "not affected": "not affected",
          "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown",
-         "unknown (hybrid SWA pool)": "SWA pool: not modelled"}
+         HYBRID: "SWA pool: not modelled"}
 
 
 NOT_IN = "*not in this release*"  # no model file of the release registers the family's architecture
@@ -121,7 +122,7 @@ def _main(c: dict | None) -> str:
     if c is None:
         return NOT_IN
     affected = ("affected on the default path", "only with flags", "only with speculative decoding")
-    if "ordinary_pool" in c:  # family_run.HYBRID: the verdict is the ordinary pool's, said as such
+    if "ordinary_pool" in c:  # HYBRID: the verdict is the ordinary pool's, said as such
         t = tags(c["why"]) if c["ordinary_pool"] in affected else ""
         return f"{SHORT[c['state']]} (ordinary pool: {SHORT.get(c['ordinary_pool'], c['ordinary_pool'])}" \
                + (f": {t})" if t else ")")
