@@ -12,8 +12,9 @@ run() {
 }
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 elapsed() { echo $(( $(date +%s) - START )); }
-step() {  # NAME START RC: one row of $ART/steps.tsv (seconds from the script's start)
-  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$(elapsed)" $(( $(elapsed) - $2 )) "$3" >> "$ART/steps.tsv"
+step() {  # NAME START RC: one row of $ART/steps.tsv (seconds from the script's start); the end read once,
+  local now; now=$(elapsed)  # so that its seconds are end - start even when a second turns between two reads
+  printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$now" $(( now - $2 )) "$3" >> "$ART/steps.tsv"
 }
 
 install_bundles() {  # [SITE]: a fresh site from the flashinfer bundle, the notebooks bundle, then sglang's
