@@ -14,21 +14,22 @@
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
 # If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
 # the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
-# (gemma2,gemma3), GPU (sm90: an H100 or H200), PATHS (empty: every path), PYTHON
+# (gemma2,gemma3), GPU (sm80,sm90: both run on an H100 or H200), PATHS (empty: every path), PYTHON
 # (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
-# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30), DRY_RUN=1: print each command instead.
+# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), DRY_RUN=1: print each command instead.
 set -uo pipefail
 STEPS="${1:-all}"
 [ "$STEPS" = all ] && STEPS=install,patch,family
 FI_VERSION="${FI_VERSION:-0.7.2}"
 SGLANG_VERSION="${SGLANG_VERSION:-0.5.23}"
 FAMILIES="${FAMILIES:-gemma2,gemma3}"  # hd256 (fa2 and fa3); then cohere2,mistral (hd128) on the warm machine
-GPU="${GPU:-sm90}"
+GPU="${GPU:-sm80,sm90}"  # sm80's choice (fa2) and sm90's (auto: fa3 at head_dim 256) on one sm90 card
 PATHS="${PATHS:-}"
 BUDGET_S="${BUDGET_S:-575}"
 RESERVE_S="${RESERVE_S:-30}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_STEP_S="${MIN_STEP_S:-30}"
+LIVE_MARGIN_S="${LIVE_MARGIN_S:-120}"  # no call starts live after timeout - this: the rest builds, drives, writes
 START=$(date +%s)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -55,7 +56,7 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
   [ -n "${DRY_RUN:-}" ] && out=/dev/null
   run env PYTHONPATH="$ROOT:$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m \
     swa_repro.sglang.audit.family_run --overlay "$site" --out "$out" --families "$FAMILIES" --gpus "$GPU" \
-    --live cuda ${PATHS:+--paths "$PATHS"} 2> "$ART/family-live-$1.err"
+    --live cuda --live-budget-s "$(( $3 - LIVE_MARGIN_S ))" ${PATHS:+--paths "$PATHS"} 2> "$ART/family-live-$1.err"
   local rc=$?; step "family_$1" "$t0" "$rc"; return "$rc"
 }
 
@@ -80,7 +81,7 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
   fi
   if has family; then
     T=$(( $(left) - RESERVE_S ))
-    if [ "$T" -lt "$MIN_STEP_S" ]; then
+    if [ "$T" -lt "$MIN_STEP_S" ] || [ "$T" -le "$LIVE_MARGIN_S" ]; then
       echo "== family: skipped, $(left)s left"; RC=1
     else
       echo "== family: shipped and fixed at once (timeout ${T}s each) > family-live-{shipped,fixed}.json"

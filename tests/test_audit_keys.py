@@ -119,7 +119,7 @@ def causal_executor(snap):
         for rk in audit_keys.call_keys(p, snap, -1):  # window -1: every causal key is "intended"
             k, v = audit_live._kv(p, fwd, rk.k_index)
             out[rk.rows] = masked_attention(fwd["q"][rk.rows], k, v, rk.intended, 0.125).float()
-        return out
+        return out, "causal"  # audit.live.Executor's (output, backend ran)
     return execute
 
 
@@ -129,7 +129,7 @@ def test_live_judging_counts_the_rows_a_windowless_kernel_gets_wrong(runs, path)
     s = audit_live.live_of_run(run, causal_executor(run.snapshot))
     expect = sum(int((((rk.k_pos[None] <= rk.q_pos[:, None]) & ~rk.intended).any(1)).sum())
                  for p in audit_keys.pairs(run) for rk in audit_keys.call_keys(p, run.snapshot, 8))
-    assert s["executed"] == 1 and s["wrong_rows"] == expect > 0
+    assert s["executed"] == 1 and s["wrong_rows"] == expect > 0 and s["backends"] == ["causal"]
     assert s["max_err_uncapped"] == s["max_err_intended"] > audit_live.ATOL
 
 
@@ -137,3 +137,22 @@ def test_live_judging_on_the_kernel_model_agrees_with_the_key_level_prediction(r
     s = audit_live.live_of_run(runs["extend_paged", "swa8"], audit_live.model_executor())
     assert s["model_agrees"] is True and s["wrong_rows"] == s["predicted_wrong_rows"] == 29
     assert audit_live.live_of_run(runs["extend_paged", "full"], audit_live.model_executor())["wrong_rows"] == 0
+
+
+def test_the_jit_warm_up_stops_waiting_at_the_deadline_and_says_so(runs):
+    """A GPU step out of time still writes what it ran: a build past the live budget is left running
+    (``audit.live.warm_calls``), not waited for until the step is killed with nothing written."""
+    import threading
+    import time
+
+    run, released = runs["extend_paged", "swa8"], threading.Event()
+
+    def building(trace, p, ws):
+        released.wait(10)
+        return None, None
+    t = time.monotonic()
+    got = audit_live.warm_calls([(run, building)], deadline=t + 0.3)
+    assert time.monotonic() - t < 5 and got and set(got.values()) == {"still building at the live time budget's end"}
+    released.set()
+    done = audit_live.warm_calls([(run, lambda trace, p, ws: (None, None))], deadline=time.monotonic() + 30)
+    assert all(isinstance(v, float) for v in done.values())

@@ -73,7 +73,9 @@ def test_install_patch_then_both_sites_live_at_once(rig):
     patch = next(e for e in ev if e.startswith("patch"))
     assert f":{fixed}:{shipped} patch apply --fix all --in-place" in patch  # the fixed site only, shipped's flashinfer
     starts = [e for e in ev if e.startswith("family-start")]
-    assert len(starts) == 2 and all("--live cuda" in e and "--gpus sm90" in e and "--paths" not in e for e in starts)
+    assert len(starts) == 2 and all("--live cuda" in e and "--gpus sm80,sm90" in e and "--paths" not in e for e in starts)
+    budgets = [int(e.split("--live-budget-s ")[1].split()[0]) for e in starts]
+    assert all(0 < b <= 575 - 30 - 120 for b in budgets)  # BUDGET_S - RESERVE_S - LIVE_MARGIN_S at most
     assert any(f"--overlay {shipped} " in e and e.split()[1].endswith(f":{shipped}") for e in starts)
     assert any(f"--overlay {fixed} " in e and e.split()[1].endswith(f":{fixed}:{shipped}") for e in starts)
     assert "--families gemma2,gemma3 " in starts[0]
@@ -95,6 +97,7 @@ def test_paths_are_passed_when_set(rig):
 
 
 @pytest.mark.parametrize("env, says", [({"BUDGET_S": 20}, "== family: skipped"),
+                                       ({"BUDGET_S": 140}, "== family: skipped"),  # no time to run a call live
                                        ({"PATCH_FAIL": 1}, "skipped on both sites (the patch failed)")])
 def test_a_family_step_it_cannot_run_is_skipped_said_and_exits_1(rig, env, says):
     r, _, ev = rig(**env)

@@ -32,10 +32,9 @@ import torch
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
+from swa_repro.sglang.audit import family_live, rows, spans
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
-from swa_repro.sglang.audit import rows
-from swa_repro.sglang.audit import spans
 from swa_repro.sglang.audit.env import DECODE, RAGGED
 from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
@@ -277,12 +276,13 @@ def layers_of(built, live: bool = False) -> list[FamilyLayer]:
     return out
 
 
-def audit_family(family: str, gpus, paths=None, live=None) -> dict:
+def audit_family(family: str, gpus, paths=None, live: list | None = None) -> dict:
     """Build ``family`` with the importable release once and drive every path x layer kind once
     per distinct platform switch (``gpu_env``: sm100 or not; sm80 and sm90 share the calls, which
     each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``.
-    ``live``: an executor (``audit.live``): each driven path's calls are also run on it and judged
-    against the float64 reference at the window and cap the family's config intends (:func:`live_of`)."""
+    ``live``: a list, to which each GPU class's driven records are queued (``audit.family_live.Job``)
+    to be run on a kernel and judged against the float64 reference at the window and cap the family's
+    config intends (``family_live.run_jobs``, which fills in each record's ``live``)."""
     t0 = time.monotonic()
     small = small_config(family)
     built = fbuild.build(small, context_length(small.sliding_window or 0))
@@ -307,34 +307,11 @@ def audit_family(family: str, gpus, paths=None, live=None) -> dict:
             recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu, memo)
                     for r, layer in runs]
             if live is not None:
-                live_of(recs, runs, small, live, memo)
+                live.append(family_live.Job(recs, runs, small, gpu, memo))
             out[gpu.name] = _document(family, gpu, small, built, layers, recs,
                                       {"build": round(t_build, 1), "drive": round(t_drive, 1),
                                        "keys": round(time.monotonic() - t2, 1)})
     return out
-
-
-def live_of(recs: list, runs: list, small, executor, memo: dict) -> None:
-    """Each driven record's calls executed on ``executor`` (the real FlashInfer on this GPU, or the
-    kernel model on CPU) and judged (``audit.live.live_of_run``) against the window and cap the
-    family's config intends: HF's count of the window on a sliding layer (what the key verdict holds
-    the calls to), none on a full one, and the config's cap on both (Gemma-2 caps every layer). On a
-    GPU the float64 references run there too (a 4096 window's are ~1 GB of logits a call).
-    Once per run and layer kind (``memo``): GPU classes that share the calls share the result."""
-    from swa_repro.sglang.audit.live import live_of_run, warm
-
-    device = getattr(executor, "device", "cpu")  # audit.live.Executor's
-    driven = [(rec, run, layer) for rec, (run, layer) in zip(recs, runs) if rec.get("status") == "driven"]
-    todo = [run for _, run, layer in driven if ("live", id(run), layer.kind) not in memo]
-    if todo and device != "cpu":  # a GPU: every module these calls need, built at once
-        warm(todo, executor)
-    for rec, run, layer in driven:
-        key = ("live", id(run), layer.kind)
-        if key not in memo:
-            window = small.intended_window if layer.kind == SLIDING else -1
-            memo[key] = live_of_run(run, executor, window=window, cap=float(small.cap or 0.0),
-                                    ref_device=None if device == "cpu" else device)
-        rec["live"] = memo[key]
 
 
 def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dict:

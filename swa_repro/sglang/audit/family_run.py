@@ -170,7 +170,7 @@ def executor_of(live: str | None):
         return audit_live.model_executor()
     if not torch_cuda():
         raise UsageError("--live cuda needs a CUDA device and flashinfer; --live model runs the kernel model on CPU")
-    return audit_live.flashinfer_executor("cuda")  # audit.family.live_of warms every module first
+    return audit_live.flashinfer_executor("cuda")  # audit.family_live.live_of warms every module first
 
 
 def torch_cuda() -> bool:
@@ -179,12 +179,17 @@ def torch_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live: str | None = None) -> dict:
+def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live: str | None = None,
+          live_budget_s: float | None = None) -> dict:
+    """``live_budget_s``: seconds from the child's start after which no more calls are run live
+    (each is said not run), so a GPU step that runs out of time still writes what it ran."""
     t0 = time.monotonic()
+    deadline = None if live_budget_s is None else t0 + live_budget_s
     import_release(overlay)
     from swa_repro.sglang import harness
     from swa_repro.sglang.audit import core as audit_core
     from swa_repro.sglang.audit import family as audit_family
+    from swa_repro.sglang.audit import family_live
     from swa_repro.sglang.audit.family_build import vllm_placeholder
 
     vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
@@ -192,22 +197,27 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     t_import = time.monotonic() - t0
     by_gpu = {g: [] for g in gpus}
     executor = executor_of(live)
+    jobs = None if executor is None else []  # every family's driven calls, run live after all are driven
     for name in families:
         try:
-            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, executor)
+            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 
             docs = dict.fromkeys(gpus, {"family": name, "error": " ".join(releases.explain_error(e))})
         for g in gpus:
             by_gpu[g].append(docs[g])
+    t_live = time.monotonic()
+    warmed = family_live.run_jobs(jobs, executor, deadline) if jobs else {}
+    t_live = time.monotonic() - t_live
     n = check_no_foreign(overlay)
     rel = audit_core.release_info()
     rel.update(origin="overlay", overlay=str(overlay), import_seconds=round(t_import, 1),
-               audit_seconds=round(time.monotonic() - t0 - t_import, 1), sglang_modules_from_overlay=n)
+               audit_seconds=round(time.monotonic() - t0 - t_import - t_live, 1), sglang_modules_from_overlay=n)
     doc = {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
     if live is not None:
-        doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)"}
+        doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)",
+                       "budget_s": live_budget_s, "seconds": round(t_live, 1), "warmup": warmed}
     return doc
 
 
@@ -223,8 +233,10 @@ def main(argv=None) -> int:
     p.add_argument("--gpus", required=True, help=f"comma-separated, of {', '.join(fam.GPU_CLASSES)}")
     p.add_argument("--paths", help="comma-separated audit paths (default: all)")
     p.add_argument("--live", choices=("cuda", "model"), help="also run each driven call (see executor_of)")
+    p.add_argument("--live-budget-s", type=float, help="run no call live after this many seconds (said not run)")
     return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(","),
-                                                  a.paths.split(",") if a.paths else None, a.live), argv)
+                                                  a.paths.split(",") if a.paths else None, a.live,
+                                                  a.live_budget_s), argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -40,11 +40,18 @@ def _call(trace, index: int, device, workspaces):
     return c.method, decode(c.args, device, workspaces), decode(c.kwargs, device, workspaces)
 
 
-def _execute(make, trace, p: Pair, device: str, workspaces: dict) -> torch.Tensor:
-    """A fresh wrapper from the recorded constructor, the pair's plan (a replay: with the capture
-    plan's window and cap, the module that was captured), then its forward; the output rows."""
+def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) -> tuple:
+    """A fresh wrapper from the recorded constructor (``backend(pair)``, where given and not None:
+    the backend it is built with instead of the recorded one), the pair's plan (a replay: with the
+    capture plan's window and cap, the module that was captured), then its forward: ``(output rows,
+    the backend the wrapper ran)``, the latter as FlashInfer resolved it at plan (``_backend``, set
+    from ``auto`` at prefill.py:2018 / decode.py:1069 in 0.7.2)."""
     init = next(c for c in trace.calls if c.wrapper == p.wrapper and c.method == "__init__")
-    w = make(p.cls)(*decode(init.args, device, workspaces), **decode(init.kwargs, device, workspaces))
+    kwargs = decode(init.kwargs, device, workspaces)
+    chosen = backend(p) if backend is not None else None
+    if chosen is not None and "backend" in kwargs:
+        kwargs["backend"] = chosen
+    w = make(p.cls)(*decode(init.args, device, workspaces), **kwargs)
     method, args, kwargs = _call(trace, p.plan[0], device, workspaces)
     if p.stage == "replay" and p.capture_plan is not None:
         bound = {k: v.to(device) if torch.is_tensor(v) else v for k, v in p.plan[1].items()}
@@ -52,18 +59,21 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict) -> torch.Tenso
         kwargs.update({k: p.capture_plan[1][k] for k in ("window_left", "logits_soft_cap")})
     getattr(w, method)(*args, **kwargs)
     method, args, kwargs = _call(trace, p.fwd[0], device, workspaces)
-    return _first_tensor(getattr(w, method)(*args, **kwargs))
+    return _first_tensor(getattr(w, method)(*args, **kwargs)), getattr(w, "_backend", None)
 
 
 @dataclass(frozen=True)
 class Executor:
-    """``executor(trace, pair, workspaces) -> output``: a recorded call on a fresh wrapper of
-    ``make(class name)``, its tensors on ``device`` (where its output, and a judge's reference, live)."""
+    """``executor(trace, pair, workspaces) -> (output, backend ran)``: a recorded call on a fresh
+    wrapper of ``make(class name)``, its tensors on ``device`` (where its output, and a judge's
+    reference, live); ``backend``: ``pair -> backend or None`` to build the wrapper with instead of
+    the recorded one (a GPU class's choice run on this card: ``audit.family.executor_for``)."""
     make: object
     device: str
+    backend: object = None
 
-    def __call__(self, trace, p: Pair, ws: dict) -> torch.Tensor:
-        return _execute(self.make, trace, p, self.device, ws)
+    def __call__(self, trace, p: Pair, ws: dict) -> tuple:
+        return _execute(self.make, trace, p, self.device, ws, self.backend)
 
 
 def flashinfer_executor(device: str = "cuda") -> Executor:
@@ -94,6 +104,7 @@ class CallOutcome:
     max_err_predicted: float | None  # None where the model calls the rows undefined
     nan_rows: int
     error: str | None = None
+    backend: str | None = None  # the backend the wrapper ran (FlashInfer's resolution of ``auto``)
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -140,46 +151,58 @@ def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol:
 
 
 # ----------------------------------------------------------------------------- JIT warm-up
-def module_signature(trace, p: Pair) -> tuple:
+def module_signature(trace, p: Pair, backend=None) -> tuple:
     """What decides which compiled module a call needs (prefill.py:2025-2042, decode.py:1054):
-    the class, backend, window and cap compiled at plan, custom mask, and the constructor's flags."""
+    the class, backend (``backend(pair)`` where an executor builds it with another), window and cap
+    compiled at plan, custom mask, and the constructor's flags."""
     init = next(c for c in trace.calls if c.wrapper == p.wrapper and c.method == "__init__")
     kw = decode(init.kwargs)
     plan = (p.capture_plan or p.plan)[1]
-    return (p.cls, p.backend, int(plan["window_left"]) >= 0, float(plan.get("logits_soft_cap") or 0) > 0,
+    return (p.cls, (backend(p) if backend is not None else None) or p.backend, int(plan["window_left"]) >= 0, float(plan.get("logits_soft_cap") or 0) > 0,
             plan.get("custom_mask") is not None, bool(kw.get("use_cuda_graph")), bool(kw.get("use_tensor_cores")),
             int(plan.get("head_dim_qk") or plan.get("head_dim") or 0))
 
 
 def warm(runs, executor, *, workers: int | None = None, deadline: float | None = None) -> dict:
-    """Execute one call per distinct module in parallel threads, so the JIT builds overlap (each
-    build is its own ninja job behind a per-module file lock, flashinfer jit/core.py:342 in 0.7.2;
-    as ``kernel.live.prebuild_modules``). Each thread gets its own workspace. By default every
-    signature gets its own thread: with fewer (8 until 2026-12-04) the builds came in two waves, and
-    the second wave's modules (the decode ones in the H200 log of that day) started ~190 s late; a
-    thread whose module another thread is building only waits on its lock. ``{signature: seconds
-    or error}``; a failure here is not fatal (the judged pass runs the call again and says why)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """:func:`warm_calls` of every run on one executor."""
+    return warm_calls([(run, executor) for run in runs], workers=workers, deadline=deadline)
+
+
+def warm_calls(items, *, workers: int | None = None, deadline: float | None = None) -> dict:
+    """``items``: ``(run, executor)``. Execute one call per distinct module in parallel threads, so
+    the JIT builds overlap (each build is its own ninja job behind a per-module file lock, flashinfer
+    jit/core.py:342 in 0.7.2; as ``kernel.live.prebuild_modules``). Each thread gets its own
+    workspace. By default every signature gets its own thread: with fewer (8 until 2026-12-04) the
+    builds came in two waves, and the second wave's modules (the decode ones in the H200 log of that
+    day) started ~190 s late; a thread whose module another thread is building only waits on its
+    lock. ``{signature: seconds or error}``; a failure here is not fatal (the judged pass runs the
+    call again and says why). At ``deadline`` it stops waiting: a build still running is said so and
+    left to finish (ninja keeps what it compiled for the next process that asks for the module)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     todo = {}
-    for run in runs:
+    for run, executor in items:
         for p in pairs(run):
-            todo.setdefault(module_signature(run.trace, p), (run, p))
+            todo.setdefault(module_signature(run.trace, p, getattr(executor, "backend", None)), (run, p, executor))
 
     def one(item):
-        sig, (run, p) = item
+        run, p, executor = item
         t = time.monotonic()
         if deadline is not None and t > deadline:
-            return repr(sig), "skipped: the live time budget ran out"
+            return "skipped: the live time budget ran out"
         try:
             executor(run.trace, p, {})
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            return repr(sig), round(time.monotonic() - t, 1)
+            return round(time.monotonic() - t, 1)
         except Exception as e:  # noqa: BLE001 - reported; the judged pass says why per call
-            return repr(sig), f"error: {type(e).__name__}: {str(e)[:200]}"
-    with ThreadPoolExecutor(max_workers=max(1, min(workers or len(todo), len(todo) or 1))) as ex:
-        return dict(ex.map(one, todo.items()))
+            return f"error: {type(e).__name__}: {str(e)[:200]}"
+    ex = ThreadPoolExecutor(max_workers=max(1, min(workers or len(todo), len(todo) or 1)))
+    futs = {repr(sig): ex.submit(one, item) for sig, item in todo.items()}
+    wait(futs.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    ex.shutdown(wait=False, cancel_futures=True)
+    return {sig: f.result() if f.done() and not f.cancelled() else "still building at the live time budget's end"
+            for sig, f in futs.items()}
 
 
 # ----------------------------------------------------------------------------- one driven path
@@ -199,10 +222,10 @@ def live_of_run(run, executor, *, deadline: float | None = None, atol: float = A
                                         "not run: the live time budget ran out"))
             continue
         try:
-            out = executor(run.trace, p, ws)
+            out, ran = executor(run.trace, p, ws)
             if out is not None and out.is_cuda:
                 torch.cuda.synchronize()
-            outcomes.append(judge(p, out, run.snapshot, window, cap, atol, device=ref_device))
+            outcomes.append(replace(judge(p, out, run.snapshot, window, cap, atol, device=ref_device), backend=ran))
         except Exception as e:  # said per call, never hidden
             outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
                                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
@@ -220,5 +243,6 @@ def summarize(outcomes: list[CallOutcome], atol: float = ATOL) -> dict:
             "wrong_rows": sum(o.wrong_rows for o in ran), "predicted_wrong_rows": sum(o.predicted_wrong_rows for o in ran),
             "max_err_intended": mx("max_err_intended"), "max_err_uncapped": mx("max_err_uncapped"),
             "max_err_predicted": pred, "model_agrees": None if pred is None else pred <= atol,
-            "nan_rows": sum(o.nan_rows for o in ran), "errors": sorted({o.error for o in outcomes if o.error}),
+            "nan_rows": sum(o.nan_rows for o in ran), "backends": sorted({o.backend for o in ran if o.backend}),
+            "errors": sorted({o.error for o in outcomes if o.error}),
             "per_call": [o.to_dict() for o in outcomes]}
