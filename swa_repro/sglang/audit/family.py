@@ -82,11 +82,11 @@ class FamilyLayer(ap.LayerConfig):
         return runner, fb.FlashInferAttnBackend(runner), layer
 
     def extend_inputs(self, case, runner, layer, max_ctx: int, device: str):
-        """The kit's batch (contiguous slots); zero q/k/v: the stand-ins never read values."""
+        """The kit's batch (contiguous slots); zero q/k/v on ``device``: the stand-ins never read values."""
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
         batch = ap._kit_batch(case, runner, ForwardMode.EXTEND, max_ctx, device)
-        return (batch, *self.inputs(sum(case.extend_lens), case))
+        return (batch, *(x.to(device) for x in self.inputs(sum(case.extend_lens), case)))
 
     def inputs(self, n_tokens: int, case):
         """Zero q, k, v in the runner's bf16, made once per shape in the process (no path writes
@@ -289,6 +289,7 @@ def audit_family(family: str, gpus, paths=None, live: list | None = None) -> dic
     t_build = time.monotonic() - t0
     layers = layers_of(built, live=live is not None)
     fb = harness.backend_module()
+    device = ap.audit_device()  # where sglang itself dispatches its KV writes (paths.audit_device)
     todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
     out, first, one_switch = {}, None, reads_platform_once(fb)
     memo: dict = {}  # record()'s shared parts, keyed by id(run): every run stays alive in `kept`
@@ -297,7 +298,7 @@ def audit_family(family: str, gpus, paths=None, live: list | None = None) -> dic
         group = [g for g in gpus if g.is_sm100 == is_sm100]
         t1 = time.monotonic()
         with gpu_env(fb, group[0]):  # a later switch re-drives only what it can change
-            done = [first[i] if first and one_switch and not uses_ragged(first[i]) else ap.drive(p, x, device="cpu")
+            done = [first[i] if first and one_switch and not uses_ragged(first[i]) else ap.drive(p, x, device=device)
                     for i, (p, x) in enumerate(todo)]
         first, runs = first or done, list(zip(done, (x for _, x in todo)))
         kept.append(done)
