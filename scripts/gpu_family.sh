@@ -8,7 +8,9 @@
 #   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
 # install: a fresh $SITE from both bundles; $SITE_FIXED holds a copy of its `sglang` package alone (one
 #   flashinfer for both: scripts/gpu_fix.sh says why).
-# patch: swa-repro patch apply --fix all --in-place on $SITE_FIXED only (the backend and commandr.py).
+# patch: swa-repro patch apply --fix all --in-place on $SITE_FIXED only (the backend), then each family
+#   fix on its own model file (FAMILY_FIXES, default audit.family_fix.FAMILY_FIX's: commandr.py's hook;
+#   `--fix all` on the backend only names them, and the first H100 run of 2026-12-05 ran without it).
 # family: python -m swa_repro.sglang.audit.family_run --overlay SITE --families $FAMILIES --gpus $GPU
 #   --live cuda [--paths $PATHS] on both sites at once (they wait on the same JIT locks), each with a
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
@@ -30,6 +32,7 @@ RESERVE_S="${RESERVE_S:-30}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_STEP_S="${MIN_STEP_S:-30}"
 LIVE_MARGIN_S="${LIVE_MARGIN_S:-120}"  # no call starts live after timeout - this: the rest builds, drives, writes
+FAMILY_FIXES="${FAMILY_FIXES-commandr_window_hook}"  # tests/test_gpu_family_script.py holds it to FAMILY_FIX
 START=$(date +%s)
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -76,7 +79,11 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
   if has patch; then
     T0=$(elapsed)
     run env PYTHONPATH="$ROOT:$SITE_FIXED:$SITE" "$PY" -m swa_repro.cli patch apply --fix all --in-place
-    P=$?; step patch "$T0" "$P"; echo "== patch apply: exit status $P"
+    P=$?
+    for fx in $FAMILY_FIXES; do  # each edits its own model file (patch names them; audit.family_fix.FAMILY_FIX)
+      run env PYTHONPATH="$ROOT:$SITE_FIXED:$SITE" "$PY" -m swa_repro.cli patch apply --fix "$fx" --in-place || P=1
+    done
+    step patch "$T0" "$P"; echo "== patch apply: exit status $P"
     [ "$P" -ne 0 ] && { RC=1; STEPS="${STEPS/family/}"; echo "== family: skipped on both sites (the patch failed)"; }
   fi
   if has family; then

@@ -156,3 +156,14 @@ def test_the_jit_warm_up_stops_waiting_at_the_deadline_and_says_so(runs):
     released.set()
     done = audit_live.warm_calls([(run, lambda trace, p, ws: (None, None))], deadline=time.monotonic() + 30)
     assert all(isinstance(v, float) for v in done.values())
+
+
+def test_the_reference_in_row_blocks_is_the_whole_calls(runs, monkeypatch):
+    """``audit.live._err`` judges ROW_BLOCK rows at a time (a 4096 window's call in one piece ran a GPU
+    out of memory): blocks of 3 rows give the same per-row errors as one block."""
+    run = runs["extend_paged", "swa8"]
+    (p,) = audit_keys.pairs(run)
+    out, _ = audit_live.model_executor()(run.trace, p, {})
+    whole = audit_live.judge(p, out, run.snapshot, 8, 0.0)
+    monkeypatch.setattr(audit_live, "ROW_BLOCK", 3)
+    assert audit_live.judge(p, out, run.snapshot, 8, 0.0) == whole and whole.rows > 3 and whole.wrong_rows > 0

@@ -73,3 +73,25 @@ def test_a_class_the_card_cannot_run_is_said_and_nothing_runs(card):
     job = fl.Job(recs, [(object(), None), (object(), None)], None, GPU_CLASSES["sm100"], {})
     assert fl.run_jobs([job], Executor(never, "cuda")) == {}
     assert "do not run on this card (NVIDIA H200, sm90)" in recs[0]["live"]["not_run"] and "live" not in recs[1]
+
+
+# ----------------------------------------------------------------------------- building on a GPU box
+def test_the_fused_mlp_gemm_is_not_picked_while_a_model_is_built(monkeypatch):
+    """On CUDA the release's MLP imports nvidia-cutlass-dsl to pick a fused GEMM (0.5.23
+    dual_gemm.py:32-42), which the GPU bundle lacks: while the audit builds a model the mode is what
+    the release picks off CUDA (None), and the class is restored after."""
+    import sys
+
+    from swa_repro.sglang.audit.family_build import no_fused_mlp_gemm
+
+    class DualGemm:
+        def _select_mode(self, gate_up_proj, hidden_size):
+            raise ModuleNotFoundError("No module named 'cutlass'")
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.dual_gemm", types.SimpleNamespace(DualGemm=DualGemm))
+    with no_fused_mlp_gemm():
+        assert DualGemm()._select_mode(None, 4096) is None
+    with pytest.raises(ModuleNotFoundError, match="cutlass"):
+        DualGemm()._select_mode(None, 4096)
+    monkeypatch.setitem(sys.modules, "sglang.srt.layers.dual_gemm", types.SimpleNamespace())  # a release without it
+    with no_fused_mlp_gemm():
+        pass

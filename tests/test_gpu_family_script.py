@@ -70,8 +70,12 @@ def test_install_patch_then_both_sites_live_at_once(rig):
     assert r.returncode == 0, r.stdout + r.stderr
     shipped, fixed = rig.sites["shipped"], rig.sites["fixed"]
     assert (fixed / "sglang").is_dir()  # the fixed site: a copy of the sglang package alone
-    patch = next(e for e in ev if e.startswith("patch"))
-    assert f":{fixed}:{shipped} patch apply --fix all --in-place" in patch  # the fixed site only, shipped's flashinfer
+    patch = [e for e in ev if e.startswith("patch")]
+    assert f":{fixed}:{shipped} patch apply --fix all --in-place" in patch[0]  # the fixed site only, shipped's flashinfer
+    from swa_repro.sglang.audit.family_fix import FAMILY_FIX
+
+    assert [e.split("--fix ")[1].split()[0] for e in patch[1:]] == sorted(set(FAMILY_FIX.values()))  # each model file's
+    assert all(f":{fixed}:{shipped} patch apply --fix " in e and "--in-place" in e for e in patch[1:])
     starts = [e for e in ev if e.startswith("family-start")]
     assert len(starts) == 2 and all("--live cuda" in e and "--gpus sm80,sm90" in e and "--paths" not in e for e in starts)
     budgets = [int(e.split("--live-budget-s ")[1].split()[0]) for e in starts]

@@ -23,6 +23,7 @@ rotary_embedding/base.py:138; nothing here runs a rotary).
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
 import json
@@ -176,8 +177,28 @@ def build_model(mc):
     from sglang.srt.model_loader import loader
 
     loader.get_model_architecture(mc)
-    with torch.device("meta"):
+    with torch.device("meta"), no_fused_mlp_gemm():
         return loader._initialize_model(mc, LoadConfig())
+
+
+@contextlib.contextmanager
+def no_fused_mlp_gemm():
+    """The release's MLP picks a fused gate/up GEMM at build time on CUDA (0.5.23 layers/dual_gemm.py:30,
+    ``DualGemm._select_mode`` :32-42, from llama.py:121), importing nvidia-cutlass-dsl, which the GPU bundle
+    does not carry (Mistral and Qwen2 failed to build on the H100 of 2026-12-05: "No module named
+    'cutlass'"). The audit never runs an MLP, so the mode is what the release picks off CUDA, None
+    (dual_gemm.py:37-38), while the model is built; releases without the class are untouched."""
+    try:
+        dg = importlib.import_module("sglang.srt.layers.dual_gemm").DualGemm
+    except (ImportError, AttributeError):
+        yield
+        return
+    orig = dg.__dict__["_select_mode"]
+    dg._select_mode = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        dg._select_mode = orig
 
 
 def attention_layers(model) -> tuple:

@@ -118,6 +118,22 @@ def _kv(p: Pair, fwd: dict, slots: np.ndarray):
     return (k.cpu().reshape(-1, *k.shape[2:])[idx], v.cpu().reshape(-1, *v.shape[2:])[idx])
 
 
+ROW_BLOCK = 512  # query rows per float64 reference (see _err)
+
+
+def _err(q, k, v, out, mask, sm: float, cap: float, device) -> torch.Tensor:
+    """Per query row, the largest |out - reference| over heads and dims, the reference held to
+    ``mask`` (``(rows, kv)`` or ``(heads, rows, kv)``), ROW_BLOCK rows at a time: a 4096 window's
+    whole call (32 heads x 4392 rows x 4648 keys) is 5 GB of float64 logits, which ran out of GPU
+    memory with both sites judging at once (the H100 call of 2026-12-05)."""
+    errs = []
+    for r0 in range(0, len(q), ROW_BLOCK):
+        sl = slice(r0, r0 + ROW_BLOCK)
+        ref = masked_attention(q[sl], k, v, mask[..., sl, :], sm, cap, device=device)
+        errs.append((out[sl].double().to(ref.device) - ref).abs().reshape(ref.shape[0], -1).amax(1).cpu())
+    return torch.cat(errs) if errs else torch.zeros(0, dtype=torch.float64)
+
+
 def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol: float = ATOL,
           device=None) -> CallOutcome:
     """One executed call against the references (see the module docstring); ``device``: where the
@@ -131,16 +147,12 @@ def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol:
         k, v = _kv(p, fwd, rk.k_index)
         qr, o = q[rk.rows], out.float().cpu()[rk.rows]
         nan_rows += int(torch.isnan(o).reshape(len(rk.rows), -1).any(1).sum())
-
-        def err(mask, c):
-            ref = masked_attention(qr, k, v, mask, sm, c, device=device)
-            return (o.double().to(ref.device) - ref).abs().reshape(len(rk.rows), -1).amax(1).cpu()
-        e_int, e_unc = err(rk.intended, cap), err(rk.intended, 0.0)
+        e_int, e_unc = _err(qr, k, v, o, rk.intended, sm, cap, device), _err(qr, k, v, o, rk.intended, sm, 0.0, device)
         errs.append(torch.stack([e_int, e_unc], 1))
         if rk.attended is None:
             pred_wrong += len(rk.rows)
             continue
-        pred.append(err(rk.attended, kernel_cap))
+        pred.append(_err(qr, k, v, o, rk.attended, sm, kernel_cap, device))
         differs = (rk.attended != rk.intended[None]).any((0, 2))
         pred_wrong += int((differs | (kernel_cap != cap)).sum())
     e = torch.cat(errs) if errs else torch.zeros(0, 2, dtype=torch.float64)
