@@ -31,10 +31,10 @@ def helper_seconds(call_dir: Path) -> float | None:
     return None
 
 
-def calls(root=FIX_ROOT) -> list[dict]:
+def calls(root=FIX_ROOT, pattern: str = "fix-*/call-*/gpu.txt") -> list[dict]:
     """One dict per call that recorded its steps' seconds, in the order of its folder name."""
     out = []
-    for g in sorted(Path(root).glob("fix-*/call-*/gpu.txt")):
+    for g in sorted(Path(root).glob(pattern)):
         text = g.read_text()
         if ROWS not in text:
             continue
@@ -71,3 +71,33 @@ def render_fix(root=FIX_ROOT) -> list[str]:
               "573 s, the regression test after it 126 s per site spent in JIT and stopped; run again warm, "
               "206 s shipped + 173 s fixed.", ""]
     return lines
+
+
+FAMILY_ROOT = ROOT / "recordings" / "family-live"
+
+
+def render_family_live(root=FAMILY_ROOT) -> list[str]:
+    """``scripts/gpu_family.sh`` per call: its steps' seconds and, per site, the live phase (the JIT
+    warm-up, then executing and judging every driven call) from the family child's own JSON."""
+    from swa_repro.sglang.audit import family_evidence as fe
+
+    cs = calls(root, "*/call-*/gpu.txt")
+    lines = ["## GPU: `scripts/gpu_family.sh` (issue #25), per call", ""]
+    if not cs:
+        return lines + ["Not measured yet: run `OUT=$OUT bash scripts/gpu_family.sh` on the GPU.", ""]
+    lines += ["Both sites run at once (their JIT builds share one cache), so each waits on the other's builds. "
+              "Live: seconds of the child's live phase, of which the warm-up (the JIT wave); judged: runs whose "
+              "calls all ran before the live budget's end. Limit per call: 600 s.", "",
+              "| call | steps | seconds per step | shipped: live (warm-up) / judged | fixed: live (warm-up) / judged |",
+              "|---|---|---|---|---|"]
+    for c in cs:
+        folder = Path(root) / c["call"]
+        steps = ", ".join(f"{r['step']} {r['seconds']}" for r in sorted(c["rows"], key=lambda r: (r["start"], r["step"])))
+        site = []
+        for s in fe.SITES:
+            doc = fe.load(folder, s)
+            lv, rs = doc.get("live") or {}, fe.runs(doc)
+            warm = [v for v in (lv.get("warmup") or {}).values() if isinstance(v, (int, float))]
+            site.append(f"{lv.get('seconds')} ({max(warm) if warm else 0:g}) / {sum(r.judged for r in rs)} of {len(rs)}")
+        lines.append(f"| {c['call']} | {c['steps']} | {steps} | {site[0]} | {site[1]} |")
+    return lines + [""]

@@ -62,4 +62,12 @@ machine_lines() {  # gpu.txt's head: the date, the GPU, its driver, torch and th
   echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -n 1)"
   echo "torch: $("$PY" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>&1)"
   echo "git rev-parse HEAD: $(git rev-parse HEAD 2>&1)"
+  echo "code digest: $(code_digest)"
+}
+
+code_digest() {  # the code the copy ran, whatever its git metadata says (the device copy's HEAD lags the
+  # tree it runs): sha256 of swa_repro/ and scripts/ sources. To match a commit C:
+  #   d=$(mktemp -d); git archive C swa_repro scripts | tar -x -C "$d"; (cd "$d" && . scripts/lib_gpu.sh && code_digest)
+  find swa_repro scripts -type f \( -name '*.py' -o -name '*.sh' \) -not -path '*/__pycache__/*' | LC_ALL=C sort \
+    | xargs sha256sum | sha256sum | cut -c1-16
 }

@@ -71,7 +71,7 @@ def test_a_class_the_card_cannot_run_is_said_and_nothing_runs(card):
         raise AssertionError("an sm100 call ran on an H200")
     recs = [{"status": "driven"}, {"status": "absent"}]
     job = fl.Job(recs, [(object(), None), (object(), None)], None, GPU_CLASSES["sm100"], {})
-    assert fl.run_jobs([job], Executor(never, "cuda")) == {}
+    assert fl.run_jobs([job], Executor(never, "cuda"))["warmup"] == {}
     assert "do not run on this card (NVIDIA H200, sm90)" in recs[0]["live"]["not_run"] and "live" not in recs[1]
 
 

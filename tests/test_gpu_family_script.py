@@ -91,6 +91,9 @@ def test_install_patch_then_both_sites_live_at_once(rig):
     assert json.loads(lzma.decompress((out / "family-live-fixed.json.xz").read_bytes()))["live"]["executor"] == "cuda"
     gpu = (out / "gpu.txt").read_text()
     assert "steps: install,patch,family;" in gpu and "family_shipped" in gpu and "family_fixed" in gpu
+    digest = subprocess.run(["bash", "-c", ". scripts/lib_gpu.sh && code_digest"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.split()
+    assert len(digest) == 1 and len(digest[0]) == 16 and "code digest: " in gpu  # the copy's code, not its lagging HEAD
 
 
 def test_paths_are_passed_when_set(rig):

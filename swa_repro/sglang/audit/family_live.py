@@ -8,6 +8,7 @@ Used by ``audit.family.audit_family``; the GPU step is ``scripts/gpu_family.sh``
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -41,7 +42,8 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
     window's are ~1 GB of logits a call). A GPU class whose kernels this card cannot run is said,
     not run. Once per run, layer kind and the backends its wrappers run (``memo``): GPU classes that
     run the same kernels share the result. ``deadline`` (``time.monotonic()``): calls after it are
-    said not run. Returns the warm-up's ``{module signature: seconds or error}`` (empty on CPU)."""
+    said not run. Returns ``{"warmup": {module signature: seconds or error} (empty on CPU),
+    "warmup_seconds": the whole warm-up's}``."""
     from swa_repro.sglang.audit.live import live_of_run, warm_calls
 
     device = getattr(executor, "device", "cpu")  # audit.live.Executor's
@@ -55,7 +57,9 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
         ex = executor_for(executor, job.gpu, device)
         plans.append((job, ex))
         todo += [(run, ex) for _, run, layer in job.driven() if _key(run, layer, ex) not in job.memo]
+    t = time.monotonic()
     warmed = warm_calls(todo, deadline=deadline) if todo and device != "cpu" else {}
+    warm_s = round(time.monotonic() - t, 1)
     for job, ex in plans:
         for rec, run, layer in job.driven():
             k = _key(run, layer, ex)
@@ -64,7 +68,7 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
                 job.memo[k] = live_of_run(run, ex, window=window, cap=float(job.small.cap or 0.0), deadline=deadline,
                                           ref_device=None if device == "cpu" else device)
             rec["live"] = job.memo[k]
-    return warmed
+    return {"warmup": warmed, "warmup_seconds": warm_s}
 
 
 def _key(run, layer, ex) -> tuple:

@@ -208,7 +208,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
         for g in gpus:
             by_gpu[g].append(docs[g])
     t_live = time.monotonic()
-    warmed = family_live.run_jobs(jobs, executor, deadline) if jobs else {}
+    warmed = family_live.run_jobs(jobs, executor, deadline) if jobs else {"warmup": {}, "warmup_seconds": 0.0}
     t_live = time.monotonic() - t_live
     n = check_no_foreign(overlay)
     rel = audit_core.release_info()
@@ -217,7 +217,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     doc = {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
     if live is not None:
         doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)",
-                       "budget_s": live_budget_s, "seconds": round(t_live, 1), "warmup": warmed}
+                       "budget_s": live_budget_s, "seconds": round(t_live, 1), **warmed}
     return doc
 
 

@@ -105,6 +105,7 @@ class CallOutcome:
     nan_rows: int
     error: str | None = None
     backend: str | None = None  # the backend the wrapper ran (FlashInfer's resolution of ``auto``)
+    seconds: float | None = None  # executing and judging the call (a slow live step says where its time went)
 
     def to_dict(self) -> dict:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -233,11 +234,13 @@ def live_of_run(run, executor, *, deadline: float | None = None, atol: float = A
             outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
                                         "not run: the live time budget ran out"))
             continue
+        t = time.monotonic()
         try:
             out, ran = executor(run.trace, p, ws)
             if out is not None and out.is_cuda:
                 torch.cuda.synchronize()
-            outcomes.append(replace(judge(p, out, run.snapshot, window, cap, atol, device=ref_device), backend=ran))
+            outcomes.append(replace(judge(p, out, run.snapshot, window, cap, atol, device=ref_device), backend=ran,
+                                    seconds=round(time.monotonic() - t, 2)))
         except Exception as e:  # said per call, never hidden
             outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
                                         f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))

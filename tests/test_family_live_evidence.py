@@ -1,0 +1,113 @@
+"""The family audit's GPU evidence (``recordings/family-live/0.5.23``, issue #25): what the real
+FlashInfer did with the calls sglang 0.5.23's own model code and backend made at each family's real
+window, judged against the float64 reference, beside the key verdicts the same child gave.
+
+Oracles: the reference is float64 attention over the keys the family's config intends, computed on
+the GPU independently of FlashInfer (``core.reference``); the key audit reads only the recorded plan
+and forward arguments. Neither knows the other's result: the tests hold them to each other.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from swa_repro.sglang.audit import family_evidence as fe
+
+CALLS = {c.name: c for c in fe.calls()}
+GEMMA = CALLS["call-20261205T1648-h100-gemma2-gemma3"]
+NOHOOK = CALLS["call-20261205T1655-h100-cohere2-mistral-nohook"]
+HOOK = CALLS["call-20261205T1702-h100-cohere2-mistral-qwen2"]
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return {(c.name, s): fe.load(c, s) for c in CALLS.values() for s in fe.SITES}
+
+
+def test_every_call_came_from_the_project_script_on_an_h100_with_the_pinned_stack():
+    for c in CALLS.values():
+        gpu = (c / "gpu.txt").read_text()
+        assert "NVIDIA H100" in gpu and "torch: 2.11.0+cu130" in gpu and "flashinfer 0.7.2, sglang 0.5.23" in gpu
+        assert len(list(c.glob("gpu_family-*.log"))) == 1
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_the_summary_is_generated_from_the_data(call):
+    assert (CALLS[call] / "SUMMARY.md").read_text() == "\n".join(fe.render(CALLS[call])) + "\n"
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("site", fe.SITES)
+def test_the_kernel_is_never_wrong_where_the_key_audit_is_clean(docs, call, site):
+    """A row off the reference always has a cause the key audit names (extra/missing keys or a
+    dropped cap), on every judged run of every call."""
+    rs = [r for r in fe.runs(docs[call, site]) if r.judged]
+    assert not [r for r in rs if r.wrong_rows and r.key_clean]
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+@pytest.mark.parametrize("site", fe.SITES)
+def test_the_kernel_model_is_off_only_where_the_kernel_is_wrong(docs, call, site):
+    """Where the kernel model's own keys and cap do not explain the output (``model_agrees`` False),
+    the kernel is also off the intended reference: the model is never wrong about a correct run."""
+    rs = [r for r in fe.runs(docs[call, site]) if r.judged]
+    assert all(r.wrong_rows for r in rs if r.model_agrees is False)
+
+
+@pytest.mark.parametrize("gpu, ragged", [("sm80", {"fa2"}), ("sm90", {"fa3"})])
+def test_gemma_both_sites_every_path_judged_and_the_fix_exact_on_fa2_and_fa3(docs, gpu, ragged):
+    """Gemma-2 (cap 50) and Gemma-3 at window 4096, head_dim 256, every path on both GPU classes'
+    kernels: sm80's fa2 and sm90's fa3 for the ragged wrapper (FlashInfer's own ``auto`` on the H100),
+    as shipped and fixed; fixed: no wrong row on any run."""
+    for site in fe.SITES:
+        rs = [r for r in fe.runs(docs[GEMMA.name, site]) if r.gpu == gpu]
+        assert {r.family for r in rs} == {"gemma2", "gemma3"} and len(rs) == 68 and all(r.judged for r in rs)
+        assert {b for r in rs if r.path.startswith("extend_ragged_no") for b in r.backends} == ragged
+    fixed = [r for r in fe.runs(docs[GEMMA.name, "fixed"]) if r.gpu == gpu]
+    assert all(r.wrong_rows == 0 and r.key_clean and r.model_agrees for r in fixed)
+
+
+def test_gemma2_as_shipped_drops_its_cap_on_every_path_and_the_kernel_shows_it(docs):
+    rs = [r for r in fe.runs(docs[GEMMA.name, "shipped"]) if r.family == "gemma2"]
+    assert all(r.cap.startswith("dropped") and r.wrong_rows > 0 for r in rs)  # full layers too: Gemma-2 caps every layer
+    big = [r for r in rs if r.path in ("extend_paged", "extend_ragged_no_prefix")]
+    assert all(r.wrong_rows >= r.rows - 8 for r in big)  # nearly every one of 4392 rows
+
+
+def test_gemma3_as_shipped_is_wrong_only_on_its_sliding_layers(docs):
+    rs = [r for r in fe.runs(docs[GEMMA.name, "shipped"]) if r.family == "gemma3"]
+    assert {r.kind for r in rs if r.wrong_rows} == {"sliding"}
+    ragged = next(r for r in rs if r.path == "extend_ragged_no_prefix" and r.kind == "sliding" and r.gpu == "sm90")
+    assert ragged.verdict == "extra" and 0 < ragged.wrong_rows < ragged.rows  # planned without its window
+
+
+def test_cohere2_needs_its_model_file_fix_not_only_the_backends(docs):
+    """With ``--fix all`` on the backend alone (the no-hook call) Cohere2's sliding runs stay flagged
+    and the kernel still has wrong rows; with ``commandr_window_hook`` too, the key audit on the GPU
+    finds every run clean."""
+    nohook = fe.runs(docs[NOHOOK.name, "fixed"])
+    assert [r for r in nohook if r.wrong_rows] and not all(r.key_clean for r in nohook)
+    hook = [r for r in fe.runs(docs[HOOK.name, "fixed"]) if r.family == "cohere2"]
+    assert len(hook) == 68 and all(r.key_clean for r in hook)
+    assert all(r.wrong_rows == 0 for r in hook if r.judged) and any(r.judged for r in hook)
+
+
+def test_mistral_and_qwen2_have_no_fix_in_sglang_and_the_audit_says_so(docs):
+    """Their sliding layers get no window from sglang's model file (family_fix.remedy): flagged on
+    both sites alike; on the GPU they now build (the no-hook call's Mistral did not: the MLP's
+    cutlass import, ``family_build.no_fused_mlp_gemm``)."""
+    assert "cutlass" in fe.not_built(docs[NOHOOK.name, "shipped"])["mistral"]
+    for site in fe.SITES:
+        doc = docs[HOOK.name, site]
+        assert not fe.not_built(doc)
+        for fam in ("mistral", "qwen2-swa"):
+            sliding = [r for r in fe.runs(doc) if r.family == fam and r.kind == "sliding"]
+            assert sliding and all(r.verdict == "extra" for r in sliding)
+
+
+def test_the_first_call_found_the_family_audit_could_not_drive_on_a_gpu(docs):
+    """The harness bug the first call exposed (every path 'harness': sglang's KV writes on CUDA, the
+    audit's tensors on the CPU), fixed by driving on ``paths.audit_device``."""
+    doc = docs["call-20261205T1644-h100-gemma-harness", "shipped"]
+    paths = [r for fams in doc["by_gpu"].values() for f in fams for r in f["paths"]]
+    assert paths and all(r["status"] == "harness" and "memory_pool._is_cuda" in r["why"] for r in paths)
