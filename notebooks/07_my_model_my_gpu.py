@@ -45,6 +45,7 @@ import pandas as pd
 
 from swa_repro.notebook import family_answer, key_heatmap, plots
 from swa_repro.notebook.checks import Checks
+from swa_repro.sglang.audit import family_evidence
 
 checks = Checks("07_my_model_my_gpu", output_dir)
 save = figure_saver(output_dir)
@@ -118,6 +119,24 @@ checks.expect(fix["exact"] == (not family_answer.bad(fix["fixed"] if fix["fixed"
               "the fix's verdict is the fixed copy's own audit", fixes=fix["fixes"])
 checks.expect(fix["fixed"] is None or len(family_answer.bad(fix["fixed"])) < len(family_answer.bad(audit)),
               "the fixes leave fewer wrong paths than the release as shipped")
+
+# %% [markdown]
+# ## 5. On the real kernel
+#
+# What FlashInfer itself did with these calls, as shipped and with the fixes, against the float64
+# reference at the family's window and cap: the committed evidence of `scripts/gpu_family.sh` on a
+# GPU (`recordings/family-live/`), read the same way in either mode. sm80's row ran its fa2 on the
+# same card; sm100's kernels need a Blackwell card.
+
+# %%
+call, live_rows = family_evidence.family_rows(family, release, gpu_class.name)
+print(family_evidence.sentence(call, family, release, gpu_class.name))
+pd.DataFrame(live_rows)
+
+# %%
+checks.expect(call is None or family_evidence.consistent(call, family),
+              "the kernel is never off the reference where the key audit of the same run is clean",
+              call=None if call is None else call.name)
 
 # %%
 checks.close()

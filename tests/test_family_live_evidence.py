@@ -111,3 +111,28 @@ def test_the_first_call_found_the_family_audit_could_not_drive_on_a_gpu(docs):
     doc = docs["call-20261205T1644-h100-gemma-harness", "shipped"]
     paths = [r for fams in doc["by_gpu"].values() for f in fams for r in f["paths"]]
     assert paths and all(r["status"] == "harness" and "memory_pool._is_cuda" in r["why"] for r in paths)
+
+
+# ----------------------------------------------------------------------------- what notebook 07 shows
+def test_a_family_is_shown_from_a_call_whose_fixed_site_had_every_fix_it_needs():
+    """Cohere2's no-hook call judged more runs, but its fixed site lacked commandr_window_hook: the
+    notebook shows the call that had it."""
+    assert fe.best_call("cohere2", "0.5.23") == HOOK and fe.best_call("gemma2", "0.5.23") == GEMMA
+    assert "commandr_window_hook" not in fe.fixes_applied(NOHOOK) and "commandr_window_hook" in fe.fixes_applied(HOOK)
+    assert fe.best_call("mistral", "0.5.23") is None and fe.best_call("gemma2", "0.5.14") is None
+
+
+@pytest.mark.parametrize("gpu", ["sm80", "sm90"])
+def test_gemma2_rows_cap_dropped_as_shipped_and_no_row_off_fixed(gpu):
+    call, rows = fe.family_rows("gemma2", "0.5.23", gpu)
+    assert call == GEMMA and len(rows) == 34
+    assert all(r["cap shipped"] == "dropped" and not r["kernel shipped"].startswith("0/") for r in rows)
+    assert all(r["kernel fixed"].startswith("0/") and r["keys fixed"] == "exact" for r in rows)
+
+
+@pytest.mark.parametrize("family, gpu, says", [("gemma3", "sm100", "do not run on that card"),
+                                               ("mistral", "sm90", "no GPU evidence for mistral"),
+                                               ("gemma2", "sm90", "34 sm90 runs judged")])
+def test_the_notebook_says_where_its_rows_come_from_or_why_there_are_none(family, gpu, says):
+    call, _ = fe.family_rows(family, "0.5.23", gpu)
+    assert says in fe.sentence(call, family, "0.5.23", gpu)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,70 @@ def not_built(doc: dict) -> dict:
 
 def calls(root: Path = ROOT) -> list[Path]:
     return sorted(p for p in Path(root).glob("*/call-*") if (p / "gpu.txt").is_file())
+
+
+def fixes_applied(call: Path) -> set[str]:
+    """The ``swa-repro patch apply --fix`` names the call's commands applied to its fixed site."""
+    return {m for m in re.findall(r"patch apply --fix (\S+)", (Path(call) / "gpu.txt").read_text())}
+
+
+def best_call(family: str, release: str, root: Path = ROOT) -> Path | None:
+    """The call whose fixed site had every fix the family needs (``--fix all`` and its model file's,
+    ``family_fix.FAMILY_FIX``) and judged the most of ``family``'s runs on ``release`` (ties: the later)."""
+    from swa_repro.sglang.audit.family_fix import FAMILY_FIX
+
+    need = {"all", *([FAMILY_FIX[family]] if family in FAMILY_FIX else [])}
+    best, score = None, 0
+    for call in calls(root):
+        if call.parent.name != release or not need <= fixes_applied(call):
+            continue
+        n = sum(r.judged for r in runs(load(call, "fixed")) if r.family == family)
+        if n >= score and n:
+            best, score = call, n
+    return best
+
+
+def family_rows(family: str, release: str, gpu: str, root: Path = ROOT) -> tuple[Path | None, list[dict]]:
+    """``(call, rows)``: ``family`` on GPU class ``gpu`` from the best call (:func:`best_call`), one row
+    per path and layer kind: the key verdict and what the real kernel did, as shipped and fixed."""
+    call = best_call(family, release, root)
+    if call is None:
+        return None, []
+    by = {s: {(r.path, r.kind): r for r in runs(load(call, s)) if r.family == family and r.gpu == gpu} for s in SITES}
+
+    def said(r: Run | None) -> str:
+        if r is None:
+            return "-"
+        return f"{r.wrong_rows}/{r.rows} rows off" if r.judged else "not run (live budget)"
+    sh = by["shipped"]
+    return call, [{"path": p, "kind": k, "keys shipped": sh[p, k].verdict if (p, k) in sh else "-",
+                   "cap shipped": sh[p, k].cap.split(" ")[0] if (p, k) in sh else "-",
+                   "kernel shipped": said(sh.get((p, k))),
+                   "keys fixed": by["fixed"][p, k].verdict, "kernel fixed": said(by["fixed"][p, k]),
+                   "ran": ", ".join(by["fixed"][p, k].backends)} for p, k in by["fixed"]]
+
+
+def sentence(call: Path | None, family: str, release: str, gpu: str) -> str:
+    """Where :func:`family_rows`' rows come from, or why there are none."""
+    if call is None:
+        return (f"no GPU evidence for {family} on sglang {release}: recordings/family-live/ holds "
+                f"{', '.join(sorted({c.parent.name for c in calls()})) or 'none'}, and no call judged {family} "
+                "on a fixed site with every fix it needs (scripts/gpu_family.sh makes one)")
+    gpu_txt = (call / "gpu.txt").read_text()
+    card = next((x.split(": ", 1)[1].split(" (UUID")[0] for x in gpu_txt.splitlines() if x.startswith("GPU 0:")), "?")
+    judged = sum(r.judged for r in runs(load(call, "fixed")) if r.family == family and r.gpu == gpu)
+    if not judged:
+        return f"no {gpu} run of {family} was judged in {call.name} ({card}): " + (
+            "its kernels do not run on that card" if gpu == "sm100" else "the call's live budget ran out first")
+    return (f"real FlashInfer on an {card}, recorded by scripts/gpu_family.sh in "
+            f"recordings/family-live/{call.parent.name}/{call.name}: {judged} {gpu} runs judged on the fixed site")
+
+
+def consistent(call: Path, family: str) -> bool:
+    """On every judged run of ``family`` in ``call``, both sites: no row off the reference where the
+    key audit of the same run is clean."""
+    return not [r for s in SITES for r in runs(load(call, s)) if r.family == family and r.judged
+                and r.wrong_rows and r.key_clean]
 
 
 # ----------------------------------------------------------------------------- text
