@@ -85,9 +85,9 @@ def render_family_live(root=FAMILY_ROOT) -> list[str]:
     lines = ["## GPU: `scripts/gpu_family.sh` (issue #25), per call", ""]
     if not cs:
         return lines + ["Not measured yet: run `OUT=$OUT bash scripts/gpu_family.sh` on the GPU.", ""]
-    lines += ["Both sites run at once (their JIT builds share one cache), so each waits on the other's builds. "
-              "Live: seconds of the child's live phase, of which the warm-up (the JIT wave); judged: runs whose "
-              "calls all ran before the live budget's end. Limit per call: 600 s.", "",
+    lines += [("Both sites run at once (their JIT builds share one cache), so each waits on the other's builds. "
+               "Live: seconds of the child's live phase, of which the warm-up (the JIT wave); judged: runs whose "
+               "calls all ran before the live budget's end. Limit per call: 600 s."), "",
               "| call | steps | seconds per step | shipped: live (warm-up) / judged | fixed: live (warm-up) / judged |",
               "|---|---|---|---|---|"]
     for c in cs:

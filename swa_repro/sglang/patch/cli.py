@@ -6,13 +6,20 @@ import sys
 from pathlib import Path
 
 import swa_repro.sglang.patch as patch_pkg
-from swa_repro.sglang import fix
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import new_file, write_atomic
+from swa_repro.sglang import fix
 from swa_repro.sglang.patch.classify import classify
 from swa_repro.sglang.patch.edit import transform, unified_diff
-from swa_repro.sglang.patch.files import (apply_in_place, backup_info, installed_path, read_backend, revert_in_place,
-                                          sha256_hex)
+from swa_repro.sglang.patch.files import (
+    apply_in_place,
+    backup_info,
+    installed_path,
+    read_backend,
+    revert_in_place,
+    sha256_hex,
+)
+from swa_repro.vllm import fix as vfix
 
 
 def register(sub):
@@ -32,6 +39,9 @@ def register(sub):
                    "class of sglang 0.5.14-0.5.23 instead of PR #31501 alone: " + ", ".join(fix.ALL) + "; a fix "
                    "of a model file (commandr_window_hook: srt/models/commandr.py) edits that file (the "
                    "installed one, or --source); `all` edits the backend and names the others")
+    p.add_argument("--vllm", action="store_true", help="vLLM's FlashInfer backend instead (the installed "
+                   "vllm/v1/attention/backends/flashinfer.py, or --source): its fix " + ", ".join(vfix.FIXES)
+                   + " (the default --fix), as `swa-repro audit --vllm X --fix` checks it")
     p.set_defaults(func=run)
 
 
@@ -44,6 +54,10 @@ def run(args) -> int:
         raise UsageError("--force goes with `apply --out FILE` (it replaces FILE)")
     if args.reverse and args.action not in ("diff", "apply"):
         raise UsageError("--reverse goes with `diff` or `apply`")
+    if args.vllm:
+        from swa_repro.vllm import patch as vllm_patch
+
+        return vllm_patch.run(args)
     names = fix.parse_names(args.fix) if args.fix is not None else None
     if names and args.action == "revert":
         raise UsageError("--fix goes with status, diff or apply: `revert` restores whatever was patched in place")

@@ -73,10 +73,12 @@ def _writable(path: Path, hint: str = ""):
         raise PatchError(f"{why}; nothing was changed{hint}")
 
 
-def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=None) -> str:
+def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=None,
+                   revert="swa-repro patch revert") -> str:
     """Patch ``path`` in place with a backup; returns a one-line message. By default to PR #31501's
     ``target`` state; ``edit`` (text -> text), ``label`` (what it makes, e.g. ``--fix all``) and
-    ``done`` (text -> already so?) patch it with anything else (``swa-repro patch --fix``)."""
+    ``done`` (text -> already so?) patch it with anything else (``swa-repro patch --fix``);
+    ``revert``: the command the messages name to undo it (vLLM's file: ``... revert --vllm``)."""
     path = replace_file(path, "--in-place")
     text = read_backend(path)
     data = text.encode()
@@ -90,9 +92,9 @@ def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=No
     info = backup_info(path)
     if info and sha256_hex(data) == info["patched_sha256"]:
         if already:
-            return f"already {label} (patched by swa-repro; `swa-repro patch revert` restores it)"
+            return f"already {label} (patched by swa-repro; `{revert}` restores it)"
         raise PatchError(f"{path} was patched to {info['patched_state']} by swa-repro; run "
-                         "`swa-repro patch revert` first; nothing was changed")
+                         f"`{revert}` first; nothing was changed")
     if info and sha256_hex(data) != info["original_sha256"]:
         raise PatchError(f"{path} changed since swa-repro's backup {bak} (sha256 {sha256_hex(data)[:12]} "
                          f"is neither the original {str(info['original_sha256'])[:12]} nor the "
@@ -119,7 +121,7 @@ def apply_in_place(path: Path, target="fixed", *, edit=None, label=None, done=No
         bak.unlink(missing_ok=True)
         meta.unlink(missing_ok=True)
         raise
-    return f"patched {path} ({state} -> {label}); backup {bak}; `swa-repro patch revert` undoes it"
+    return f"patched {path} ({state} -> {label}); backup {bak}; `{revert}` undoes it"
 
 
 def revert_in_place(path: Path) -> str:

@@ -1,0 +1,92 @@
+"""``swa-repro patch status|diff|apply|revert --vllm [--fix cap-route]``: vLLM's soft-cap fix
+(``vllm.fix``) on the installed vLLM's FlashInfer backend file, or ``--source FILE``.
+
+The same actions and safety as the sglang patch (``sglang.patch.files``): ``apply --out FILE`` writes
+a patched copy, ``apply --in-place`` keeps a sha256-checked backup beside the file and ``revert``
+restores it byte for byte; a file that is neither the original nor swa-repro's patch is left alone.
+The installed file is found without importing vLLM (its import needs CUDA extensions).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+from swa_repro.core.errors import UsageError
+from swa_repro.core.outputs import new_file
+from swa_repro.vllm import fix as vfix
+from swa_repro.vllm.provision import BACKEND
+
+
+def installed_backend() -> tuple[Path, str]:
+    """``(vllm/v1/attention/backends/flashinfer.py of the importable vLLM, its version)``."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"vllm is not installed in this Python ({sys.executable}); install it or pass --source FILE")
+    path = Path(next(iter(spec.submodule_search_locations))).parent / BACKEND
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist: this vLLM has no FlashInfer backend file there; pass --source FILE")
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        version = "installed"
+    return path, version
+
+
+def edit(text: str, version: str, source: Path | None) -> str:
+    """``vllm.fix.edit``, its refusal naming ``--source`` where the file was given."""
+    try:
+        return vfix.edit(text, version)
+    except UsageError:
+        if source is None:
+            raise
+        raise UsageError(f"--source {source}: not vLLM's FlashInfer backend as 0.20.0-0.34.0 write it (the fix's "
+                         "two route anchors are not there); nothing was changed") from None
+
+
+def state(text: str, version: str, source: Path | None = None) -> str:
+    """``applied`` (the fix's tag is in the file), ``needed`` (both anchors found), or one line why not."""
+    if vfix.TAG in text:
+        return "applied"
+    edit(text, version, source)  # one line if an anchor is missing
+    return "needed"
+
+
+def run(args) -> int:
+    from swa_repro.sglang.patch.cli import _diff_or_copy
+    from swa_repro.sglang.patch.files import (
+        apply_in_place,
+        read_backend,
+        revert_in_place,
+    )
+
+    name = vfix.check(args.fix or "cap-route")
+    if args.reverse:
+        raise UsageError("--reverse goes without --vllm: `swa-repro patch revert --vllm` restores a file patched in place")
+    path, version = (args.source, "--source") if args.source else installed_backend()
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"--source {path}: no such file")
+    if args.out:  # before any work, as for sglang's file
+        if args.out.resolve() == path.resolve():
+            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
+        new_file(args.out, "--out", force=args.force)
+    if args.action == "revert":
+        print(revert_in_place(path))
+        return 0
+    text = read_backend(path)
+    if args.action == "status":
+        print(f"{name}: {state(text, version, args.source)} ({path})")
+        return 0
+    label = f"--vllm --fix {name}"
+    if args.in_place:
+        revert = "swa-repro patch revert --vllm" + (f" --source {path}" if args.source else "")
+        print(apply_in_place(path, edit=lambda t: edit(t, version, args.source), label=label,
+                             done=lambda t: vfix.TAG in t, revert=revert))
+        return 0
+    new = text if vfix.TAG in text else edit(text, version, args.source)
+    return _diff_or_copy(args, path, text, new, f"already has {label}", label)

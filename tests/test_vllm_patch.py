@@ -1,0 +1,105 @@
+"""``swa-repro patch ... --vllm`` (issue #27): vLLM's cap-route fix on the installed vLLM's
+FlashInfer backend file, with the sglang patch's safety: a backup, a byte-for-byte revert, and bad
+input one line with the file untouched.
+
+Oracles: ``vllm.fix.edit`` (what ``swa-repro audit --vllm X --fix cap-route`` audits) for the
+patched text, the original bytes for the revert; an "installed" vLLM is a package folder on
+``sys.path`` (found the way the command finds it, without importing vLLM).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from swa_repro.cli import main
+from swa_repro.vllm import fix as vfix
+from swa_repro.vllm.provision import BACKEND
+
+# the two route anchors as every release 0.20.0-0.34.0 writes them (vllm.fix's docstring)
+SNIPPET = '''class FlashInferMetadataBuilder:
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
+        self.use_trtllm_decode_attention = can_use_trtllm
+
+    def build(self):
+        prefill_use_trtllm = causal and use_trtllm_attention(
+            self.num_qo_heads,
+        )
+'''
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """A vLLM "installed" on sys.path: its package folder and the backend file."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("raise ImportError('the command must not import vllm')\n")
+    f = site / BACKEND
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(SNIPPET)
+    monkeypatch.syspath_prepend(str(site))
+    return f
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    return err
+
+
+def test_status_apply_in_place_then_revert_byte_for_byte(installed, capsys):
+    assert main(["patch", "status", "--vllm"]) == 0
+    assert f"cap-route: needed ({installed})" in capsys.readouterr().out
+    assert main(["patch", "apply", "--vllm", "--in-place"]) == 0
+    assert "revert --vllm" in capsys.readouterr().out
+    assert installed.read_text() == vfix.edit(SNIPPET, "x")  # exactly what the audit's --fix checks
+    assert installed.with_name(installed.name + ".swa-repro.bak").read_text() == SNIPPET
+    assert main(["patch", "status", "--vllm"]) == 0 and "cap-route: applied" in capsys.readouterr().out
+    assert main(["patch", "apply", "--vllm", "--in-place"]) == 0 and "already" in capsys.readouterr().out
+    assert main(["patch", "revert", "--vllm"]) == 0
+    assert installed.read_text() == SNIPPET and sorted(p.name for p in installed.parent.iterdir()) == ["flashinfer.py"]
+
+
+def test_diff_and_a_patched_copy_leave_the_file_alone(installed, tmp_path, capsys):
+    assert main(["patch", "diff", "--vllm", "--fix", "cap-route"]) == 0
+    diff = capsys.readouterr().out
+    assert diff.count(f"+{' ' * 8}{vfix.TAG}") == 2 and "-        prefill_use_trtllm = causal and" in diff
+    out = tmp_path / "fixed.py"
+    assert main(["patch", "apply", "--vllm", "--out", str(out)]) == 0
+    assert out.read_text() == vfix.edit(SNIPPET, "x") and installed.read_text() == SNIPPET
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["patch", "status", "--vllm", "--fix", "window"], "choose cap-route"),
+    (["patch", "diff", "--vllm", "--reverse"], "--reverse goes without --vllm"),
+    (["patch", "apply", "--vllm", "--in-place", "--source", "{other}"], "not vLLM's FlashInfer backend"),
+    (["patch", "status", "--vllm", "--source", "{missing}"], "no such file"),
+    (["patch", "apply", "--vllm", "--out", "{backend}"], "--out is the source file itself"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(installed, tmp_path, capsys, argv, says):
+    other = tmp_path / "other.py"
+    other.write_text("x = 1\n")
+    paths = {"other": other, "missing": tmp_path / "nope.py", "backend": installed}
+    assert main([a.format(**paths) for a in argv]) == 2
+    assert says in _one_line(capsys)
+    assert installed.read_text() == SNIPPET and other.read_text() == "x = 1\n"
+
+
+def test_without_vllm_installed_it_says_to_pass_source(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["patch", "status", "--vllm"]) == 2
+    assert "vllm is not installed" in _one_line(capsys)
+
+
+@pytest.mark.matrix
+def test_a_releases_own_file_patches_and_compiles():
+    """0.34.0's backend file (the shared cache's overlay): the patched copy is the audited edit, compiles."""
+    from swa_repro.vllm.provision import provision
+
+    src = provision("0.34.0")[0] / BACKEND
+    new = vfix.edit(src.read_text(), "0.34.0")
+    compile(new, str(src), "exec")
+    assert new.count(vfix.TAG) == 2
