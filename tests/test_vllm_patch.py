@@ -75,6 +75,7 @@ def test_diff_and_a_patched_copy_leave_the_file_alone(installed, tmp_path, capsy
     (["patch", "apply", "--vllm", "--in-place", "--source", "{other}"], "not vLLM's FlashInfer backend"),
     (["patch", "status", "--vllm", "--source", "{missing}"], "no such file"),
     (["patch", "apply", "--vllm", "--out", "{backend}"], "--out is the source file itself"),
+    (["patch", "diff", "--vllm", "--in-place"], "--out / --in-place go with `apply`"),
 ])
 def test_bad_input_is_one_line_and_changes_nothing(installed, tmp_path, capsys, argv, says):
     other = tmp_path / "other.py"

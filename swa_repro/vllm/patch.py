@@ -1,5 +1,7 @@
 """``swa-repro patch status|diff|apply|revert --vllm [--fix cap-route]``: vLLM's soft-cap fix
-(``vllm.fix``) on the installed vLLM's FlashInfer backend file, or ``--source FILE``.
+(``vllm.fix``) on the installed vLLM's FlashInfer backend file, or ``--source FILE``. The command is
+sglang's (``sglang.patch.cli``) plus ``--vllm``, as ``vllm.cli`` adds it to ``audit``; without
+``--vllm`` nothing changes.
 
 The same actions and safety as the sglang patch (``sglang.patch.files``): ``apply --out FILE`` writes
 a patched copy, ``apply --in-place`` keeps a sha256-checked backup beside the file and ``revert``
@@ -15,9 +17,20 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import new_file
 from swa_repro.vllm import fix as vfix
 from swa_repro.vllm.provision import BACKEND
+
+
+def register(sub) -> None:
+    from swa_repro.sglang.patch import cli as sglang_cli
+
+    sglang_cli.register(sub)
+    p = sub.choices["patch"]
+    p.add_argument("--vllm", action="store_true", help="vLLM's FlashInfer backend instead (the installed "
+                   "vllm/v1/attention/backends/flashinfer.py, or --source): its fix " + ", ".join(vfix.FIXES)
+                   + " (the default --fix), as `swa-repro audit --vllm X --fix` checks it")
+    sglang_func = p.get_default("func")
+    p.set_defaults(func=lambda a: run(a) if a.vllm else sglang_func(a))
 
 
 def installed_backend() -> tuple[Path, str]:
@@ -58,23 +71,19 @@ def state(text: str, version: str, source: Path | None = None) -> str:
 
 
 def run(args) -> int:
-    from swa_repro.sglang.patch.cli import _diff_or_copy
+    from swa_repro.sglang.patch.cli import _diff_or_copy, check_outputs, check_paths
     from swa_repro.sglang.patch.files import (
         apply_in_place,
         read_backend,
         revert_in_place,
     )
 
+    check_outputs(args)
     name = vfix.check(args.fix or "cap-route")
     if args.reverse:
         raise UsageError("--reverse goes without --vllm: `swa-repro patch revert --vllm` restores a file patched in place")
     path, version = (args.source, "--source") if args.source else installed_backend()
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"--source {path}: no such file")
-    if args.out:  # before any work, as for sglang's file
-        if args.out.resolve() == path.resolve():
-            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-        new_file(args.out, "--out", force=args.force)
+    check_paths(args, path)
     if args.action == "revert":
         print(revert_in_place(path))
         return 0

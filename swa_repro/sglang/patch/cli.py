@@ -19,7 +19,6 @@ from swa_repro.sglang.patch.files import (
     revert_in_place,
     sha256_hex,
 )
-from swa_repro.vllm import fix as vfix
 
 
 def register(sub):
@@ -39,25 +38,34 @@ def register(sub):
                    "class of sglang 0.5.14-0.5.23 instead of PR #31501 alone: " + ", ".join(fix.ALL) + "; a fix "
                    "of a model file (commandr_window_hook: srt/models/commandr.py) edits that file (the "
                    "installed one, or --source); `all` edits the backend and names the others")
-    p.add_argument("--vllm", action="store_true", help="vLLM's FlashInfer backend instead (the installed "
-                   "vllm/v1/attention/backends/flashinfer.py, or --source): its fix " + ", ".join(vfix.FIXES)
-                   + " (the default --fix), as `swa-repro audit --vllm X --fix` checks it")
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def check_outputs(args) -> None:
+    """``--out`` / ``--in-place`` / ``--force`` as the action allows (also ``vllm.patch``'s)."""
     if args.out and args.in_place:
         raise UsageError("choose one of --out FILE and --in-place")
     if (args.out or args.in_place) and args.action != "apply":
         raise UsageError("--out / --in-place go with `apply`")
     if args.force and not args.out:
         raise UsageError("--force goes with `apply --out FILE` (it replaces FILE)")
+
+
+def check_paths(args, path: Path) -> None:
+    """Before any work: the source exists; ``--out`` is a new file (a folder, a link, an existing or
+    read-only file, or the source itself is one line). Also ``vllm.patch``'s."""
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"--source {path}: no such file")
+    if args.out:
+        if args.out.resolve() == path.resolve():
+            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
+        new_file(args.out, "--out", force=args.force)
+
+
+def run(args) -> int:
+    check_outputs(args)
     if args.reverse and args.action not in ("diff", "apply"):
         raise UsageError("--reverse goes with `diff` or `apply`")
-    if args.vllm:
-        from swa_repro.vllm import patch as vllm_patch
-
-        return vllm_patch.run(args)
     names = fix.parse_names(args.fix) if args.fix is not None else None
     if names and args.action == "revert":
         raise UsageError("--fix goes with status, diff or apply: `revert` restores whatever was patched in place")
@@ -65,12 +73,7 @@ def run(args) -> int:
         raise UsageError("--reverse goes without --fix: `swa-repro patch revert` restores a file patched in place")
     target = _target_file(args.fix, names)
     path = args.source if args.source else installed_path(target)
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"--source {path}: no such file")
-    if args.out:  # before any work: a folder, a link, an existing or read-only file is one line
-        if args.out.resolve() == path.resolve():
-            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-        new_file(args.out, "--out", force=args.force)
+    check_paths(args, path)
     if args.action == "revert":
         print(revert_in_place(path))
         return 0
