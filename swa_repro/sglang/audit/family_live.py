@@ -38,8 +38,8 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
     the family's config intends: HF's count of the window on a sliding layer (what the key verdict
     holds the calls to), none on a full one, and the config's cap on both (Gemma-2 caps every layer).
     On a GPU every module all jobs need is built first, at once (one JIT wave for every family, not
-    one per family: ``audit.live.warm_calls``), and the float64 references run there too (a 4096
-    window's are ~1 GB of logits a call). A GPU class whose kernels this card cannot run is said,
+    one per family: ``audit.live.warm_calls``), and the float64 references run there too, in row
+    blocks (``audit.live._err``: a 4096 window's call at once is GBs of logits). A GPU class whose kernels this card cannot run is said,
     not run. Once per run, layer kind and the backends its wrappers run (``memo``): GPU classes that
     run the same kernels share the result. ``deadline`` (``time.monotonic()``): calls after it are
     said not run. Returns ``{"warmup": {module signature: seconds or error} (empty on CPU),
