@@ -20,8 +20,9 @@ call whose KV was already trimmed, or one that reads the wrong KV. So for every 
   was compiled in (flashinfer 0.7.2 prefill.cuh:3826-3827, ``W`` the run's value, variants.cuh:64).
   Not modelled, so held only as plain causal: a *ragged* fa2 call run with a window its plan did
   not compile, and the backend a GPU class resolves ``auto`` to (the recorded one is read). The
-  H100 run of 2026-12-05 found the model off on 8 such runs (sm80's fa2 ragged wrapper, Gemma-2's
-  EAGLE topk-4 tree), each wrong on the kernel too (``recordings/family-live/README.md``);
+  H100 run of 2026-12-05 found the model off on 4 such runs (sm80's fa2 ragged wrapper) and on 4
+  of Gemma-2's EAGLE tree with topk 4 and 2 steps (cause not yet known), each wrong on the kernel
+  too (``recordings/family-live/README.md``);
 * **intended**: positions ``[p - W, p]`` with the layer's window ``W`` (HF's ``sliding_window - 1``),
   ``[0, p]`` without one. A speculative verify's draft tokens form a tree (``audit.spec``): a draft
   node's real position is ``committed + depth`` (the positions the target's forward reads,
