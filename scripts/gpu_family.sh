@@ -51,7 +51,7 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
 
-# has, run (also appends to $CMD_LOG), left, elapsed, step, install_bundles, verify_site, machine_lines
+# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, steps_lines, install_bundles, verify_site, machine_lines
 . "$ROOT/scripts/lib_gpu.sh"
 
 family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
@@ -100,8 +100,7 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
       [ "$S" -ne 0 ] || [ "$F" -ne 0 ] && RC=1
     fi
   fi
-  echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null
-  echo "== done after $(elapsed)s, exit status $RC"
+  steps_done "$RC"
   exit "$RC"
 } 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
@@ -109,8 +108,7 @@ if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
   {
     machine_lines
     echo "steps: $STEPS; families $FAMILIES; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC"
-    echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"
-    cat "$ART/steps.tsv" 2>/dev/null
+    steps_lines
     echo "commands, in the order started:"; cat "$CMD_LOG"
   } > "$OUT/gpu.txt" 2>&1
   cp "$LOG" "$OUT/"

@@ -94,7 +94,7 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 rm -f "$ART/audit-live-before.json" "$ART/audit-live-after.json" "$ART/kit-after.json" "$ART/regress.log" \
   "$ART/regress-shipped.log" "$ART/regress-fixed.log" "$ART/fix.diff" "$ART/jit-warm.json" "$ART/steps.tsv"
 
-# has, run (also appends to $CMD_LOG), left, elapsed, step, install_bundles, verify_site, machine_lines
+# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, steps_lines, install_bundles, verify_site, machine_lines
 . "$ROOT/scripts/lib_gpu.sh"
 
 note() { [ -z "${CMD_LOG:-}" ] || echo "    $*" >> "$CMD_LOG"; }  # how the last command's output was kept
@@ -313,8 +313,7 @@ backend_of() {  # JSON -> the backend_file the audit read
     wait "$JIT_PID"; J=$?
     echo "== jit: exit status $J: $(cat "$ART/jit-warm.json" 2>/dev/null)"  # not fatal: whoever needs one builds it
   fi
-  echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null
-  echo "== done after $(elapsed)s, exit status $RC"
+  steps_done "$RC"
   exit "$RC"
 } 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
@@ -324,8 +323,7 @@ if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
     machine_lines
     echo "steps: $STEPS; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; shipped $SITE, fixed $SITE_FIXED; exit status $RC"
     echo "jit cache at start: $JIT_AT_START built libraries (0: a cold call); at the end: $(jit_libs)"
-    echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"
-    cat "$ART/steps.tsv" 2>/dev/null
+    steps_lines
     echo "commands, in the order started (file names: under $ART, returned flat):"
     cat "$CMD_LOG"
     echo "ls $SITE (what the bundles installed):"; ls "$SITE" 2>&1

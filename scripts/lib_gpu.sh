@@ -17,6 +17,14 @@ step() {  # NAME START RC: one row of $ART/steps.tsv (seconds from the script's 
   printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$now" $(( now - $2 )) "$3" >> "$ART/steps.tsv"
 }
 
+steps_done() {  # RC: the console's last lines: $ART/steps.tsv, then the total seconds and RC
+  echo "== seconds per step (name, start, end, seconds, exit status):"; cat "$ART/steps.tsv" 2>/dev/null
+  echo "== done after $(elapsed)s, exit status $1"
+}
+steps_lines() {  # gpu.txt's seconds per step ($ART/steps.tsv)
+  echo "seconds per step (name, start, end, seconds, exit status; from the script's start):"
+  cat "$ART/steps.tsv" 2>/dev/null
+}
 install_bundles() {  # [SITE]: a fresh site from the flashinfer bundle, the notebooks bundle, then sglang's
   local site="${1:-$SITE}"
   if [ ! -f "$FI_BUNDLE/install.sh" ]; then

@@ -276,18 +276,18 @@ def layers_of(built, live: bool = False) -> list[FamilyLayer]:
     return out
 
 
-def audit_family(family: str, gpus, paths=None, live: list | None = None) -> dict:
+def audit_family(family: str, gpus, paths=None, jobs: list | None = None) -> dict:
     """Build ``family`` with the importable release once and drive every path x layer kind once
     per distinct platform switch (``gpu_env``: sm100 or not; sm80 and sm90 share the calls, which
     each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``.
-    ``live``: a list, to which each GPU class's driven records are queued (``audit.family_live.Job``)
+    ``jobs``: a list, to which each GPU class's driven records are queued (``audit.family_live.Job``)
     to be run on a kernel and judged against the float64 reference at the window and cap the family's
     config intends (``family_live.run_jobs``, which fills in each record's ``live``)."""
     t0 = time.monotonic()
     small = small_config(family)
     built = fbuild.build(small, context_length(small.sliding_window or 0))
     t_build = time.monotonic() - t0
-    layers = layers_of(built, live=live is not None)
+    layers = layers_of(built, live=jobs is not None)
     fb = harness.backend_module()
     device = ap.audit_device()  # where sglang itself dispatches its KV writes (paths.audit_device)
     todo = [(p, layer) for p in paths or ap.PATHS for layer in layers]
@@ -307,8 +307,8 @@ def audit_family(family: str, gpus, paths=None, live: list | None = None) -> dic
             t2 = time.monotonic()
             recs = [record(r, layer, small.intended_window if layer.kind == SLIDING else -1, gpu, memo)
                     for r, layer in runs]
-            if live is not None:
-                live.append(family_live.Job(recs, runs, small, gpu, memo))
+            if jobs is not None:
+                jobs.append(family_live.Job(recs, runs, small, gpu, memo))
             out[gpu.name] = _document(family, gpu, small, built, layers, recs,
                                       {"build": round(t_build, 1), "drive": round(t_drive, 1),
                                        "keys": round(time.monotonic() - t2, 1)})

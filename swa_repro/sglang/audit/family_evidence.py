@@ -9,6 +9,7 @@ beside what the real kernel did with the same calls.
 
 from __future__ import annotations
 
+import functools
 import json
 import lzma
 import re
@@ -48,7 +49,10 @@ class Run:
         return self.verdict == "exact" and not self.cap.startswith("dropped")
 
 
+@functools.cache
 def load(call: Path, site: str) -> dict:
+    """One site's family child JSON, read once per process (best_call, family_rows, sentence and
+    consistent read the same calls; callers only read it)."""
     return json.loads(lzma.decompress((Path(call) / f"family-live-{site}.json.xz").read_bytes()))
 
 
@@ -77,7 +81,7 @@ def calls(root: Path = ROOT) -> list[Path]:
 
 def fixes_applied(call: Path) -> set[str]:
     """The ``swa-repro patch apply --fix`` names the call's commands applied to its fixed site."""
-    return {m for m in re.findall(r"patch apply --fix (\S+)", (Path(call) / "gpu.txt").read_text())}
+    return set(re.findall(r"patch apply --fix (\S+)", (Path(call) / "gpu.txt").read_text()))
 
 
 def best_call(family: str, release: str, root: Path = ROOT) -> Path | None:
@@ -163,8 +167,7 @@ def render(call: Path) -> list[str]:
     for site in SITES:
         doc = load(call, site)
         lv = doc.get("live") or {}
-        out += [f"## {site}" + (" (`patch --fix` " + ",".join(doc['release']['fixes']['fixes']) + ")"
-                                if doc["release"].get("fixes") else ""), "",
+        out += [f"## {site}", "",
                 (f"Device {lv.get('device')}; live {lv.get('seconds')} s of a {lv.get('budget_s')} s budget; "
                  f"{len(lv.get('warmup') or {})} modules warmed."), ""]
         rs = runs(doc)

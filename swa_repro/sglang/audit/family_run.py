@@ -208,7 +208,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
         for g in gpus:
             by_gpu[g].append(docs[g])
     t_live = time.monotonic()
-    warmed = family_live.run_jobs(jobs, executor, deadline) if jobs else {"warmup": {}, "warmup_seconds": 0.0}
+    warmed = family_live.run_jobs(jobs or [], executor, deadline)
     t_live = time.monotonic() - t_live
     n = check_no_foreign(overlay)
     rel = audit_core.release_info()

@@ -148,7 +148,8 @@ def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol:
         k, v = _kv(p, fwd, rk.k_index)
         qr, o = q[rk.rows], out.float().cpu()[rk.rows]
         nan_rows += int(torch.isnan(o).reshape(len(rk.rows), -1).any(1).sum())
-        e_int, e_unc = _err(qr, k, v, o, rk.intended, sm, cap, device), _err(qr, k, v, o, rk.intended, sm, 0.0, device)
+        e_int = _err(qr, k, v, o, rk.intended, sm, cap, device)
+        e_unc = _err(qr, k, v, o, rk.intended, sm, 0.0, device) if cap else e_int  # no cap: the same reference
         errs.append(torch.stack([e_int, e_unc], 1))
         if rk.attended is None:
             pred_wrong += len(rk.rows)
@@ -171,7 +172,8 @@ def module_signature(trace, p: Pair, backend=None) -> tuple:
     init = next(c for c in trace.calls if c.wrapper == p.wrapper and c.method == "__init__")
     kw = decode(init.kwargs)
     plan = (p.capture_plan or p.plan)[1]
-    return (p.cls, (backend(p) if backend is not None else None) or p.backend, int(plan["window_left"]) >= 0, float(plan.get("logits_soft_cap") or 0) > 0,
+    chosen = (backend(p) if backend is not None else None) or p.backend
+    return (p.cls, chosen, int(plan["window_left"]) >= 0, float(plan.get("logits_soft_cap") or 0) > 0,
             plan.get("custom_mask") is not None, bool(kw.get("use_cuda_graph")), bool(kw.get("use_tensor_cores")),
             int(plan.get("head_dim_qk") or plan.get("head_dim") or 0))
 
