@@ -139,6 +139,56 @@ def test_live_judging_on_the_kernel_model_agrees_with_the_key_level_prediction(r
     assert audit_live.live_of_run(runs["extend_paged", "full"], audit_live.model_executor())["wrong_rows"] == 0
 
 
+def _ragged_call(qo: int = 300, w: int = 40, seed: int = 0):
+    """A ragged fa2 call planned without the window and run with ``w`` on the kernel-model stand-in (the
+    ragged prefix extend of 0.5.23 on an A100), as a Pair with its tensors: ``(pair, output, snapshot)``."""
+    from swa_repro.kernel.wrappers import RaggedModelWrapper
+
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(qo, h, 64, generator=g).to(torch.bfloat16) for h in (4, 2, 2))
+    ind = torch.tensor([0, qo], dtype=torch.int32)
+    wrapper = RaggedModelWrapper(torch.empty(16, dtype=torch.uint8), "NHD", backend="fa2")
+    wrapper.begin_forward(ind, ind, 4, 2, 64, q_data_type=torch.bfloat16, disable_split_kv=True)
+    out = wrapper.forward(q, k, v, causal=True, window_left=w)
+    plan = {"qo_indptr": ind, "kv_indptr": ind, "num_qo_heads": 4, "num_kv_heads": 2, "head_dim_qk": 64,
+            "window_left": -1, "disable_split_kv": True, "fixed_split_size": None, "causal": True, "sm_scale": None,
+            "logits_soft_cap": None}
+    fwd = {"q": q, "k": k, "v": v, "window_left": w, "causal": True, "logits_soft_cap": None}
+    p = audit_keys.Pair("eager", audit_keys.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())),
+                        (1, fwd, ("forward", set())))
+    return p, out, {"positions": torch.arange(qo)}
+
+
+def test_the_live_judge_predicts_with_the_backend_that_ran():
+    """A wrapper built with ``auto`` that FlashInfer ran as fa2 (an A100; the H100 run's sm80 class):
+    predicted with fa2's CTA leak the model explains every row; read as the recorded ``auto`` (held as
+    plain causal, as until 2026-12-05) it does not. Either way the rows past the window are wrong."""
+    p, out, snap = _ragged_call()
+    as_ran = audit_live.judge(p, out, snap, 40, 0.0, ran="fa2")
+    recorded = audit_live.judge(p, out, snap, 40, 0.0)
+    assert as_ran.wrong_rows == recorded.wrong_rows > 0
+    assert as_ran.max_err_predicted <= audit_live.ATOL and as_ran.max_excess_predicted <= audit_live.ATOL
+    assert recorded.max_err_predicted > audit_live.ATOL
+    assert as_ran.predicted_wrong_rows == as_ran.wrong_rows < recorded.predicted_wrong_rows
+
+
+def test_the_model_agrees_within_a_bf16_ulp_of_the_reference_not_beyond():
+    """``model_agrees``: every element within ``ATOL + RTOL * |reference|`` (torch.isclose's rule). An
+    output 0.9 bf16 ulp off a large reference agrees though it is past ATOL alone; 0.1 off does not."""
+    from swa_repro.core.reference import masked_attention
+
+    p, _, snap = _ragged_call(w=1000)  # a window past the prompt: every causal key is intended
+    fwd = dict(p.fwd[1], v=p.fwd[1]["v"].double() * 40)  # outputs of tens, as an uncapped Gemma-2 call's
+    big = audit_keys.Pair(p.stage, p.cls, p.backend, p.wrapper, p.plan, (p.fwd[0], fwd, p.fwd[2]))
+    qo = len(snap["positions"])
+    causal = torch.arange(qo)[None, :] <= torch.arange(qo)[:, None]  # what a window of 1000 leaves
+    ref = masked_attention(fwd["q"], fwd["k"], fwd["v"], causal.numpy(), 1 / 8)
+    for out, agrees in ((ref * (1 + 0.9 * audit_live.RTOL), True), (ref + 0.1, False)):
+        o = audit_live.judge(big, out, snap, 1000, 0.0, ran="fa2")
+        assert o.max_err_predicted > audit_live.ATOL
+        assert audit_live.summarize([o])["model_agrees"] is agrees, (o.max_err_predicted, o.max_excess_predicted)
+
+
 def test_the_jit_warm_up_stops_waiting_at_the_deadline_and_says_so(runs):
     """A GPU step out of time still writes what it ran: a build past the live budget is left running
     (``audit.live.warm_calls``), not waited for until the step is killed with nothing written."""

@@ -89,6 +89,44 @@ def test_a_real_window_counts_match_closed_forms():
     assert int(np.maximum(q_pos - w, 0).sum()) == 256 * 257 // 2
 
 
+# ----------------------------------------------------------------------------- an fa2 call planned without the window
+def _ragged_pair(qo: int, plan_window: int, run_window: int, hq: int = 4, hk: int = 2):
+    """One ragged request without a prefix, planned with ``plan_window`` and run with ``run_window``
+    (what sglang 0.5.23's ragged prefix extend does with a sliding layer: forward-only window)."""
+    import torch
+
+    ind = torch.tensor([0, qo])
+    plan = {"qo_indptr": ind, "kv_indptr": ind, "num_qo_heads": hq, "num_kv_heads": hk, "head_dim_qk": 64,
+            "window_left": plan_window, "disable_split_kv": True, "fixed_split_size": None, "causal": True}
+    fwd = {"window_left": run_window, "causal": True}
+    return ak.Pair("eager", ak.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())), (1, fwd, ("forward", set()))), plan, fwd
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3", "auto"])
+@pytest.mark.parametrize("plan_window", [-1, 40])
+def test_a_ragged_call_sees_what_its_backend_lets_it(backend, plan_window):
+    """An fa2 ragged call planned without the window starts each CTA at its first row's window
+    (flashinfer 0.7.2 prefill.cuh:3037-3039: ``kv + t * CTA_TILE_Q / group - qo - W``; CTA_TILE_Q 128
+    for 600 packed rows at head_dim 64); fa3 and an unresolved ``auto`` are plain causal; with the
+    window planned every backend applies it per element. Dense and ranges agree."""
+    qo, w, g = 300, 40, 2
+    p, plan, fwd = _ragged_pair(qo, plan_window, w)
+    r, j, h = np.arange(qo)[None, :, None], np.arange(qo)[None, None, :], np.arange(4)[:, None, None]
+    if plan_window >= 0:
+        want = (j <= r) & (j >= r - w)
+    elif backend == "fa2":
+        want = (j <= r) & (j >= np.maximum(((r * g + h % g) // 128 * 128) // g - w, 0))
+    else:
+        want = j <= r
+    geo = ak.geometry(ak.RAGGED, plan)
+    dense = ak._kernel_visible(p, plan, fwd, qo, qo, 4, 0, geo, backend)
+    assert np.array_equal(dense, np.broadcast_to(want, (4, qo, qo)))
+    lo, hi = sp.kernel_ranges(p, plan, fwd, qo, qo, 0, geo, backend)
+    n = lo.shape[0]  # 1, or a column per head in group (head h reads column h % n)
+    assert np.array_equal(np.stack([(j[0] >= lo[h % n]) & (j[0] <= hi[h % n]) for h in range(4)]), dense)
+    assert sp.kernel_rule(p, plan, fwd, backend) == ("fa2 leak" if backend == "fa2" and plan_window < 0 else "other")
+
+
 # ----------------------------------------------------------------------------- whole runs, against the dense form
 skip_module_unless("sglang")
 from swa_repro.sglang.audit import paths as ap  # noqa: E402

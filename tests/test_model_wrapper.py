@@ -115,14 +115,53 @@ def test_unsupported_inputs_are_refused_not_guessed():
         ModelPagedPrefillWrapper(WS, "NHD", use_cuda_graph=True)
 
 
-def test_ragged_and_decode_stand_ins_are_exact():
+def _ragged(case: Case, plan_window_left: int, backend: str, seed: int = 1, **plan):
+    """A ragged stand-in planned over ``case`` (no prefix) and run through the deprecated forward with
+    the case's window: ``(output, qs, ks, vs)``."""
+    qs, ks, vs = random_inputs(case, seed=seed)
+    r = RaggedModelWrapper(WS, "NHD", backend=backend)
+    ind = torch.tensor([0, *np.cumsum(case.extend_lens)], dtype=torch.int32)
+    r.begin_forward(ind, ind, case.num_qo_heads, case.num_kv_heads, case.head_dim, window_left=plan_window_left,
+                    q_data_type=torch.bfloat16, **plan)
+    o = r.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), causal=True, window_left=case.window_left)
+    return o, qs, ks, vs
+
+
+@pytest.mark.parametrize("backend", ["fa2", "fa3"])
+def test_ragged_stand_in_is_exact_with_the_window_planned(backend):
+    case = Case((0, 0), (7, 9), num_qo_heads=4, num_kv_heads=2, head_dim=64, window_left=3)
+    o, qs, ks, vs = _ragged(case, 3, backend)
+    assert (o.double() - _ref(case, qs, ks, vs)).abs().max() < 1e-2
+
+
+def test_ragged_stand_in_planned_without_the_window_is_causal_on_fa3():
+    """The module is picked at plan (prefill.py:3129-3130): fa3 without the window module ignores the
+    forward's window entirely."""
+    case = Case((0,), (300,), num_qo_heads=4, num_kv_heads=2, head_dim=64, window_left=40)
+    o, qs, ks, vs = _ragged(case, -1, "fa3")
+    causal = _ref(case.with_(window_left=-1), qs, ks, vs)
+    assert (o.double() - causal).abs().max() < 1e-2 and (o.double() - _ref(case, qs, ks, vs)).abs().max() > 0.1
+
+
+def test_ragged_stand_in_planned_without_the_window_starts_each_fa2_cta_at_its_first_rows_window():
+    """fa2's ragged kernel starts CTA ``t`` at key ``kv + t * CTA_TILE_Q / group - qo - W`` with the
+    run's ``W`` (flashinfer 0.7.2 prefill.cuh:3037-3039) and applies no per-element window when the
+    plan compiled none; rows pack as ``row * group + head % group``. CTA_TILE_Q is 128 here (packed
+    query length 600 > 64 at head_dim 64: utils.cuh FA2DetermineCtaTileQ); no split-KV (disabled)."""
+    qo, w, g = 300, 40, 2
+    case = Case((0,), (qo,), num_qo_heads=4, num_kv_heads=2, head_dim=64, window_left=w)
+    o, qs, ks, vs = _ragged(case, -1, "fa2", disable_split_kv=True)
+    r, j, h = np.arange(qo)[None, :, None], np.arange(qo)[None, None, :], np.arange(4)[:, None, None]
+    start = np.maximum(qo + ((r * g + h % g) // 128 * 128) // g - qo - w, 0)
+    mask = (j <= r) & (j >= start)  # (Hq, qo, kv)
+    want = masked_attention(qs[0], ks[0], vs[0], mask, 1.0 / math.sqrt(64))
+    assert (o.double() - want).abs().max() < 1e-2
+    assert (o.double() - _ref(case, qs, ks, vs)).abs().max() > 0.1  # and it is not the window
+
+
+def test_decode_stand_in_is_exact():
     case = Case((0, 0), (7, 9), num_qo_heads=4, num_kv_heads=2, head_dim=64, window_left=3)
     qs, ks, vs = random_inputs(case, seed=1)
-    r = RaggedModelWrapper(WS, "NHD", backend="fa2")
-    ind = torch.tensor([0, 7, 16], dtype=torch.int32)
-    r.begin_forward(ind, ind, 4, 2, 64, q_data_type=torch.bfloat16)
-    o = r.forward(torch.cat(qs), torch.cat(ks), torch.cat(vs), causal=True, window_left=3)
-    assert (o.double() - _ref(case, qs, ks, vs)).abs().max() < 1e-2
 
     d = DecodeModelWrapper(WS, "NHD", backend="fa2")
     pb = build_paged_batch([q[-1:] for q in qs], ks, vs, 4, seed=2)

@@ -19,9 +19,10 @@ the *effective* per-head mask the model predicts, cast to the plan's output dtyp
 model calls ``undefined`` (split-KV chunk counts differ between plan and run) yields NaN rows:
 the real kernel's output is then not a function of the inputs, so no number would be honest.
 
-The ragged-prefill and decode stand-ins are *not* under test (sglang constructs them in
-``FlashInferAttnBackend.__init__``, flashinfer_backend.py:428-456, but the paged-only prefill path
-never calls them): they compute exact windowed attention with the reference and say so.
+The ragged-prefill stand-in runs the same model at page size 1 (its plan and CTA start are the
+paged kernel's): a window compiled out at plan and passed at forward leaks there too. The decode
+stand-in is *not* under test (the paged-only prefill path never calls it): it computes exact
+windowed attention with the reference and says so.
 """
 
 from __future__ import annotations
@@ -210,8 +211,8 @@ class ModelPagedPrefillWrapper(_ModelWrapper, PagedPrefillSignature):
                 raise ValueError(f"request {i}: {n} queries but {kv} keys; causal prefill needs qo_len <= kv_len")
         res = simulate(self.case(window_left))
         self.last_model = res
-        hq, g = self._num_qo_heads, self._num_qo_heads // self._num_kv_heads
-        out = torch.zeros(q.shape[0], hq, v_cache.shape[-1], dtype=self._cached_o_data_type, device=q.device)
+        out = torch.zeros(q.shape[0], self._num_qo_heads, v_cache.shape[-1], dtype=self._cached_o_data_type,
+                          device=q.device)
         live = iter(res.requests)
         for i, n in enumerate(self._qo_lens):
             if n == 0:
@@ -220,21 +221,27 @@ class ModelPagedPrefillWrapper(_ModelWrapper, PagedPrefillSignature):
             a = int(self._qo_indptr[i])
             pages = self._kv_indices[self._kv_indptr[i]: self._kv_indptr[i + 1]]
             k, v = _gather(k_cache, pages, r.kv_len), _gather(v_cache, pages, r.kv_len)
-            # packed GQA: qo head h reads kv head h // g and is head-in-group h % g (kernel_model docstring)
-            mask = np.stack([r.mask(h % g) for h in range(hq)])  # (Hq, qo, kv)
-            o = masked_attention(q[a: a + n], k, v, mask, sm_scale)  # (qo, Hq, D) float64
-            if r.status == "undefined":
-                o = torch.full_like(o, float("nan"))
-            out[a: a + n] = o.to(out.dtype).to(out.device)
+            out[a: a + n] = _attend(r, q[a: a + n], k, v, sm_scale, self._num_qo_heads).to(out.dtype).to(out.device)
         return out
 
 
-class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
-    """``BatchPrefillWithRaggedKVCacheWrapper`` stand-in (prefill.py:2644, plan 2801, forward 3188).
+def _attend(r, q, k, v, sm_scale: float, hq: int) -> torch.Tensor:
+    """One request's rows, exact float64 attention under the model's per-head mask (``r``: a
+    ``kernel.model.RequestModel``); NaN rows where the model calls them undefined. Packed GQA: query
+    head ``h`` reads KV head ``h // g`` and is head-in-group ``h % g`` (kernel.model's docstring)."""
+    g = hq // k.shape[1]
+    o = masked_attention(q, k, v, np.stack([r.mask(h % g) for h in range(hq)]), sm_scale)  # (qo, Hq, D)
+    return torch.full_like(o, float("nan")) if r.status == "undefined" else o
 
-    Not under test: exact windowed causal attention from the reference, honouring the plan/run
-    window contract (run asserts nothing here since it takes no window: prefill.py:3324).
-    """
+
+class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
+    """``BatchPrefillWithRaggedKVCacheWrapper`` (prefill.py:2644, plan 2801, forward 3188) whose kernel
+    is the kernel model, as for the paged one: the module is picked at plan from ``window_left >= 0``
+    (:3129-3130) and the deprecated ``forward(window_left=W)`` only overwrites ``_window_left``, which
+    ``run()`` reads without an assert (:3324). So a plan without the window run with one is plain causal
+    on fa3 and fa2's CTA-granular start on fa2: the ragged kernel starts each CTA where the paged one
+    does (flashinfer 0.7.2 prefill.cuh:3037-3043 / 3826-3831), and plans with page size 1 (prefill.py:5011),
+    so it is the paged model at page size 1. sglang's ragged prefix extend (0.5.23) runs it this way."""
 
     def _check_init(self, a) -> None:
         if a.use_cuda_graph:
@@ -247,6 +254,20 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
         self._qo_indptr = a.qo_indptr.detach().to("cpu", torch.int64).clone()
         self._kv_indptr = a.kv_indptr.detach().to("cpu", torch.int64).clone()
         self._o_dtype = canonical_dtype(a.o_data_type or a.q_data_type)
+        self._plan_window_left = int(a.window_left)  # the module, fixed here (prefill.py:3129-3130)
+        self._shape = {"num_qo_heads": int(a.num_qo_heads), "num_kv_heads": int(a.num_kv_heads),
+                       "head_dim": int(a.head_dim_qk), "disable_split_kv": bool(a.disable_split_kv),
+                       "fixed_split_size": -1 if a.fixed_split_size is None else int(a.fixed_split_size)}
+
+    def case(self, window_left: int) -> Case:
+        """The planned batch as a kernel-model Case at page size 1 (requests with queries only)."""
+        qo = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
+        kv = (self._kv_indptr[1:] - self._kv_indptr[:-1]).tolist()
+        live = [i for i, n in enumerate(qo) if n > 0]
+        return Case(prefix_lens=tuple(kv[i] - qo[i] for i in live), extend_lens=tuple(qo[i] for i in live),
+                    page_size=1, window_left=window_left, plan_window_left=self._plan_window_left,
+                    backend=self._backend, sm_count=self.gpu.sm_count, arch=self.gpu.arch,
+                    flashinfer_version=self.gpu.flashinfer_version, **self._shape)
 
     def _run(self, a):
         q, k, v = a.q, a.k, a.v
@@ -256,12 +277,13 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
             raise NotImplementedError("the ragged stand-in computes causal attention without soft-cap only")
         sm = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(q.size(-1))
         o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=self._o_dtype, device=q.device)
-        for i in range(len(self._qo_indptr) - 1):
-            qa, qb = int(self._qo_indptr[i]), int(self._qo_indptr[i + 1])
-            ka, kb = int(self._kv_indptr[i]), int(self._kv_indptr[i + 1])
-            if qb > qa:
-                m = intended_mask(kb - ka - (qb - qa), qb - qa, int(self._window_left))  # (qo, kv)
-                o[qa:qb] = masked_attention(q[qa:qb], k[ka:kb], v[ka:kb], m, sm).to(o.dtype).to(o.device)
+        qo = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
+        if any(qo):
+            live = iter(simulate(self.case(int(self._window_left))).requests)
+            for i, n in enumerate(qo):
+                if n:
+                    qa, ka, kb = int(self._qo_indptr[i]), int(self._kv_indptr[i]), int(self._kv_indptr[i + 1])
+                    o[qa:qa + n] = _attend(next(live), q[qa:qa + n], k[ka:kb], v[ka:kb], sm, q.shape[1]).to(o.dtype)
         if a.out is not None:
             a.out.copy_(o)
             return a.out

@@ -190,6 +190,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     from swa_repro.sglang.audit import core as audit_core
     from swa_repro.sglang.audit import family as audit_family
     from swa_repro.sglang.audit import family_live
+    from swa_repro.sglang.audit import live as audit_live
     from swa_repro.sglang.audit.family_build import vllm_placeholder
 
     vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
@@ -217,7 +218,8 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     doc = {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
     if live is not None:
         doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)",
-                       "budget_s": live_budget_s, "seconds": round(t_live, 1), **warmed}
+                       "budget_s": live_budget_s, "seconds": round(t_live, 1),
+                       "tolerance": {"atol": audit_live.ATOL, "rtol_model": audit_live.RTOL}, **warmed}
     return doc
 
 

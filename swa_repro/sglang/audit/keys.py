@@ -13,16 +13,16 @@ call whose KV was already trimmed, or one that reads the wrong KV. So for every 
   ``k`` rows, i.e. the batch's new tokens (``forward_extend`` passes the layer's ``k``);
 * **attended** (per query head) as FlashInfer computes it: causal ``j <= kv - qo + r`` or the custom
   mask instead (variants.cuh:79-86), the window only if compiled in at plan (prefill.py:2035),
-  with the run's value: ``j + qo + W >= kv + r`` (variants.cuh:88-89); a paged fa2 call planned
-  without the window but run with one starts each CTA at its first row's window (the kernel
-  model, ``kernel.model.simulate``; ``undefined`` rows under split-KV stay undefined), and with a
-  custom mask too: the CTA's first key is ``kv + q_tile * CTA_TILE_Q / group - qo - W`` whatever
-  was compiled in (flashinfer 0.7.2 prefill.cuh:3826-3827, ``W`` the run's value, variants.cuh:64).
-  Not modelled, so held only as plain causal: a *ragged* fa2 call run with a window its plan did
-  not compile, and the backend a GPU class resolves ``auto`` to (the recorded one is read). The
-  H100 run of 2026-12-05 found the model off on 4 such runs (sm80's fa2 ragged wrapper) and on 4
-  of Gemma-2's EAGLE tree with topk 4 and 2 steps (cause not yet known), each wrong on the kernel
-  too (``recordings/family-live/README.md``);
+  with the run's value: ``j + qo + W >= kv + r`` (variants.cuh:88-89); an fa2 call planned
+  without the window but run with one, paged or ragged, starts each CTA at its first row's window
+  (the kernel model, ``kernel.model.simulate``; a ragged call at page size 1, as it is planned,
+  prefill.py:3162 in 0.6.12; ``undefined`` rows under split-KV stay undefined), and with a custom
+  mask too: the CTA's first key is ``kv + q_tile * CTA_TILE_Q / group - qo - W`` whatever was
+  compiled in (flashinfer 0.7.2 prefill.cuh:3037-3039 ragged, :3826-3827 paged, ``W`` the run's
+  value, variants.cuh:64). Which backend runs is the caller's (``backend``: the one the kernel ran,
+  or a GPU class's resolution of ``auto``); by default the recorded one (:func:`recorded_backend`).
+  Until 2026-12-05 the ragged leak was not modelled and ``auto`` never resolved: the H100 run of
+  that day found the model off on 4 sm80 ragged runs (``recordings/family-live/README.md``);
 * **intended**: positions ``[p - W, p]`` with the layer's window ``W`` (HF's ``sliding_window - 1``),
   ``[0, p]`` without one. A speculative verify's draft tokens form a tree (``audit.spec``): a draft
   node's real position is ``committed + depth`` (the positions the target's forward reads,
@@ -166,7 +166,22 @@ def _positions_of_slots(snap: dict, i: int, slots: np.ndarray) -> np.ndarray:
     return np.array([where.get(int(s), -1) for s in slots], np.int64)
 
 
-def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, req: int, geo) -> np.ndarray | None:
+def recorded_backend(p: Pair) -> str:
+    """What runs as the trace alone says: decode and an explicit ``fa2`` are fa2, an explicit ``fa3``
+    fa3, ``auto`` left unresolved (no GPU class: no CTA leak modelled)."""
+    return "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
+
+
+def leaks(p: Pair, plan: dict, fwd: dict, backend: str) -> bool:
+    """An fa2 prefill call, paged or ragged, causal and without a custom mask, planned without the
+    window and run with one: its CTAs start at their first row's window (the module docstring)."""
+    causal = bool(fwd.get("causal", True))
+    return (p.cls in (PAGED, RAGGED) and backend == "fa2" and causal and plan.get("custom_mask") is None
+            and int(plan["window_left"]) < 0 <= int(fwd["window_left"]))
+
+
+def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, req: int, geo,
+                    backend: str) -> np.ndarray | None:
     """(Hq, qo, kv) what FlashInfer lets each row see, index level (see the module docstring)."""
     r = np.arange(qo)[:, None]
     j = np.arange(kv)[None, :]
@@ -182,10 +197,9 @@ def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, r
     compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
     if compiled:
         vis = vis & (j + qo + w >= kv + r)
+    if leaks(p, plan, fwd, backend):
+        return _fa2_leak(plan, w, hq, req, geo)
     vis = np.broadcast_to(vis, (hq, qo, kv)).copy()
-    backend = "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
-    if not compiled and w >= 0 and p.cls == PAGED and mask is None and causal and backend == "fa2":
-        return _fa2_leak(plan, qo, kv, w, hq, req, geo)
     if mask is not None and w >= 0 and p.cls == PAGED:  # a custom mask runs on fa2 (prefill.py:2974)
         vis &= _fa2_cta_start(plan, geo, qo, kv, w, hq)
     return vis
@@ -205,23 +219,23 @@ def _fa2_cta_start(plan: dict, geo, qo: int, kv: int, w: int, hq: int) -> np.nda
 
 
 def plan_case(plan: dict, geo, window: int, backend: str, **extra) -> tuple[Case | None, list[int]]:
-    """The kernel model's Case for a recorded paged prefill plan, run with ``window``: the batch as
-    planned (its requests with queries, ``live``), heads, page size and plan window; flashinfer
-    0.6.12's model. None when the plan is no Case the model takes."""
+    """The kernel model's Case for a recorded prefill plan, run with ``window``: the batch as planned
+    (its requests with queries, ``live``), heads, page size (a ragged plan's is 1, prefill.py:3162)
+    and plan window; flashinfer 0.6.12's model. None when the plan is no Case the model takes."""
     live = [i for i, n in enumerate(geo[0]) if n > 0]
     try:
         return Case(prefix_lens=tuple(geo[1][i] - geo[0][i] for i in live), extend_lens=tuple(geo[0][i] for i in live),
                     num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
-                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan["page_size"]), window_left=window,
+                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan.get("page_size", 1)), window_left=window,
                     plan_window_left=int(plan["window_left"]), backend=backend, flashinfer_version="0.6.12",
                     **extra), live
     except CaseError:
         return None, live
 
 
-def _fa2_leak(plan: dict, qo: int, kv: int, w: int, hq: int, req: int, geo) -> np.ndarray | None:
-    """The kernel model of a paged fa2 prefill planned without the window, run with ``w``
-    (CTA-granular start, prefill.cuh): the batch as planned, this request's per-head masks."""
+def _fa2_leak(plan: dict, w: int, hq: int, req: int, geo) -> np.ndarray | None:
+    """The kernel model of an fa2 prefill planned without the window, run with ``w`` (CTA-granular
+    start, prefill.cuh): the batch as planned, this request's per-head masks."""
     case, live = plan_case(plan, geo, w, "fa2", disable_split_kv=bool(plan.get("disable_split_kv")),
                            fixed_split_size=-1 if plan.get("fixed_split_size") is None else int(plan["fixed_split_size"]))
     if case is None:
@@ -296,9 +310,11 @@ def call_requests(p: Pair):
                  for i, (qo, kv) in enumerate(zip(*geo)) if qo]
 
 
-def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
-    """Per request of one effective call: attended and intended keys (``window``: the intended one)."""
+def call_keys(p: Pair, snap: dict, window: int, backend: str | None = None) -> list[RequestKeys]:
+    """Per request of one effective call: attended and intended keys (``window``: the intended one;
+    ``backend``: what ran, default :func:`recorded_backend`)."""
     plan, fwd = p.plan[1], p.fwd[1]
+    backend = backend or recorded_backend(p)
     hq = int(plan["num_qo_heads"])
     geo, requests = call_requests(p)
     out = []
@@ -313,8 +329,8 @@ def call_keys(p: Pair, snap: dict, window: int) -> list[RequestKeys]:
             intended = (k_pos[None, :] >= 0) & (k_pos[None, :] <= q_pos[:, None]) & (k_pos[None, :] >= lo)
             k_tok = k_pos
             want = [set(range(0 if window < 0 else max(int(q) - window, 0), int(q) + 1)) for q in q_pos]
-        out.append(RequestKeys(i, rows, q_pos, k_pos, slots, _kernel_visible(p, plan, fwd, qo, kv, hq, i, geo),
-                               intended, k_tok, want))
+        seen = _kernel_visible(p, plan, fwd, qo, kv, hq, i, geo, backend)
+        out.append(RequestKeys(i, rows, q_pos, k_pos, slots, seen, intended, k_tok, want))
     return out
 
 

@@ -132,16 +132,12 @@ def kernel_ranges(p: ak.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int,
 
 def kernel_rule(p: ak.Pair, plan: dict, fwd: dict, backend: str) -> str:
     """All that :func:`kernel_ranges` reads of the backend FlashInfer runs: ``cutlass`` (a window
-    compiled in but not applied), ``fa2 leak`` (a paged causal fa2 call planned without the window
-    and run with one: the kernel model's CTA leak), else ``other``. Two GPU classes whose calls
-    get the same rules let every row see the same keys."""
-    compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
-    if compiled and backend == "cutlass":
+    compiled in but not applied), ``fa2 leak`` (``audit.keys.leaks``: a causal fa2 call, paged or
+    ragged, planned without the window and run with one: the kernel model's CTA leak), else
+    ``other``. Two GPU classes whose calls get the same rules let every row see the same keys."""
+    if int(plan["window_left"]) >= 0 and backend == "cutlass":
         return "cutlass"
-    causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
-    if not compiled and w >= 0 and p.cls == PAGED and plan.get("custom_mask") is None and causal and backend == "fa2":
-        return "fa2 leak"
-    return "other"
+    return "fa2 leak" if ak.leaks(p, plan, fwd, backend) else "other"
 
 
 def _cta_start(plan: dict, geo, qo: int, kv: int, w: int) -> np.ndarray:
@@ -169,9 +165,8 @@ def _fa2_leak(plan: dict, w: int, req: int, geo):
 
 
 def default_backend(p: ak.Pair, plan: dict) -> str:
-    """What runs, as ``audit.keys`` reads it without a GPU class: decode and explicit ``fa2`` are
-    fa2, explicit ``fa3`` fa3, ``auto`` left unresolved (no CTA leak model)."""
-    return "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
+    """What runs without a GPU class: ``audit.keys.recorded_backend``."""
+    return ak.recorded_backend(p)
 
 
 # ----------------------------------------------------------------------------- what the layer intends
