@@ -21,8 +21,9 @@ call whose KV was already trimmed, or one that reads the wrong KV. So for every 
   compiled in (flashinfer 0.7.2 prefill.cuh:3037-3039 ragged, :3826-3827 paged, ``W`` the run's
   value, variants.cuh:64). Which backend runs is the caller's (``backend``: the one the kernel ran,
   or a GPU class's resolution of ``auto``); by default the recorded one (:func:`recorded_backend`).
-  Until 2026-12-05 the ragged leak was not modelled and ``auto`` never resolved: the H100 run of
-  that day found the model off on 4 sm80 ragged runs (``recordings/family-live/README.md``);
+  Until 2026-12-05 the ragged leak was not modelled and ``auto`` never resolved: an H100 run of
+  that day found the model off on 4 sm80 ragged runs; re-run with this model, it agrees on them and
+  on every run since (``recordings/family-live/README.md``);
 * **intended**: positions ``[p - W, p]`` with the layer's window ``W`` (HF's ``sliding_window - 1``),
   ``[0, p]`` without one. A speculative verify's draft tokens form a tree (``audit.spec``): a draft
   node's real position is ``committed + depth`` (the positions the target's forward reads,
