@@ -90,6 +90,46 @@ def test_told_sink_wrapper_compiled_without_a_window_attends_without_one():
     assert told(call)["window_left"] == 127
 
 
+@pytest.mark.parametrize("capture_window, capture_cap, says", [
+    (4095, 50.0, []),
+    (-1, 0.0, ["window_left 4095 asked, -1 told", "logits_soft_cap 50.0 asked, 0.0 told"])])
+def test_a_cuda_graph_replay_runs_the_module_its_capture_planned(capture_window, capture_cap, says):
+    """FlashInfer picks the decode module at ``plan`` (decode.py:1054-1055); ``fast_decode_plan``, which
+    re-plans a captured wrapper, sets the window, cap and scale but never re-picks it (flashinfer 0.7.2
+    decode.py:4778, :5055-5057). So a replay told 4095 and cap 50 after a capture planned without them
+    runs without them; after a capture planned with them, with them."""
+    import torch
+
+    from swa_repro.vllm.paths import told, verdict
+    from swa_repro.vllm.standins import DecodeStandIn, Recorder, fast_decode_plan, recording_wrapper
+
+    rec = Recorder()
+    w = recording_wrapper("BatchDecodeWithPagedKVCacheWrapper", DecodeStandIn, rec)(torch.zeros(8), "NHD",
+                                                                                     use_cuda_graph=True)
+    geo = (torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), 8, 2, 64, 16)
+    w.plan(*geo, window_left=capture_window, logits_soft_cap=capture_cap)
+    fast_decode_plan(rec)(w, *geo, window_left=4095, logits_soft_cap=50.0)
+    w.run(torch.zeros(1, 8, 64), (torch.zeros(1, 16, 2, 64), torch.zeros(1, 16, 2, 64)))
+    asked = {"window_left": 4095, "logits_soft_cap": 50.0, "sm_scale": 0.125, "sinks": False}
+    got = told(rec.calls[-1])
+    assert verdict(asked, {**got, "sm_scale": 0.125}) == says
+    assert [c["target"] for c in rec.calls] == ["BatchDecodeWithPagedKVCacheWrapper"] * 2 + [
+        "fast_decode_plan", "BatchDecodeWithPagedKVCacheWrapper"]
+
+
+def test_fast_decode_plan_keeps_no_cap_as_zero_as_flashinfers_does():
+    """flashinfer 0.7.2 decode.py:4914-4915: ``logits_soft_cap=None`` is stored as 0.0, which vLLM's
+    forward asserts (``decode_wrapper._logits_soft_cap == (self.logits_soft_cap or 0.0)``)."""
+    import torch
+
+    from swa_repro.vllm.standins import DecodeStandIn, Recorder, fast_decode_plan
+
+    w = DecodeStandIn(torch.zeros(8), "NHD", use_cuda_graph=True)
+    fast_decode_plan(Recorder())(w, torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), 8, 2, 64, 16,
+                                 window_left=127, logits_soft_cap=None, sm_scale=0.125)
+    assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (127, 0.0, 0.125)
+
+
 def _doc(kernels_differs=(), error=None, asked_window=4095, valid=True):
     fam = {"family": "x", "layers": {"sliding": {"hf_window_left": 4095}, "full": {"hf_window_left": -1}}}
     rows = [{"layer": "sliding", "path": "decode", "asked": {"window_left": asked_window},
@@ -157,7 +197,7 @@ def test_release_034_gemma2_sm90():
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
     rows = {(r["layer"], r["path"]): r for r in doc["rows"]}
-    assert set(rows) == {(k, p) for k in ("full", "sliding") for p in ("prefill", "decode", "mixed")}
+    assert set(rows) == {(k, p) for k in ("full", "sliding") for p in ("prefill", "decode", "mixed", "cuda_graph_decode")}
     pre = rows[("sliding", "prefill")]["kernels"]
     assert [k["kernel"] for k in pre] == ["BatchPrefillWithPagedKVCacheWrapper"] and not pre[0]["differs"]
     assert pre[0]["told"]["window_left"] == 4095 and pre[0]["told"]["logits_soft_cap"] == 50.0
@@ -167,6 +207,30 @@ def test_release_034_gemma2_sm90():
     assert dec[0]["differs"] == ["logits_soft_cap 50.0 asked, not passed told"]
     assert [k["kernel"] for k in rows[("full", "mixed")]["kernels"]] == [
         "BatchPrefillWithPagedKVCacheWrapper", "xqa_batch_decode_with_kv_cache"]
+    graph = rows[("sliding", "cuda_graph_decode")]["kernels"]  # XQA under FULL graphs too: no wrapper to re-plan
+    assert [(k["kernel"], k["stage"]) for k in graph] == [("xqa_batch_decode_with_kv_cache", "capture"),
+                                                          ("xqa_batch_decode_with_kv_cache", "replay")]
+    assert all(k["differs"] == dec[0]["differs"] for k in graph)
+
+
+@pytest.mark.matrix
+def test_release_034_cuda_graph_decode_on_sm80_captures_with_plan_and_replays_with_fast_decode_plan():
+    """On sm80 0.34.0 decodes through the wrapper: under FULL CUDA graphs its first plan is a full
+    ``plan`` (the capture), the next step ``fast_decode_plan`` (the replay, fast_plan_decode); the
+    replay runs the module the capture picked, with the window and cap: told what the layer asks."""
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm.audit import run_audit
+
+    doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm80"], note=lambda s: None)
+    row = next(r for r in doc["rows"] if (r["layer"], r["path"]) == ("sliding", "cuda_graph_decode"))
+    assert [(c["target"], c["method"]) for c in row["calls"] if c["target"] != "get_seq_lens"] == [
+        ("BatchDecodeWithPagedKVCacheWrapper", "__init__"), ("BatchDecodeWithPagedKVCacheWrapper", "plan"),
+        ("BatchDecodeWithPagedKVCacheWrapper", "run"), ("fast_decode_plan", "call"),
+        ("BatchDecodeWithPagedKVCacheWrapper", "run")]
+    assert row["calls"][0]["args"]["use_cuda_graph"] is True
+    assert [k["stage"] for k in row["kernels"]] == ["capture", "replay"]
+    assert all(k["told"]["window_left"] == 4095 and k["told"]["logits_soft_cap"] == 50.0 and not k["differs"]
+               for k in row["kernels"])
 
 
 @pytest.mark.matrix

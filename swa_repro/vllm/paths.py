@@ -25,6 +25,20 @@ PATHS = {"prefill": [(300, 5000), (200, 200)],
          "decode": [(1, 6000), (1, 100), (1, 4097)],
          "mixed": [(1, 6000), (1, 50), (300, 5000)]}
 KERNEL_CALLS = ("run", "call")
+NOT_KERNELS = ("get_seq_lens", "fast_decode_plan")  # recorded functions that plan or count, run nothing
+SPEC_TOKENS = 2  # draft tokens per request: a verify batch is 1 + 2 query tokens per request
+# paths a builder of another config takes: path -> (make_config switches, [(stage, requests)])
+# * FULL CUDA-graph decode (``cudagraph_mode`` FULL): the builder's first plan of a graph wrapper is
+#   a full ``plan`` (its capture), every later one ``fast_decode_plan`` (a replay: fast_plan_decode in
+#   the release's flashinfer.py); the replay is the next decode step of the same batch;
+# * speculative decoding: the target model's verify batch, ``1 + num_speculative_tokens`` queries per
+#   request; a release whose decode kernel takes them (spec-as-decode: trtllm / XQA, fa2's native
+#   decode) treats them as decodes (``reorder_batch_threshold``), any other as prefills.
+VARIANTS = {
+    "cuda_graph_decode": ({"graphs": True}, (("capture", PATHS["decode"]),
+                                             ("replay", [(q, s + 1) for q, s in PATHS["decode"]]))),
+    "spec_decode": ({"spec": SPEC_TOKENS}, ((None, [(1 + SPEC_TOKENS, s) for _, s in PATHS["decode"]]),)),
+}
 
 
 # ----------------------------------------------------------------------------- layers and config
@@ -44,7 +58,9 @@ def layer_params(fam: dict) -> dict:
     return out
 
 
-def make_config(fam: dict, layers: dict, max_len: int):
+def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spec: int = 0):
+    """What the release's metadata builder reads of its config (``graphs``: FULL CUDA-graph decode;
+    ``spec``: draft tokens per request, as ``SpeculativeConfig`` gives them)."""
     from vllm.config import CUDAGraphMode
 
     ns = types.SimpleNamespace
@@ -56,9 +72,13 @@ def make_config(fam: dict, layers: dict, max_len: int):
               attention_config=ns(use_trtllm_attention=None, disable_flashinfer_prefill=False,
                                   disable_flashinfer_q_quantization=False, use_prefill_decode_attention=False,
                                   flashinfer_max_num_splits=None),
-              num_speculative_tokens=0, speculative_config=None,
+              num_speculative_tokens=spec,
+              speculative_config=ns(num_speculative_tokens=spec, max_num_new_slots_for_drafting=0,  # EAGLE's
+                                    parallel_drafting=False, enable_adaptive_verification=False,  # defaults
+                                    method="eagle") if spec else None,
               scheduler_config=ns(max_num_batched_tokens=8192, max_num_seqs=16),
-              compilation_config=ns(cudagraph_mode=CUDAGraphMode.NONE, max_cudagraph_capture_size=None,
+              compilation_config=ns(cudagraph_mode=CUDAGraphMode.FULL if graphs else CUDAGraphMode.NONE,
+                                    max_cudagraph_capture_size=None,
                                     static_forward_context=layers),
               parallel_config=ns(cp_kv_cache_interleave_size=1, dcp_comm_backend="ag_rs",
                                  decode_context_parallel_size=1, prefill_context_parallel_size=1,
@@ -130,16 +150,19 @@ def kv_cache(fb, layout, pages: int, heads: int, head_dim: int) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- verdicts
 def told(call: dict) -> dict:
-    """What the kernel is told: a wrapper's ``run`` -> the window, cap and scale it planned; a
-    direct kernel call -> its own arguments (``bmm1_scale`` is the softmax scale for bf16 caches;
-    no ``logits_soft_cap`` argument is recorded as "not passed")."""
+    """What the kernel is told: a wrapper's ``run`` -> the window, cap and scale it holds, each only
+    where the module its last full ``plan`` picked compiles it in (a CUDA-graph replay's
+    ``fast_decode_plan`` changes the values, not the module: ``standins``); a direct kernel call ->
+    its own arguments (``bmm1_scale`` is the softmax scale for bf16 caches; no ``logits_soft_cap``
+    argument is recorded as "not passed")."""
     a = call["args"]
     if call["method"] == "run" and "jit_window_left" in a:  # the sink wrapper (standins.SinkStandIn)
         window = a["planned_window_left"] if a["jit_window_left"] >= 0 else -1  # compiled without a window
         return {"window_left": window, "logits_soft_cap": a["planned_logits_soft_cap"],
                 "sm_scale": a["sink_sm_scale"], "sinks": a.get("sinks") is not None}
     if call["method"] == "run":
-        return {"window_left": a["planned_window_left"], "logits_soft_cap": a["planned_logits_soft_cap"],
+        return {"window_left": a["planned_window_left"] if a.get("module_window", True) else -1,
+                "logits_soft_cap": a["planned_logits_soft_cap"] if a.get("module_cap", True) else 0.0,
                 "sm_scale": a["planned_sm_scale"], "sinks": a.get("sinks") is not None}
     return {"window_left": a.get("window_left", "not passed"),
             "logits_soft_cap": a.get("logits_soft_cap", "not passed"),
@@ -163,6 +186,16 @@ def verdict(asked: dict, got: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- one family, one GPU class
+def _step(fb, builder, layer, layout, reqs: list, fam: dict) -> None:
+    """One batch through the builder and ``FlashInferImpl.forward`` (q/k/v zeros: the calls are the point)."""
+    cm, pages = common_metadata(reqs)
+    md = builder.build(0, cm)
+    t, hq, hk, d = cm.num_actual_tokens, fam["num_qo_heads"], fam["num_kv_heads"], fam["head_dim"]
+    k = torch.zeros(t, hk, d, dtype=torch.bfloat16)
+    layer.impl.forward(layer, torch.zeros(t, hq, d, dtype=torch.bfloat16), k, k.clone(),
+                       kv_cache(fb, layout, pages, hk, d), md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
+
+
 def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
     import vllm.config.vllm as cv
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -177,10 +210,13 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
 
     params = layer_params(fam)
     layers: dict = {}
-    cfg = make_config(fam, layers, 16384)
-    cv._current_vllm_config = cfg  # what force_use_trtllm_attention() reads
-    layout, layout_name = resolve_layout(fb, cfg)
-    hq, hk, d = fam["num_qo_heads"], fam["num_kv_heads"], fam["head_dim"]
+    cfgs = {None: make_config(fam, layers, 16384)}
+    cv._current_vllm_config = cfgs[None]  # what force_use_trtllm_attention() reads
+    layout, layout_name = resolve_layout(fb, cfgs[None])
+    for path, (switches, _) in VARIANTS.items():
+        cfgs[path] = make_config(fam, layers, 16384, **switches)
+        cfgs[path].cache_config = cfgs[None].cache_config  # the layout resolved once
+    hk, d = fam["num_kv_heads"], fam["head_dim"]
     rows = []
     for kind, p in params.items():
         name = f"model.layers.{kind}.attn"
@@ -198,28 +234,30 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
         spec = SlidingWindowSpec(**common, sliding_window=p["sliding_window"]) if p["sliding_window"] \
             else FullAttentionSpec(**common)
         try:  # one builder per layer kind: vLLM builds one per KV-cache group, and the kinds' specs differ
-            builder = fb.FlashInferMetadataBuilder(spec, [name], cfg, torch.device("cpu"))
+            builder = fb.FlashInferMetadataBuilder(spec, [name], cfgs[None], torch.device("cpu"))
         except Exception as e:
             rows.append({**row0, "path": "build", "asked": asked, "calls": [], "kernels": [],
                          "error": f"{type(e).__name__}: {e}".splitlines()[0]})
             continue
-        for path, reqs in PATHS.items():
+        runs = [(path, None, [(None, reqs)]) for path, reqs in PATHS.items()]
+        for path, variant, steps in [*runs, *((v, v, st) for v, (_, st) in VARIANTS.items())]:
             n0 = len(rec.calls)
-            cm, pages = common_metadata(reqs)
-            row = {**row0, "path": path, "requests": reqs, "asked": asked}
-            try:
-                md = builder.build(0, cm)
-                t = cm.num_actual_tokens
-                q = torch.zeros(t, hq, d, dtype=torch.bfloat16)
-                k = torch.zeros(t, hk, d, dtype=torch.bfloat16)
-                impl.forward(layer, q, k, k.clone(), kv_cache(fb, layout, pages, hk, d), md,
-                             torch.zeros(t, hq, d, dtype=torch.bfloat16))
-            except Exception as e:  # the release refused this path: that is the row's answer
-                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            calls = rec.calls[n0:]
-            row["calls"] = calls
-            row["kernels"] = [{"kernel": c["target"], "how": c["method"], "told": told(c),
-                               "differs": verdict(asked, told(c))}
-                              for c in calls if c["method"] in KERNEL_CALLS and c["target"] != "get_seq_lens"]
+            row = {**row0, "path": path, "requests": steps[-1][1], "asked": asked}
+            row["kernels"] = []
+            for stage, reqs in steps:
+                k0 = len(rec.calls)
+                try:
+                    if variant is not None and stage in (None, "capture"):  # its config's own builder
+                        own = fb.FlashInferMetadataBuilder(spec, [name], cfgs[variant], torch.device("cpu"))
+                    _step(fb, builder if variant is None else own, layer, layout, reqs, fam)
+                except Exception as e:  # the release refused this path: that is the row's answer
+                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+                row["kernels"] += [{"kernel": c["target"], "how": c["method"], "told": told(c),
+                                    "differs": verdict(asked, told(c)), **({"stage": stage} if stage else {})}
+                                   for c in rec.calls[k0:]
+                                   if c["method"] in KERNEL_CALLS and c["target"] not in NOT_KERNELS]
+                if "error" in row:
+                    break
+            row["calls"] = rec.calls[n0:]
             rows.append(row)
     return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__}

@@ -114,15 +114,20 @@ def recording_wrapper(name: str, base: type, rec: Recorder, parent: type | None 
             out = base.plan(self, *a, **kw)
             if self._logits_soft_cap is None:  # flashinfer 0.6.12 prefill.py:1877-1878 (plan stores 0.0)
                 self._logits_soft_cap = 0.0
+            # the module, picked here only (prefill.py:2035, decode.py:1054-1055): a later
+            # fast_decode_plan sets the window and cap but never re-picks it (0.7.2 decode.py:5055-5057)
+            self._module = (self._window_left >= 0, self._logits_soft_cap > 0)
             return out
 
         def run(self, *a, **kw):
             extra = {"jit_window_left": self._jit_window_left, "sinks": a[2], "sink_sm_scale": a[3]} \
                 if hasattr(self, "_jit_window_left") and len(a) >= 4 else {}
+            window, cap = getattr(self, "_module", (True, True))
             rec.add(name, "run", {**_bound(base.run, (self, *a), kw), **extra,
                                   "planned_window_left": self._window_left,
                                   "planned_logits_soft_cap": self._logits_soft_cap,
-                                  "planned_sm_scale": self._sm_scale}, self._wid)
+                                  "planned_sm_scale": self._sm_scale,
+                                  "module_window": window, "module_cap": cap}, self._wid)
             return base.run(self, *a, **kw)
 
     Recording.__name__ = Recording.__qualname__ = name
@@ -147,11 +152,14 @@ def recording_function(name: str, rec: Recorder):
 
 def fast_decode_plan(rec: Recorder):
     """flashinfer's ``fast_decode_plan(wrapper, ...)``: re-plans a CUDA-graph decode wrapper; the
-    stand-in stores the window, cap and scale it is given, as flashinfer's does."""
+    stand-in stores the window, cap (``None`` as 0.0) and scale it is given, as flashinfer's does
+    (0.7.2 decode.py:4914-4915, :5055-5057), and keeps the module the wrapper's ``plan`` picked."""
 
     def fn(self, *a, **kw):
         args = _bound(DecodeStandIn.plan, (self, *a), kw)
         rec.add("fast_decode_plan", "call", args, getattr(self, "_wid", None))
+        if args.get("logits_soft_cap") is None:
+            args["logits_soft_cap"] = 0.0
         for n in ("window_left", "logits_soft_cap", "sm_scale"):
             if n in args:
                 setattr(self, f"_{n}", args[n])
