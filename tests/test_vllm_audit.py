@@ -197,7 +197,8 @@ def test_release_034_gemma2_sm90():
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
     rows = {(r["layer"], r["path"]): r for r in doc["rows"]}
-    assert set(rows) == {(k, p) for k in ("full", "sliding") for p in ("prefill", "decode", "mixed", "cuda_graph_decode")}
+    paths = ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode")
+    assert set(rows) == {(k, p) for k in ("full", "sliding") for p in paths}
     pre = rows[("sliding", "prefill")]["kernels"]
     assert [k["kernel"] for k in pre] == ["BatchPrefillWithPagedKVCacheWrapper"] and not pre[0]["differs"]
     assert pre[0]["told"]["window_left"] == 4095 and pre[0]["told"]["logits_soft_cap"] == 50.0
@@ -211,6 +212,9 @@ def test_release_034_gemma2_sm90():
     assert [(k["kernel"], k["stage"]) for k in graph] == [("xqa_batch_decode_with_kv_cache", "capture"),
                                                           ("xqa_batch_decode_with_kv_cache", "replay")]
     assert all(k["differs"] == dec[0]["differs"] for k in graph)
+    spec = rows[("sliding", "spec_decode")]  # 1 + 2 tokens a request: XQA takes them as decodes (spec-as-decode)
+    assert spec["requests"][0][0] == 3 and [k["kernel"] for k in spec["kernels"]] == ["xqa_batch_decode_with_kv_cache"]
+    assert spec["kernels"][0]["differs"] == dec[0]["differs"]
 
 
 @pytest.mark.matrix
