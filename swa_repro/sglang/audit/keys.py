@@ -184,6 +184,8 @@ def leaks(p: Pair, plan: dict, fwd: dict, backend: str) -> bool:
 def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, req: int, geo,
                     backend: str) -> np.ndarray | None:
     """(Hq, qo, kv) what FlashInfer lets each row see, index level (see the module docstring)."""
+    if leaks(p, plan, fwd, backend):
+        return _fa2_leak(plan, int(fwd["window_left"]), hq, req, geo)
     r = np.arange(qo)[:, None]
     j = np.arange(kv)[None, :]
     causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
@@ -198,8 +200,6 @@ def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, r
     compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
     if compiled:
         vis = vis & (j + qo + w >= kv + r)
-    if leaks(p, plan, fwd, backend):
-        return _fa2_leak(plan, w, hq, req, geo)
     vis = np.broadcast_to(vis, (hq, qo, kv)).copy()
     if mask is not None and w >= 0 and p.cls == PAGED:  # a custom mask runs on fa2 (prefill.py:2974)
         vis &= _fa2_cta_start(plan, geo, qo, kv, w, hq)
