@@ -130,6 +130,42 @@ def test_fast_decode_plan_keeps_no_cap_as_zero_as_flashinfers_does():
     assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (127, 0.0, 0.125)
 
 
+def test_the_fp8_dequant_port_copies_each_prefill_page_scaled():
+    """``drive.DequantCopy`` (the release's Triton ``_trtllm_prefill_attn_kvfp8_dequant``, run on CPU):
+    page ``table[b, p]`` of the fp8 cache, k times k_scale and v times v_scale, lands at page
+    ``1 + b * pages + p`` of the bf16 copy (the release's ``mock_block_table``), checked page by page."""
+    import torch
+
+    from swa_repro.vllm.drive import DequantCopy
+
+    g = torch.Generator().manual_seed(0)
+    fp8 = torch.randn(6, 2, 2, 4, 8, generator=g).to(torch.float8_e4m3fn)  # (pages, k/v, H, N, D)
+    table = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32)
+    out = torch.zeros(5, 2, 2, 4, 8, dtype=torch.bfloat16)
+    DequantCopy()[(2, 2)](fp8.view(torch.uint8), table, 2, out, torch.tensor(0.5), torch.tensor(2.0))
+    for b in range(2):
+        for p in range(2):
+            src = fp8[int(table[b, p])].float()
+            assert torch.equal(out[1 + b * 2 + p, 0], (src[0] * 0.5).bfloat16())
+            assert torch.equal(out[1 + b * 2 + p, 1], (src[1] * 2.0).bfloat16())
+    assert not out[0].any()  # page 0 is the release's padding page, never written
+
+
+def test_the_fp8_quant_port_is_static_per_tensor_and_saturates():
+    """``drive.CustomOpsPort.scaled_fp8_quant``: ``x / scale`` to fp8 e4m3, saturated at +-448 (what
+    vLLM's static quant kernel writes), its scale returned; dynamic quantization is refused, not guessed."""
+    import torch
+
+    from swa_repro.vllm.drive import CustomOpsPort
+
+    x = torch.tensor([[1.0, -3.0, 1000.0, -1000.0]], dtype=torch.bfloat16)
+    out, scale = CustomOpsPort(object()).scaled_fp8_quant(x, scale=torch.tensor(2.0))
+    assert out.dtype == torch.float8_e4m3fn and out.float().tolist() == [[0.5, -1.5, 448.0, -448.0]]
+    assert float(scale) == 2.0
+    with pytest.raises(NotImplementedError):
+        CustomOpsPort(object()).scaled_fp8_quant(x)
+
+
 def _doc(kernels_differs=(), error=None, asked_window=4095, valid=True):
     fam = {"family": "x", "layers": {"sliding": {"hf_window_left": 4095}, "full": {"hf_window_left": -1}}}
     rows = [{"layer": "sliding", "path": "decode", "asked": {"window_left": asked_window},
@@ -197,7 +233,7 @@ def test_release_034_gemma2_sm90():
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
     rows = {(r["layer"], r["path"]): r for r in doc["rows"]}
-    paths = ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode")
+    paths = ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode", "fp8_kv_mixed")
     assert set(rows) == {(k, p) for k in ("full", "sliding") for p in paths}
     pre = rows[("sliding", "prefill")]["kernels"]
     assert [k["kernel"] for k in pre] == ["BatchPrefillWithPagedKVCacheWrapper"] and not pre[0]["differs"]
@@ -212,6 +248,10 @@ def test_release_034_gemma2_sm90():
     assert [(k["kernel"], k["stage"]) for k in graph] == [("xqa_batch_decode_with_kv_cache", "capture"),
                                                           ("xqa_batch_decode_with_kv_cache", "replay")]
     assert all(k["differs"] == dec[0]["differs"] for k in graph)
+    fp8 = rows[("sliding", "fp8_kv_mixed")]  # an fp8 cache: the prefill wrapper planned with fp8 KV, XQA decode
+    assert [c["args"]["kv_data_type"] for c in fp8["calls"] if c["method"] == "plan"] == ["torch.float8_e4m3fn"]
+    assert [(k["kernel"], k["differs"]) for k in fp8["kernels"]] == [
+        (k["kernel"], k["differs"]) for k in rows[("sliding", "mixed")]["kernels"]]
     spec = rows[("sliding", "spec_decode")]  # 1 + 2 tokens a request: XQA takes them as decodes (spec-as-decode)
     assert spec["requests"][0][0] == 3 and [k["kernel"] for k in spec["kernels"]] == ["xqa_batch_decode_with_kv_cache"]
     assert spec["kernels"][0]["differs"] == dec[0]["differs"]

@@ -68,6 +68,10 @@ def setup(rec: standins.Recorder):
     fb.get_dcp_world_size_and_rank = lambda *a, **k: (1, 0)
     fb.torch = _CpuTorch()  # device="cuda" buffers land on the CPU, as in the sglang audit
     fb._copy_page_indices_kernel = CopyPageIndices()
+    if hasattr(fb, "_trtllm_prefill_attn_kvfp8_dequant"):  # a Triton kernel (fp8 cache, trtllm-gen prefill)
+        fb._trtllm_prefill_attn_kvfp8_dequant = DequantCopy()
+    if hasattr(fb, "custom_ops"):  # vllm._custom_ops: its fp8 quant is compiled (torch.ops._C)
+        fb.custom_ops = CustomOpsPort(fb.custom_ops)
     for name, m in list(sys.modules.items()):  # 0.25+: utils/torch_utils.py's PIN_MEMORY, computed when
         if name.startswith("vllm") and getattr(m, "PIN_MEMORY", None) is True:  # imported, before the
             m.PIN_MEMORY = False  # audit's platform (no pinned memory) was current; copied by v1/utils.py & co.
@@ -84,6 +88,48 @@ class CopyPageIndices:
                 a, b = int(cu[i]), int(cu[i + 1])
                 out[a:b] = table[i, :b - a]
         return launch
+
+
+class DequantCopy:
+    """Torch port of the release's Triton ``_trtllm_prefill_attn_kvfp8_dequant`` (flashinfer.py,
+    launched ``[(batch, pages per request)]``, trtllm-gen prefill with an fp8 cache on sm100): page
+    ``table[b, p]`` of the fp8 cache, k times the k scale and v times the v scale, to page
+    ``1 + b * pages + p`` of the bf16 copy (the release's ``mock_block_table``). Positional arguments
+    as the release passes them: cache, table, pages per request, out, k scale, v scale, strides."""
+
+    def __getitem__(self, grid):
+        def launch(cache, table, per_req, out, k_scale, v_scale, *strides):
+            import torch
+
+            fp8 = cache.view(torch.float8_e4m3fn) if cache.dtype == torch.uint8 else cache
+            for b in range(grid[0]):
+                for q in range(grid[1]):
+                    src = fp8[int(table[b, q])].to(torch.float32)
+                    out[1 + b * per_req + q, 0] = (src[0] * float(k_scale)).to(out.dtype)
+                    out[1 + b * per_req + q, 1] = (src[1] * float(v_scale)).to(out.dtype)
+        return launch
+
+
+class CustomOpsPort:
+    """The release's ``vllm._custom_ops`` with ``scaled_fp8_quant`` in torch (its
+    ``torch.ops._C.static_scaled_fp8_quant`` is compiled): static per-tensor quantization, ``x /
+    scale`` saturated to fp8 e4m3's range, returned with its scale; anything else the module's own."""
+
+    def __init__(self, ops):
+        self._ops = ops
+
+    def __getattr__(self, name):
+        return getattr(self._ops, name)
+
+    @staticmethod
+    def scaled_fp8_quant(input, scale=None, *args, **kwargs):
+        import torch
+
+        if scale is None:
+            raise NotImplementedError("dynamic fp8 quantization is not ported (the audit passes scale 1.0)")
+        fp8 = torch.float8_e4m3fn
+        out = (input.float() / scale.float()).clamp(torch.finfo(fp8).min, torch.finfo(fp8).max).to(fp8)
+        return out, scale
 
 
 def in_fork(fn) -> dict:

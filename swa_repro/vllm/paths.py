@@ -33,11 +33,14 @@ SPEC_TOKENS = 2  # draft tokens per request: a verify batch is 1 + 2 query token
 #   the release's flashinfer.py); the replay is the next decode step of the same batch;
 # * speculative decoding: the target model's verify batch, ``1 + num_speculative_tokens`` queries per
 #   request; a release whose decode kernel takes them (spec-as-decode: trtllm / XQA, fa2's native
-#   decode) treats them as decodes (``reorder_batch_threshold``), any other as prefills.
+#   decode) treats them as decodes (``reorder_batch_threshold``), any other as prefills;
+# * an fp8 KV cache (``--kv-cache-dtype fp8``): the layer's impl, spec and builder with it, the cache
+#   stored as bytes and viewed as fp8 by the release's forward, the mixed batch (both kernels).
 VARIANTS = {
     "cuda_graph_decode": ({"graphs": True}, (("capture", PATHS["decode"]),
                                              ("replay", [(q, s + 1) for q, s in PATHS["decode"]]))),
     "spec_decode": ({"spec": SPEC_TOKENS}, ((None, [(1 + SPEC_TOKENS, s) for _, s in PATHS["decode"]]),)),
+    "fp8_kv_mixed": ({"cache_dtype": "fp8"}, ((None, PATHS["mixed"]),)),  # --kv-cache-dtype fp8, scales 1.0
 }
 
 
@@ -58,13 +61,15 @@ def layer_params(fam: dict) -> dict:
     return out
 
 
-def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spec: int = 0):
+def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spec: int = 0,
+                cache_dtype: str = "auto"):
     """What the release's metadata builder reads of its config (``graphs``: FULL CUDA-graph decode;
-    ``spec``: draft tokens per request, as ``SpeculativeConfig`` gives them)."""
+    ``spec``: draft tokens per request, as ``SpeculativeConfig`` gives them; ``cache_dtype``:
+    ``--kv-cache-dtype``)."""
     from vllm.config import CUDAGraphMode
 
     ns = types.SimpleNamespace
-    return ns(cache_config=ns(cache_dtype="auto", block_size=PAGE),
+    return ns(cache_config=ns(cache_dtype=cache_dtype, block_size=PAGE),
               model_config=ns(max_model_len=max_len, dtype=torch.bfloat16, use_mla=False,
                               get_num_attention_heads=lambda pc=None: fam["num_qo_heads"],
                               get_num_kv_heads=lambda pc=None: fam["num_kv_heads"],
@@ -110,8 +115,8 @@ def common_metadata(reqs: list):
 class Layer:
     """What vLLM's ``FlashInferImpl.forward`` reads of its layer: the q/k/v scales (1.0: no fp8)."""
 
-    def __init__(self, impl, name):
-        self.impl, self.layer_name, self.kv_cache_dtype = impl, name, "auto"
+    def __init__(self, impl, name, kv_cache_dtype: str = "auto"):
+        self.impl, self.layer_name, self.kv_cache_dtype = impl, name, kv_cache_dtype
         for n in ("_q_scale", "_k_scale", "_v_scale"):
             setattr(self, n, torch.ones(()))
             setattr(self, f"{n}_float", 1.0)
@@ -136,15 +141,16 @@ def resolve_layout(fb, cfg):
     return None, bu.get_kv_cache_layout()
 
 
-def kv_cache(fb, layout, pages: int, heads: int, head_dim: int) -> torch.Tensor:
-    """A layer's cache in the release's logical shape, allocated in its physical order."""
+def kv_cache(fb, layout, pages: int, heads: int, head_dim: int, dtype=torch.bfloat16) -> torch.Tensor:
+    """A layer's cache in the release's logical shape, allocated in its physical order (an fp8 cache
+    as bytes, vLLM's ``STR_DTYPE_TO_TORCH_DTYPE["fp8"]``, viewed as fp8 by ``forward``)."""
     if layout is not None:  # logical [B, H, N, 2*D]; ``layer_view_order`` the physical one
         logical = (pages, heads, PAGE, 2 * head_dim)
         order = layout.layer_view_order
     else:  # get_kv_cache_shape, permuted by get_kv_cache_stride_order (the model runner's view)
         logical = fb.FlashInferBackend.get_kv_cache_shape(pages, PAGE, heads, head_dim)
         order = fb.FlashInferBackend.get_kv_cache_stride_order()
-    phys = torch.zeros([logical[i] for i in order], dtype=torch.bfloat16)
+    phys = torch.zeros([logical[i] for i in order], dtype=dtype)
     return phys.permute(*[list(order).index(i) for i in range(len(order))])
 
 
@@ -186,14 +192,34 @@ def verdict(asked: dict, got: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- one family, one GPU class
+def quantized(spec, kv_cache_dtype: str):
+    """The layer's KV-cache spec with a quantized cache, as the release's ``Attention.get_kv_cache_spec``
+    makes it (0.20.0-0.34.0 model_executor/layers/attention/attention.py): the storage dtype
+    (``STR_DTYPE_TO_TORCH_DTYPE``: fp8 is uint8) and ``kv_quant_mode=get_kv_quant_mode(dtype)``,
+    which the builder reads to plan with fp8 KV (0.34.0 flashinfer.py:951)."""
+    import dataclasses
+
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    return dataclasses.replace(spec, dtype=STR_DTYPE_TO_TORCH_DTYPE[kv_cache_dtype],
+                               kv_quant_mode=get_kv_quant_mode(kv_cache_dtype))
+
+
 def _step(fb, builder, layer, layout, reqs: list, fam: dict) -> None:
-    """One batch through the builder and ``FlashInferImpl.forward`` (q/k/v zeros: the calls are the point)."""
+    """One batch through the builder and ``FlashInferImpl.forward`` (q/k/v zeros: the calls are the
+    point). With an fp8 cache and an impl that takes a quantized query, the query arrives in fp8, as
+    the release's ``Attention.forward`` quantizes it (its ``query_quant``, static per tensor, scale 1.0)."""
     cm, pages = common_metadata(reqs)
     md = builder.build(0, cm)
     t, hq, hk, d = cm.num_actual_tokens, fam["num_qo_heads"], fam["num_kv_heads"], fam["head_dim"]
     k = torch.zeros(t, hk, d, dtype=torch.bfloat16)
-    layer.impl.forward(layer, torch.zeros(t, hq, d, dtype=torch.bfloat16), k, k.clone(),
-                       kv_cache(fb, layout, pages, hk, d), md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
+    q = torch.zeros(t, hq, d, dtype=torch.bfloat16)
+    fp8 = layer.kv_cache_dtype.startswith("fp8")
+    if fp8 and getattr(layer.impl, "supports_quant_query_input", False):
+        q = q.to(torch.float8_e4m3fn)
+    cache = kv_cache(fb, layout, pages, hk, d, torch.uint8 if fp8 else torch.bfloat16)
+    layer.impl.forward(layer, q, k, k.clone(), cache, md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
 
 
 def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
@@ -215,7 +241,8 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
     layout, layout_name = resolve_layout(fb, cfgs[None])
     for path, (switches, _) in VARIANTS.items():
         cfgs[path] = make_config(fam, layers, 16384, **switches)
-        cfgs[path].cache_config = cfgs[None].cache_config  # the layout resolved once
+        cfgs[path].cache_config.__dict__.update({k: v for k, v in vars(cfgs[None].cache_config).items()
+                                                 if k != "cache_dtype"})  # the layout resolved once
     hk, d = fam["num_kv_heads"], fam["head_dim"]
     rows = []
     for kind, p in params.items():
@@ -247,9 +274,13 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
             for stage, reqs in steps:
                 k0 = len(rec.calls)
                 try:
+                    run_layer, kv = layer, cfgs[variant].cache_config.cache_dtype if variant else "auto"
+                    if kv != "auto":  # the layer's impl with that cache, and its spec as the layer makes it
+                        run_layer = AuditLayer(fb.FlashInferImpl(**{**p, "kv_cache_dtype": kv}), name, kv)
                     if variant is not None and stage in (None, "capture"):  # its config's own builder
-                        own = fb.FlashInferMetadataBuilder(spec, [name], cfgs[variant], torch.device("cpu"))
-                    _step(fb, builder if variant is None else own, layer, layout, reqs, fam)
+                        own = fb.FlashInferMetadataBuilder(spec if kv == "auto" else quantized(spec, kv), [name],
+                                                           cfgs[variant], torch.device("cpu"))
+                    _step(fb, builder if variant is None else own, run_layer, layout, reqs, fam)
                 except Exception as e:  # the release refused this path: that is the row's answer
                     row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
                 row["kernels"] += [{"kernel": c["target"], "how": c["method"], "told": told(c),
