@@ -326,6 +326,32 @@ def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
         edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
 
 
+_IMPL_020 = '''class FlashInferImpl:
+    def __init__(self, logits_soft_cap, vllm_config):
+        self.logits_soft_cap = logits_soft_cap
+        self.support_trtllm_attn = True
+        self.supports_quant_query_input = (
+            self.support_trtllm_attn
+            and vllm_config is not None
+        )
+'''
+
+
+@pytest.mark.parametrize("cap, takes_fp8_query", [(50.0, False), (None, True)])
+def test_fix_keeps_a_soft_capped_layer_from_taking_an_fp8_query_where_020_to_024_offer_it(cap, takes_fp8_query):
+    """0.20.0-0.24.x's impl offers an fp8 query whenever trtllm-gen could run; the fixed builder keeps a
+    soft-capped layer off trtllm-gen and plans a model-dtype query, so the fix also withdraws the offer
+    for that layer (the audit's fp8 path found ``Query dtype mismatch`` on sm100 without it); a layer
+    without a cap keeps it."""
+    from swa_repro.vllm.fix import edit
+
+    out = edit(_SNIPPET + _IMPL_020, "0.20.0")
+    scope: dict = {}
+    exec(compile(out, "flashinfer.py", "exec"), scope)  # noqa: S102 - the edited snippet, nothing else
+    assert scope["FlashInferImpl"](cap, object()).supports_quant_query_input is takes_fp8_query
+    assert "and not self.logits_soft_cap" not in edit(_SNIPPET, "0.25.0").split("def build")[0]
+
+
 @pytest.mark.parametrize("argv, says", [
     (["audit", "--vllm", "0.34.0", "--fix", "window"], "choose cap-route"),
     (["audit", "--diff"], "--diff goes with --vllm"),

@@ -12,7 +12,14 @@ own file (every release from 0.20.0 to 0.34.0 has both):
   read from the layers as the builder reads it a few lines later
   (``infer_global_hyperparameters(get_per_layer_parameters(...))``);
 * ``build``: ``prefill_use_trtllm = [causal and] use_trtllm_attention(`` also requires
-  ``not self.logits_soft_cap``.
+  ``not self.logits_soft_cap``;
+* 0.20.0-0.24.x only, where ``FlashInferImpl.__init__`` has it: ``self.supports_quant_query_input =
+  (self.support_trtllm_attn ...`` also requires ``not self.logits_soft_cap``. There the impl offers
+  to take an fp8 query whenever trtllm-gen could run (``Attention.forward`` then quantizes it, with
+  an fp8 KV cache), while the builder, which the first two edits keep off trtllm-gen, expects the
+  model's dtype: without this edit the fixed release asserts ``Query dtype mismatch`` on sm100 with
+  ``--kv-cache-dtype fp8`` (the audit's ``fp8_kv_mixed`` path found it). From 0.25.0 the impl's
+  condition is another one, and the audit finds no mismatch.
 
 The fixed copy is ``<cache>/vllm-fixed/X-cap-route`` (the overlay's files hard-linked, the one
 edited file written anew); ``--diff`` prints the edit as a unified diff against the release (the
@@ -34,6 +41,7 @@ from swa_repro.vllm.provision import BACKEND, MARKER
 FIXES = {"cap-route": "soft-capped layers stay on the planned wrappers (trtllm-gen and XQA take no soft cap)"}
 _DECODE = re.compile(r"^(?P<i>[ ]+)self\.use_trtllm_decode_attention = (?P<var>can_use_\w+)$", re.M)
 _PREFILL = re.compile(r"^(?P<head>[ ]+prefill_use_trtllm = (causal and )?)use_trtllm_attention\($", re.M)
+_QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.M)
 TAG = "# swa-repro cap-route:"
 
 
@@ -44,7 +52,8 @@ def check(names: str | None) -> str:
 
 
 def edit(text: str, version: str) -> str:
-    """The release's backend file with the two edits; one line if an anchor is not there."""
+    """The release's backend file with the edits (the third where the release has its anchor); one
+    line if a required anchor is not there."""
     d = list(_DECODE.finditer(text))
     p = list(_PREFILL.finditer(text))
     if len(d) != 1 or len(p) != 1:
@@ -59,8 +68,17 @@ def edit(text: str, version: str) -> str:
     out = text[:d[0].start()] + decode + text[d[0].start():]
     m = _PREFILL.search(out)
     head = m["head"]
-    return (out[:m.start()] + f"{' ' * (len(head) - len(head.lstrip()))}{TAG} trtllm-gen context takes no soft cap\n"
-            + head + "not self.logits_soft_cap and use_trtllm_attention(" + out[m.end():])
+    out = (out[:m.start()] + f"{' ' * (len(head) - len(head.lstrip()))}{TAG} trtllm-gen context takes no soft cap\n"
+           + head + "not self.logits_soft_cap and use_trtllm_attention(" + out[m.end():])
+    q = list(_QUERY.finditer(out))
+    if len(q) > 1:
+        raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(q)} query-quantization anchors "
+                         "(at most 1 expected): not a structure this fix knows")
+    for m in q:  # 0.20.0-0.24.x: the impl would take an fp8 query the builder no longer plans for
+        j = m["j"]
+        out = (out[:m.end()] + f"{j}{TAG} a soft-capped layer runs on the planned wrappers (model-dtype query)\n"
+               f"{j}and not self.logits_soft_cap\n" + out[m.end():])
+    return out
 
 
 def upstream_diff(version: str, overlay: Path) -> str:
