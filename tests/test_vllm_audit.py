@@ -58,7 +58,12 @@ def test_standin_wrappers_take_flashinfers_parameters():
 def test_sink_wrapper_is_a_paged_wrapper_recorded_once():
     """vLLM asserts ``isinstance(wrapper, BatchPrefillWithPagedKVCacheWrapper)`` of the sink wrapper
     (flashinfer subclasses it); its calls are recorded under its own name only."""
-    from swa_repro.vllm.standins import PagedStandIn, Recorder, SinkStandIn, recording_wrapper
+    from swa_repro.vllm.standins import (
+        PagedStandIn,
+        Recorder,
+        SinkStandIn,
+        recording_wrapper,
+    )
 
     rec = Recorder()
     paged = recording_wrapper("BatchPrefillWithPagedKVCacheWrapper", PagedStandIn, rec)
@@ -101,7 +106,12 @@ def test_a_cuda_graph_replay_runs_the_module_its_capture_planned(capture_window,
     import torch
 
     from swa_repro.vllm.paths import told, verdict
-    from swa_repro.vllm.standins import DecodeStandIn, Recorder, fast_decode_plan, recording_wrapper
+    from swa_repro.vllm.standins import (
+        DecodeStandIn,
+        Recorder,
+        fast_decode_plan,
+        recording_wrapper,
+    )
 
     rec = Recorder()
     w = recording_wrapper("BatchDecodeWithPagedKVCacheWrapper", DecodeStandIn, rec)(torch.zeros(8), "NHD",

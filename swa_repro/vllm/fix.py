@@ -39,9 +39,9 @@ from swa_repro.core.errors import UsageError
 from swa_repro.vllm.provision import BACKEND, MARKER
 
 FIXES = {"cap-route": "soft-capped layers stay on the planned wrappers (trtllm-gen and XQA take no soft cap)"}
-_DECODE = re.compile(r"^(?P<i>[ ]+)self\.use_trtllm_decode_attention = (?P<var>can_use_\w+)$", re.M)
-_PREFILL = re.compile(r"^(?P<head>[ ]+prefill_use_trtllm = (causal and )?)use_trtllm_attention\($", re.M)
-_QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.M)
+_DECODE = re.compile(r"^(?P<i>[ ]+)self\.use_trtllm_decode_attention = (?P<var>can_use_\w+)$", re.MULTILINE)
+_PREFILL = re.compile(r"^(?P<head>[ ]+prefill_use_trtllm = (causal and )?)use_trtllm_attention\($", re.MULTILINE)
+_QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.MULTILINE)
 TAG = "# swa-repro cap-route:"
 
 
