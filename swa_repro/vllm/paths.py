@@ -222,6 +222,44 @@ def _step(fb, builder, layer, layout, reqs: list, fam: dict) -> None:
     layer.impl.forward(layer, q, k, k.clone(), cache, md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
 
 
+class Drive:
+    """One layer kind's paths through the release's builder and impl (:func:`audit`): each path's
+    row, what its kernels are told against what the layer asks for."""
+
+    def __init__(self, fb, layout, fam: dict, rec: standins.Recorder, name: str, params: dict, spec, builder,
+                 layer_cls):
+        self.fb, self.layout, self.fam, self.rec, self.name = fb, layout, fam, rec, name
+        self.params, self.spec, self.builder, self.layer_cls = params, spec, builder, layer_cls
+
+    def path(self, path: str, cfg, steps, layer, asked: dict) -> dict:
+        """``steps`` (``[(stage, requests)]``) on the kind's builder, or (``cfg``: a variant's config)
+        on a builder of that config made at its first stage, as vLLM makes one per config; an fp8
+        cache with the layer's impl and spec made for it (:func:`quantized`)."""
+        n0, row = len(self.rec.calls), {"path": path, "requests": steps[-1][1], "asked": asked, "kernels": []}
+        kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"
+        builder = self.builder
+        for stage, reqs in steps:
+            k0 = len(self.rec.calls)
+            try:
+                if kv != "auto":  # the layer's impl with that cache, and its spec as the layer makes it
+                    layer = self.layer_cls(self.fb.FlashInferImpl(**{**self.params, "kv_cache_dtype": kv}),
+                                           self.name, kv)
+                if cfg is not None and stage in (None, "capture"):
+                    spec = self.spec if kv == "auto" else quantized(self.spec, kv)
+                    builder = self.fb.FlashInferMetadataBuilder(spec, [self.name], cfg, torch.device("cpu"))
+                _step(self.fb, builder, layer, self.layout, reqs, self.fam)
+            except Exception as e:  # the release refused this path: that is the row's answer
+                row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
+            row["kernels"] += [{"kernel": c["target"], "how": c["method"], "told": told(c),
+                                "differs": verdict(asked, told(c)), **({"stage": stage} if stage else {})}
+                               for c in self.rec.calls[k0:]
+                               if c["method"] in KERNEL_CALLS and c["target"] not in NOT_KERNELS]
+            if "error" in row:
+                break
+        row["calls"] = self.rec.calls[n0:]
+        return row
+
+
 def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
     import vllm.config.vllm as cv
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -266,29 +304,7 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
             rows.append({**row0, "path": "build", "asked": asked, "calls": [], "kernels": [],
                          "error": f"{type(e).__name__}: {e}".splitlines()[0]})
             continue
-        runs = [(path, None, [(None, reqs)]) for path, reqs in PATHS.items()]
-        for path, variant, steps in [*runs, *((v, v, st) for v, (_, st) in VARIANTS.items())]:
-            n0 = len(rec.calls)
-            row = {**row0, "path": path, "requests": steps[-1][1], "asked": asked}
-            row["kernels"] = []
-            for stage, reqs in steps:
-                k0 = len(rec.calls)
-                try:
-                    run_layer, kv = layer, cfgs[variant].cache_config.cache_dtype if variant else "auto"
-                    if kv != "auto":  # the layer's impl with that cache, and its spec as the layer makes it
-                        run_layer = AuditLayer(fb.FlashInferImpl(**{**p, "kv_cache_dtype": kv}), name, kv)
-                    if variant is not None and stage in (None, "capture"):  # its config's own builder
-                        own = fb.FlashInferMetadataBuilder(spec if kv == "auto" else quantized(spec, kv), [name],
-                                                           cfgs[variant], torch.device("cpu"))
-                    _step(fb, builder if variant is None else own, run_layer, layout, reqs, fam)
-                except Exception as e:  # the release refused this path: that is the row's answer
-                    row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-                row["kernels"] += [{"kernel": c["target"], "how": c["method"], "told": told(c),
-                                    "differs": verdict(asked, told(c)), **({"stage": stage} if stage else {})}
-                                   for c in rec.calls[k0:]
-                                   if c["method"] in KERNEL_CALLS and c["target"] not in NOT_KERNELS]
-                if "error" in row:
-                    break
-            row["calls"] = rec.calls[n0:]
-            rows.append(row)
+        drive = Drive(fb, layout, fam, rec, name, p, spec, builder, AuditLayer)
+        rows += [{**row0, **drive.path(path, None, ((None, reqs),), layer, asked)} for path, reqs in PATHS.items()]
+        rows += [{**row0, **drive.path(path, cfgs[path], steps, layer, asked)} for path, (_, steps) in VARIANTS.items()]
     return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__}
