@@ -8,6 +8,12 @@ are the same in substance in all of them; what differs is in :data:`VERSION_FACT
 
 Positions: request with ``qo_len`` queries and ``kv_len`` keys; query row ``q`` sits at absolute
 position ``kv_len - qo_len + q``. GQA packs rows as ``packed = q * group + head_in_group``.
+
+The *ragged* prefill kernel is this model at page size 1: it starts each CTA where the paged one
+does (0.7.2 prefill.cuh:3037-3043 ragged, :3826-3831 paged) and is planned by the same scheduler
+with page size 1 (0.6.12 prefill.py:3162). ``kernel.wrappers.RaggedModelWrapper`` and
+``sglang.audit.keys`` use it so; an H100 run of Gemma-2's ragged calls on fa2 agrees
+(``recordings/family-live/0.5.23/call-20261205T1844-h100-gemma2-ragged-eagle``).
 """
 
 from __future__ import annotations
