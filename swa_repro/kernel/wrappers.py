@@ -103,6 +103,17 @@ class _ModelWrapper:
         if a.kv_layout != "NHD":
             raise NotImplementedError(f"kv_layout={a.kv_layout!r}: only NHD is modelled (sglang uses NHD)")
 
+    def _model_case(self, window_left: int, **shape) -> Case:
+        """The planned batch (``self._qo_lens`` / ``self._kv_lens``) as a kernel-model Case, requests
+        with queries only, on this wrapper's backend, plan window and GPU."""
+        live = [i for i, n in enumerate(self._qo_lens) if n > 0]
+        if not live:
+            raise ValueError("no request has queries")
+        return Case(prefix_lens=tuple(self._kv_lens[i] - self._qo_lens[i] for i in live),
+                    extend_lens=tuple(self._qo_lens[i] for i in live), window_left=window_left,
+                    plan_window_left=self._plan_window_left, backend=self._backend, sm_count=self.gpu.sm_count,
+                    arch=self.gpu.arch, flashinfer_version=self.gpu.flashinfer_version, **shape)
+
 
 class ModelPagedPrefillWrapper(_ModelWrapper, PagedPrefillSignature):
     """``BatchPrefillWithPagedKVCacheWrapper`` whose kernel is ``kernel_model.simulate``."""
@@ -191,18 +202,9 @@ class ModelPagedPrefillWrapper(_ModelWrapper, PagedPrefillSignature):
 
     def case(self, window_left: int) -> Case:
         """The planned batch as a kernel-model Case (requests with queries only)."""
-        live = [i for i, n in enumerate(self._qo_lens) if n > 0]
-        if not live:
-            raise ValueError("no request has queries")
-        return Case(
-            prefix_lens=tuple(self._kv_lens[i] - self._qo_lens[i] for i in live),
-            extend_lens=tuple(self._qo_lens[i] for i in live),
-            num_qo_heads=self._num_qo_heads, num_kv_heads=self._num_kv_heads, head_dim=self._head_dim,
-            page_size=self._page_size, window_left=window_left, plan_window_left=self._plan_window_left,
-            backend=self._backend, disable_split_kv=self._disable_split_kv,
-            fixed_split_size=self._fixed_split_size, sm_count=self.gpu.sm_count, arch=self.gpu.arch,
-            flashinfer_version=self.gpu.flashinfer_version,
-        )
+        return self._model_case(window_left, num_qo_heads=self._num_qo_heads, num_kv_heads=self._num_kv_heads,
+                                head_dim=self._head_dim, page_size=self._page_size,
+                                disable_split_kv=self._disable_split_kv, fixed_split_size=self._fixed_split_size)
 
     def compute(self, q, k_cache, v_cache, window_left: int, sm_scale: float) -> torch.Tensor:
         """Per request: effective masks from the model, exact attention under them; NaN if undefined."""
@@ -240,7 +242,7 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
     (:3129-3130) and the deprecated ``forward(window_left=W)`` only overwrites ``_window_left``, which
     ``run()`` reads without an assert (:3324). So a plan without the window run with one is plain causal
     on fa3 and fa2's CTA-granular start on fa2: the ragged kernel starts each CTA where the paged one
-    does (flashinfer 0.7.2 prefill.cuh:3037-3043 / 3826-3831), and plans with page size 1 (prefill.py:5011),
+    does (flashinfer 0.7.2 prefill.cuh:3037-3043 / 3826-3831), and plans with page size 1 (prefill.py:3162),
     so it is the paged model at page size 1. sglang's ragged prefix extend (0.5.23) runs it this way."""
 
     def _check_init(self, a) -> None:
@@ -253,6 +255,8 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
             raise NotImplementedError("custom masks are not supported by the ragged stand-in")
         self._qo_indptr = a.qo_indptr.detach().to("cpu", torch.int64).clone()
         self._kv_indptr = a.kv_indptr.detach().to("cpu", torch.int64).clone()
+        self._qo_lens = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
+        self._kv_lens = (self._kv_indptr[1:] - self._kv_indptr[:-1]).tolist()
         self._o_dtype = canonical_dtype(a.o_data_type or a.q_data_type)
         self._plan_window_left = int(a.window_left)  # the module, fixed here (prefill.py:3129-3130)
         self._shape = {"num_qo_heads": int(a.num_qo_heads), "num_kv_heads": int(a.num_kv_heads),
@@ -261,13 +265,7 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
 
     def case(self, window_left: int) -> Case:
         """The planned batch as a kernel-model Case at page size 1 (requests with queries only)."""
-        qo = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
-        kv = (self._kv_indptr[1:] - self._kv_indptr[:-1]).tolist()
-        live = [i for i, n in enumerate(qo) if n > 0]
-        return Case(prefix_lens=tuple(kv[i] - qo[i] for i in live), extend_lens=tuple(qo[i] for i in live),
-                    page_size=1, window_left=window_left, plan_window_left=self._plan_window_left,
-                    backend=self._backend, sm_count=self.gpu.sm_count, arch=self.gpu.arch,
-                    flashinfer_version=self.gpu.flashinfer_version, **self._shape)
+        return self._model_case(window_left, page_size=1, **self._shape)
 
     def _run(self, a):
         q, k, v = a.q, a.k, a.v
@@ -277,10 +275,9 @@ class RaggedModelWrapper(_ModelWrapper, RaggedPrefillSignature):
             raise NotImplementedError("the ragged stand-in computes causal attention without soft-cap only")
         sm = self._sm_scale if self._sm_scale is not None else 1.0 / math.sqrt(q.size(-1))
         o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=self._o_dtype, device=q.device)
-        qo = (self._qo_indptr[1:] - self._qo_indptr[:-1]).tolist()
-        if any(qo):
+        if any(self._qo_lens):
             live = iter(simulate(self.case(int(self._window_left))).requests)
-            for i, n in enumerate(qo):
+            for i, n in enumerate(self._qo_lens):
                 if n:
                     qa, ka, kb = int(self._qo_indptr[i]), int(self._kv_indptr[i]), int(self._kv_indptr[i + 1])
                     o[qa:qa + n] = _attend(next(live), q[qa:qa + n], k[ka:kb], v[ka:kb], sm, q.shape[1]).to(o.dtype)

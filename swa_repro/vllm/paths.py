@@ -222,6 +222,13 @@ def _step(fb, builder, layer, layout, reqs: list, fam: dict) -> None:
     layer.impl.forward(layer, q, k, k.clone(), cache, md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
 
 
+def _kernel(call: dict, asked: dict, stage: str | None) -> dict:
+    """One kernel call of a path's row: what it is told and how that differs from what is asked."""
+    got = told(call)
+    return {"kernel": call["target"], "how": call["method"], "told": got, "differs": verdict(asked, got),
+            **({"stage": stage} if stage else {})}
+
+
 class Drive:
     """One layer kind's paths through the release's builder and impl (:func:`audit`): each path's
     row, what its kernels are told against what the layer asks for."""
@@ -250,9 +257,7 @@ class Drive:
                 _step(self.fb, builder, layer, self.layout, reqs, self.fam)
             except Exception as e:  # the release refused this path: that is the row's answer
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
-            row["kernels"] += [{"kernel": c["target"], "how": c["method"], "told": told(c),
-                                "differs": verdict(asked, told(c)), **({"stage": stage} if stage else {})}
-                               for c in self.rec.calls[k0:]
+            row["kernels"] += [_kernel(c, asked, stage) for c in self.rec.calls[k0:]
                                if c["method"] in KERNEL_CALLS and c["target"] not in NOT_KERNELS]
             if "error" in row:
                 break

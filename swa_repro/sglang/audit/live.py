@@ -33,7 +33,7 @@ import torch
 
 from swa_repro.core.reference import masked_attention
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
-from swa_repro.sglang.audit.env import DECODE, RAGGED
+from swa_repro.sglang.audit.env import RAGGED
 from swa_repro.sglang.audit.keys import Pair, call_keys, pairs
 from swa_repro.sglang.trace import _first_tensor, decode
 
@@ -148,13 +148,13 @@ def judge(p: Pair, out: torch.Tensor, snap: dict, window: int, cap: float, atol:
           device=None, ran: str | None = None) -> CallOutcome:
     """One executed call against the references (see the module docstring); ``device``: where the
     float64 references run (``core.reference.masked_attention``; default the CPU); ``ran``: the
-    backend the wrapper ran, what the prediction models (``fa2`` / ``fa3``; else the recorded one)."""
+    backend the wrapper ran, what the prediction models (None: the recorded one)."""
     plan, fwd = p.plan[1], p.fwd[1]
     q = fwd["q"].cpu()
     sm = fwd.get("sm_scale") or plan.get("sm_scale") or 1.0 / math.sqrt(q.shape[-1])
     kernel_cap = float(fwd.get("logits_soft_cap") or 0.0) if float(plan.get("logits_soft_cap") or 0.0) > 0 else 0.0
     errs, pred, excess, nan_rows, pred_wrong = [], [], [], 0, 0
-    for rk in call_keys(p, snap, window, ran if ran in ("fa2", "fa3") and p.cls != DECODE else None):
+    for rk in call_keys(p, snap, window, ran):
         k, v = _kv(p, fwd, rk.k_index)
         qr, o = q[rk.rows], out.float().cpu()[rk.rows]
         nan_rows += int(torch.isnan(o).reshape(len(rk.rows), -1).any(1).sum())
