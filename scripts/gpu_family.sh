@@ -51,7 +51,7 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
 
-# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, steps_lines, install_bundles, verify_site, machine_lines
+# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, install_bundles, verify_site, write_out
 . "$ROOT/scripts/lib_gpu.sh"
 
 family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
@@ -104,16 +104,6 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
   exit "$RC"
 } 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
-if [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ]; then
-  {
-    machine_lines
-    echo "steps: $STEPS; families $FAMILIES; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC"
-    steps_lines
-    echo "commands, in the order started:"; cat "$CMD_LOG"
-  } > "$OUT/gpu.txt" 2>&1
-  cp "$LOG" "$OUT/"
-  for which in shipped fixed; do
-    [ -f "$ART/family-live-$which.json" ] && xz -9 -c "$ART/family-live-$which.json" > "$OUT/family-live-$which.json.xz"
-  done
-fi
+write_out "steps: $STEPS; families $FAMILIES; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC" \
+  "$ART/family-live-shipped.json" "$ART/family-live-fixed.json"
 exit "$RC"

@@ -1,4 +1,4 @@
-# Shell functions shared by scripts/gpu_sglang.sh, gpu_fix.sh and gpu_family.sh: sourced, never run.
+# Shell functions shared by scripts/gpu_sglang.sh, gpu_fix.sh, gpu_family.sh and gpu_vllm.sh: sourced, never run.
 # The caller sets STEPS, START, BUDGET_S, ROOT, PY, FI_VERSION, SGLANG_VERSION, FI_BUNDLE, SG_BUNDLE,
 # NB_BUNDLE (empty: no notebooks bundle wanted), SITE and (for step) ART; DRY_RUN=1 prints each command instead of
 # running it; CMD_LOG, when set, is a file every command run() runs is also appended to; RUN_FD, when
@@ -62,6 +62,16 @@ for mod, want, where in ((flashinfer, os.environ["FI_VERSION"], fi_site), (sglan
 if not getattr(sgl_kernel, "__swa_repro_stub__", False):
     sys.exit(f"error: sgl_kernel from {sgl_kernel.__file__} is not the bundle's stub")
 EOF2
+}
+
+write_out() {  # LINE FILE...: with $OUT set (and no DRY_RUN), $OUT/gpu.txt (machine_lines, LINE, the seconds
+  # per step, the commands in the order started), the log $LOG, and each FILE that exists, xz-compressed
+  [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ] || return 0
+  { machine_lines; echo "$1"; steps_lines; echo "commands, in the order started:"; cat "$CMD_LOG"; } > "$OUT/gpu.txt" 2>&1
+  cp "$LOG" "$OUT/"
+  shift
+  local f; for f in "$@"; do [ -f "$f" ] && xz -9 -c "$f" > "$OUT/$(basename "$f").xz"; done
+  return 0
 }
 
 machine_lines() {  # gpu.txt's head: the date, the GPU, its driver, torch and the commit the copy ran

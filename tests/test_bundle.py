@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.evidence.bundle import IMPORT_DEPS, build_bundle, needed_csrc_subdirs, prune_csrc, tvm_ffi_spec
+from swa_repro.evidence.bundle import (IMPORT_DEPS, KERNEL_GLOBS, build_bundle, check_kernels, needed_csrc_subdirs,
+                                      prune_csrc, tvm_ffi_spec)
 from swa_repro.core.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +33,10 @@ def _fake_pkg(root: Path) -> Path:
         "data/csrc/drop_d/nested/d.h": "",
         "data/include/flashinfer/f.cuh": '#include "../../csrc/keep_b/b.h"\n',
     }
+    return _write(pkg, files)
+
+
+def _write(pkg: Path, files: dict) -> Path:
     for rel, text in files.items():
         (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
         (pkg / rel).write_text(text)
@@ -59,6 +64,69 @@ def test_prune_refuses_unknown_layout(tmp_path):
     assert (tmp_path / "flashinfer" / "data" / "csrc" / "x").is_dir()  # nothing removed
     with pytest.raises(UsageError, match="data/csrc"):
         prune_csrc(tmp_path / "nothing")
+
+
+def _fake_pkg_with_decode_and_xqa(root: Path) -> Path:
+    """_fake_pkg plus 0.7.2.post1's decode and XQA layout: batch_decode.cu at the top (its include in
+    dec_e/), flashinfer_xqa_binding.cu at the top and the XQA kernel in csrc/xqa/, which includes only
+    its own headers and tvm_ffi_utils.h (jit/xqa.py:147-156 compiles xqa/mha.cu, xqa/xqa_wrapper.cu ...)."""
+    pkg = _fake_pkg(root)
+    files = {
+        "data/csrc/batch_decode.cu": '#include "dec_e/e.cuh"\n',
+        "data/csrc/batch_decode_kernel_inst.jinja": "#include <flashinfer/f.cuh>\n",
+        "data/csrc/dec_e/e.cuh": "",
+        "data/csrc/flashinfer_xqa_binding.cu": '#include "tvm_ffi_utils.h"\n',
+        "data/csrc/xqa/mha.cu": '#include "mha.h"\n#include "../tvm_ffi_utils.h"\n',
+        "data/csrc/xqa/mha.h": "",
+        "data/csrc/xqa/tensorMap.cpp": '#include "tensorMap.h"\n',
+        "data/csrc/xqa/tensorMap.h": "",
+    }
+    return _write(pkg, files)
+
+
+@pytest.mark.parametrize("kernels, kept", [
+    (("prefill",), ["keep_a", "keep_b"]),  # the default: as before, xqa and dec_e go
+    (("prefill", "xqa"), ["keep_a", "keep_b", "xqa"]),
+    (("prefill", "decode", "xqa"), ["dec_e", "keep_a", "keep_b", "xqa"]),
+    (("xqa",), ["xqa"]),
+])
+def test_prune_keeps_the_sources_of_the_kernels_asked_for(tmp_path, kernels, kept):
+    pkg = _fake_pkg_with_decode_and_xqa(tmp_path)
+    removed, got = prune_csrc(pkg, kernels)
+    all_dirs = ["dec_e", "drop_c", "drop_d", "keep_a", "keep_b", "xqa"]
+    assert got == kept and removed == [d for d in all_dirs if d not in kept]
+    csrc = pkg / "data" / "csrc"
+    assert sorted(p.name for p in csrc.iterdir() if p.is_dir()) == kept
+    if "xqa" in kernels:  # the JIT's XQA sources are all there
+        assert all((csrc / f).is_file() for f in ("xqa/mha.cu", "xqa/mha.h", "xqa/tensorMap.cpp",
+                                                  "xqa/tensorMap.h", "flashinfer_xqa_binding.cu"))
+
+
+def test_prune_default_drops_xqa(tmp_path):
+    """Without --kernels the bundle is what it was: nothing includes csrc/xqa from batch_prefill*."""
+    pkg = _fake_pkg_with_decode_and_xqa(tmp_path)
+    assert "xqa" in prune_csrc(pkg)[0] and not (pkg / "data" / "csrc" / "xqa").exists()
+
+
+def test_kernels_checked(tmp_path):
+    assert check_kernels("prefill,decode,xqa") == ("prefill", "decode", "xqa") == check_kernels(["prefill", "decode", "xqa"])
+    assert set(KERNEL_GLOBS) == {"prefill", "decode", "xqa"} and KERNEL_GLOBS["prefill"] == ("batch_prefill*", "tvm_ffi_utils.h")
+    for bad in ("mla", "prefill,", "", "xqa,nope"):
+        with pytest.raises(UsageError, match="--kernels"):
+            check_kernels(bad)
+    pkg = _fake_pkg(tmp_path)  # no csrc/xqa at all: an unknown layout, nothing removed
+    with pytest.raises(UsageError, match=r"xqa/\*"):
+        prune_csrc(pkg, ("prefill", "xqa"))
+    assert (pkg / "data" / "csrc" / "drop_c").is_dir()
+
+
+def test_cli_refuses_bad_kernels(tmp_path):
+    for argv, msg in ((["--flashinfer", "0.7.2.post1", "--kernels", "prefill,mla"], "--kernels"),
+                      (["--notebooks", "--kernels", "xqa"], "--kernels goes with --flashinfer")):
+        r = subprocess.run([sys.executable, "-m", "swa_repro.cli", "bundle", *argv, "--out", str(tmp_path / "b")],
+                           check=False, capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 2 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "b").exists()
 
 
 def test_tvm_ffi_spec_read_from_metadata(tmp_path):

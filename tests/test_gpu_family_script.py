@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import lzma
-import os
-import shutil
-import stat
 import subprocess
 
 import pytest
 from conftest import REPO
+from script_rig import script_rig
 
 MOCK_PY = r"""#!/usr/bin/env bash
 ev() { echo "$* $(date +%s.%N)" >> "$EVENTS"; }
@@ -34,29 +32,9 @@ esac
 
 @pytest.fixture
 def rig(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    for f in ("gpu_family.sh", "lib_gpu.sh"):
-        shutil.copy(REPO / "scripts" / f, repo / "scripts")
-    for b, body in (("fi-0.7.2", 'mkdir -p "$1"\n'), ("sglang-0.5.23", 'mkdir -p "$1/sglang"\n')):
-        (repo / ".bundle" / b).mkdir(parents=True)
-        (repo / ".bundle" / b / "install.sh").write_text(body)
-    py = tmp_path / "python3"
-    py.write_text(MOCK_PY)
-    py.chmod(py.stat().st_mode | stat.S_IEXEC)
     sites = {"shipped": tmp_path / "site-shipped", "fixed": tmp_path / "site-fixed"}
-
-    def run(**env):
-        out = tmp_path / "out"
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        (tmp_path / "events").unlink(missing_ok=True)
-        e = {**os.environ, "PYTHON": str(py), "OUT": str(out), "EVENTS": str(tmp_path / "events"),
-             "SITE": str(sites["shipped"]), "SITE_FIXED": str(sites["fixed"]), **{k: str(v) for k, v in env.items()}}
-        r = subprocess.run(["bash", "scripts/gpu_family.sh"], cwd=repo, env=e, capture_output=True, text=True,
-                           timeout=60, check=False)
-        events = (tmp_path / "events").read_text().splitlines() if (tmp_path / "events").exists() else []
-        return r, out, events
+    run = script_rig(tmp_path, "gpu_family.sh", {"fi-0.7.2": 'mkdir -p "$1"\n', "sglang-0.5.23": 'mkdir -p "$1/sglang"\n'},
+                     MOCK_PY, {"SITE": sites["shipped"], "SITE_FIXED": sites["fixed"]})
     run.sites = sites
     return run
 

@@ -198,7 +198,7 @@ def test_bundle_refuses_a_non_version_before_any_folder_or_pip(version, tmp_path
     monkeypatch.setattr(bundle, "_pip_download", _no_pip)
     monkeypatch.setattr(bundle.subprocess, "run", _no_pip)
     refused(capfd, ["bundle", "--flashinfer", version, "--out", tmp_path / "b" / "fi"],
-            "--flashinfer" if version else "--flashinfer VERSION or --notebooks", tmp_path)
+            "--flashinfer" if version else "--flashinfer '' is not a release number", tmp_path)
 
 
 def test_a_failed_bundle_leaves_nothing_so_the_next_command_runs(tmp_path, capfd, monkeypatch):

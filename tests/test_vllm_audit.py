@@ -24,6 +24,9 @@ from swa_repro.cli import main
     (["audit", "--vllm", "0.34.0", "--sglang", "0.5.23"], "one project at a time"),
     (["audit", "--release-table", "--vllm", "0.34.0,0.19.1"], "0.20.0 and later"),
     (["audit", "--release-table", "--vllm", "table", "--model", "qwen2-swa"], "unknown family"),
+    (["audit", "--vllm", "0.33.0", "--paths", "decode"], "add --mode model"),
+    (["audit", "--vllm", "0.33.0", "--mode", "model", "--paths", "decode,extend"], "choose from decode"),
+    (["audit", "--vllm", "0.33.0", "--mode", "model", "--live-budget", "0"], "1 to 3600"),
 ])
 def test_bad_input_is_one_line_exit_2(argv, says, capsys):
     assert main(argv) == 2

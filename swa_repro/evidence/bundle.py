@@ -6,6 +6,8 @@ Contents of ``--out DIR`` (it must travel in 64 MiB):
   (found by following ``#include`` from ``csrc/batch_prefill*`` through ``csrc/`` and
   ``include/``; jit/attention/modules.py only reads top-level csrc files for fa2/fa3 prefill:
   0.6.12 modules.py gen_customize_batch_prefill_module, 0.7.2.post1 modules.py:2078-2225).
+  ``--kernels prefill,decode,xqa`` keeps the sources of more kernels the same way (:data:`KERNEL_GLOBS`;
+  default ``prefill``); MANIFEST.json records which.
 - ``wheels/``: apache-tvm-ffi (as the wheel's METADATA pins it, built for the target CPython)
   and the pure-Python modules ``import flashinfer`` needs that a torch install lacks
   (:data:`IMPORT_DEPS`: flashinfer/jit/cpp_ext.py imports packaging, flashinfer/artifacts.py
@@ -38,6 +40,21 @@ IMPORT_DEPS = ("packaging", "requests", "urllib3", "idna", "certifi", "charset-n
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 PREFILL_GLOBS = ("batch_prefill*", "tvm_ffi_utils.h")
+# The csrc files each kernel's JIT module compiles or renders (``--kernels``), read from flashinfer
+# 0.7.2.post1's jit sources; their includes are followed as for prefill, and a sub-folder holding one
+# of them (csrc/xqa) is kept. The first glob must match, else the layout is unknown (prune refuses).
+KERNEL_GLOBS = {
+    # jit/attention/modules.py:2078-2140 (gen_customize_batch_prefill_module: batch_prefill_*.jinja,
+    # batch_prefill.cu / batch_prefill_paged.cu and their *_jit_binding.cu) and :2185-2226 (fa3, *_sm90*)
+    "prefill": PREFILL_GLOBS,
+    # jit/attention/modules.py:1963-1990 (gen_customize_batch_decode_module, reached from
+    # gen_batch_decode_module :949): batch_decode_customize_config.jinja, batch_decode_kernel_inst.jinja,
+    # batch_decode.cu, batch_decode_jit_binding.cu
+    "decode": ("batch_decode*", "tvm_ffi_utils.h"),
+    # jit/xqa.py:147-156 (gen_xqa_module :53): xqa/mha.cu, xqa/xqa_wrapper.cu, flashinfer_xqa_binding.cu,
+    # and for sm90 xqa/mha_sm90.cu + xqa/tensorMap.cpp; all of csrc/xqa (headers included by those)
+    "xqa": ("xqa/*", "flashinfer_xqa_binding.cu", "tvm_ffi_utils.h"),
+}
 # A release number as PEP 440 normalizes it (0.6.12, 0.7.2.post1, 0.8.0rc1): it names the wheel, the
 # tarball and pip's requirement, so anything else (``0.6.12;x``, ``>=0.6``, a path) stops here.
 VERSION_RE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
@@ -87,15 +104,27 @@ def needed_csrc_subdirs(data_dir: Path, globs=PREFILL_GLOBS) -> set[str]:
     return subdirs
 
 
-def prune_csrc(pkg_dir: Path) -> tuple[list[str], list[str]]:
-    """Remove unneeded ``flashinfer/data/csrc`` sub-folders in place; returns (removed, kept)."""
+def check_kernels(kernels) -> tuple[str, ...]:
+    """``"prefill,decode"`` or a sequence -> the kernel names, each a key of :data:`KERNEL_GLOBS`."""
+    names = tuple(k.strip() for k in (kernels.split(",") if isinstance(kernels, str) else kernels))
+    bad = [k for k in names if k not in KERNEL_GLOBS]
+    if bad or not names:
+        raise UsageError(f"--kernels {','.join(names)!r}: give a comma-separated subset of {', '.join(KERNEL_GLOBS)}")
+    return tuple(dict.fromkeys(names))
+
+
+def prune_csrc(pkg_dir: Path, kernels=("prefill",)) -> tuple[list[str], list[str]]:
+    """Remove ``flashinfer/data/csrc`` sub-folders that no source of ``kernels`` reaches, in place;
+    returns (removed, kept)."""
     data = pkg_dir / "data"
     csrc = data / "csrc"
+    kernels = check_kernels(kernels)
     if not csrc.is_dir():
         raise UsageError(f"{pkg_dir} has no data/csrc: not a flashinfer package with JIT sources")
-    if not list(csrc.glob("batch_prefill*")):
-        raise UsageError(f"{csrc} has no batch_prefill* sources: refusing to prune an unknown layout")
-    keep = needed_csrc_subdirs(data)
+    for k in kernels:
+        if not [p for p in csrc.glob(KERNEL_GLOBS[k][0]) if p.is_file()]:
+            raise UsageError(f"{csrc} has no {KERNEL_GLOBS[k][0]} sources ({k}): refusing to prune an unknown layout")
+    keep = needed_csrc_subdirs(data, tuple(g for k in kernels for g in KERNEL_GLOBS[k]))
     removed = []
     for d in sorted(p for p in csrc.iterdir() if p.is_dir()):
         if d.name not in keep:
@@ -145,18 +174,18 @@ def tvm_ffi_spec(whl: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- repack
-def repack(whl: Path, out: Path, xz_preset: int = 6) -> dict:
+def repack(whl: Path, out: Path, xz_preset: int = 6, kernels=("prefill",)) -> dict:
     """Wheel -> pruned ``tar.xz`` of the flashinfer package and its dist-info."""
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         with zipfile.ZipFile(whl) as z:
             members = [n for n in z.namelist() if n.startswith("flashinfer/") or ".dist-info/" in n.split("/")[0] + "/"]
             z.extractall(t, members)
-        removed, kept = prune_csrc(t / "flashinfer")
+        removed, kept = prune_csrc(t / "flashinfer", kernels)
         with tarfile.open(out, "w:xz", preset=xz_preset) as tar:
             for top in sorted(p.name for p in t.iterdir()):
                 tar.add(t / top, arcname=top, filter=_strip_pycache)
-    return {"removed_csrc_subdirs": removed, "kept_csrc_subdirs": kept}
+    return {"kernels": list(check_kernels(kernels)), "removed_csrc_subdirs": removed, "kept_csrc_subdirs": kept}
 
 
 def _strip_pycache(ti: tarfile.TarInfo):
@@ -185,10 +214,11 @@ echo "export PYTHONPATH=$TARGET\${PYTHONPATH:+:\$PYTHONPATH}"
 
 
 def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel_dir: Path | None = None,
-                 xz_preset: int = 6) -> dict:
-    """The bundle in ``out`` (new or empty); a failure (no such version, no network, over 64 MiB)
-    leaves nothing there (``core.outputs.fresh_dir``)."""
+                 xz_preset: int = 6, kernels=("prefill",)) -> dict:
+    """The bundle in ``out`` (new or empty), keeping the JIT sources of ``kernels`` (:data:`KERNEL_GLOBS`);
+    a failure (no such version, no network, over 64 MiB) leaves nothing there (``core.outputs.fresh_dir``)."""
     check_version(version)
+    kernels = check_kernels(kernels)
     with fresh_dir(out, "--out") as out, tempfile.TemporaryDirectory() as tmp:
         (out / "wheels").mkdir()
         dl = Path(tmp)
@@ -198,7 +228,7 @@ def build_bundle(version: str, out: Path, *, python_version: str = "3.12", wheel
             whl = _find_wheel(dl, "flashinfer-python", version)
         if whl is None:
             raise UsageError(f"no flashinfer_python-{version} wheel found")
-        info = repack(whl, out / f"flashinfer-{version}.tar.xz", xz_preset)
+        info = repack(whl, out / f"flashinfer-{version}.tar.xz", xz_preset, kernels)
         _pip_download([tvm_ffi_spec(whl)], out / "wheels", python_version=python_version, binary_platform=True)
         _pip_download(list(IMPORT_DEPS), out / "wheels", python_version=python_version, binary_platform=True)
         (out / "install.sh").write_text(INSTALL_SH)

@@ -1,6 +1,6 @@
-"""``swa-repro bundle``: the command over the three bundles (flashinfer and notebooks: ``bundle``;
-sglang: ``sglang_bundle``, which builds on ``bundle``). Kept apart so neither bundle module
-imports the other back."""
+"""``swa-repro bundle``: the command over the four bundles (flashinfer and notebooks: ``bundle``;
+sglang: ``sglang_bundle``, which builds on ``bundle``; vllm: ``vllm_bundle``, which builds on both).
+Kept apart so no bundle module imports the others back."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import out_dir
-from swa_repro.evidence.bundle import build_bundle, build_notebook_bundle, check_version
+from swa_repro.evidence.bundle import (
+    KERNEL_GLOBS,
+    build_bundle,
+    build_notebook_bundle,
+    check_kernels,
+    check_version,
+)
 
 PYTHON_MINORS = (9, 14)  # CPython 3.9..3.14: the releases out when this was written
 
@@ -20,6 +26,12 @@ def register(sub) -> None:
     p.add_argument("--sglang", nargs="?", const="0.5.15.post1", default=None, metavar="VERSION",
                    help="instead: sglang (default 0.5.15.post1) and what its attention path imports, beside the "
                         "flashinfer bundle (swa_repro/evidence/sglang_bundle.py)")
+    p.add_argument("--vllm", default=None, metavar="VERSION",
+                   help="instead: vLLM VERSION's Python files (no compiled extension) and what its FlashInfer "
+                        "backend's import path needs, beside the flashinfer bundle (swa_repro/evidence/vllm_bundle.py)")
+    p.add_argument("--kernels", default="prefill",
+                   help=f"--flashinfer: keep the JIT sources of these kernels, comma-separated from "
+                        f"{','.join(KERNEL_GLOBS)} (default prefill)")
     p.add_argument("--notebooks", action="store_true",
                    help="instead: the papermill/jupytext/nbconvert/ipykernel wheels to run the notebooks there")
     p.add_argument("--out", required=True, help="new or empty folder, e.g. .bundle/0.6.12")
@@ -39,17 +51,30 @@ def check_python(text: str) -> None:
         raise UsageError(f"--python must be 3.{lo}..3.{hi} (MAJOR.MINOR, e.g. 3.12); got {text!r}")
 
 
+ONE = "give --flashinfer VERSION or --notebooks, or --sglang [VERSION] or --vllm VERSION (one bundle per folder)"
+
+
 def main(a) -> int:
     check_python(a.python)
+    kinds = [a.flashinfer, a.notebooks or None, getattr(a, "sglang", None), getattr(a, "vllm", None)]
+    if sum(k is not None for k in kinds) != 1:
+        raise UsageError(ONE)
+    kernels = check_kernels(getattr(a, "kernels", "prefill"))
+    if kernels != ("prefill",) and a.flashinfer is None:
+        raise UsageError("--kernels goes with --flashinfer VERSION only")
     if getattr(a, "sglang", None) is not None:
-        if a.flashinfer or a.notebooks:
-            raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")
-        from swa_repro.evidence.sglang_bundle import main as sglang_main  # lazy: only --sglang needs it
+        from swa_repro.evidence.sglang_bundle import (
+            main as sglang_main,  # lazy: only --sglang needs it
+        )
 
         return sglang_main(a)
-    if a.notebooks == bool(a.flashinfer):
-        raise UsageError("give either --flashinfer VERSION or --notebooks, or --sglang [VERSION] (one bundle per folder)")
-    if a.flashinfer:
+    if getattr(a, "vllm", None) is not None:
+        from swa_repro.evidence.vllm_bundle import (
+            main as vllm_main,  # lazy: only --vllm needs it
+        )
+
+        return vllm_main(a)
+    if a.flashinfer is not None:
         check_version(a.flashinfer)  # before any folder or pip: `0.6.12;x` is no version
     out_dir(a.out, "--out")  # before any download: a path that cannot be a folder fails now
     if Path(a.out).is_dir() and any(Path(a.out).iterdir()):
@@ -62,10 +87,10 @@ def main(a) -> int:
               f"bash {a.out}/install.sh /tmp/site")
         return 0
     m = build_bundle(a.flashinfer, Path(a.out), python_version=a.python,
-                     wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None)
+                     wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None, kernels=kernels)
     for k, v in m["files"].items():
         print(f"{v / 2**20:8.2f} MiB  {k}")
     print(f"{m['total_bytes'] / 2**20:8.2f} MiB  total (limit 64 MiB); csrc sub-folders removed: "
-          f"{len(m['removed_csrc_subdirs'])}, kept: {m['kept_csrc_subdirs']}")
+          f"{len(m['removed_csrc_subdirs'])}, kept: {m['kept_csrc_subdirs']} (kernels: {','.join(m['kernels'])})")
     print(f"on the GPU machine: bash {a.out}/install.sh /tmp/site")
     return 0

@@ -76,7 +76,38 @@ def run_audit(version: str, family: str, gpu: sf.GpuClass, *, note=print) -> tup
     return doc["audits"][arch(gpu)][family], seconds, how
 
 
-def _child(overlay: Path, args: list[str], what: str) -> dict:
+def run_live(version: str, families: list[str], gpus: list[sf.GpuClass], *, mode: str, fix: str | None = None,
+             paths: str | None = None, budget: float = 300.0, note=print) -> dict:
+    """The live step (``vllm.live``): ``mode`` live, this GPU's real FlashInfer for its own class
+    (any other class said, not run); ``model``, the CPU model of what each kernel is told, per
+    class. -> ``{class: document or {"not_run": why}}``."""
+    from swa_repro.vllm.provision import provision
+
+    chosen = live_paths(paths)
+    overlay, _ = provision(version)
+    if fix:
+        from swa_repro.vllm.fix import fixed_overlay
+
+        overlay = fixed_overlay(version, overlay)
+    card = None
+    if mode == "live":
+        import torch
+
+        card = ".".join(map(str, torch.cuda.get_device_capability()))
+    out = {}
+    for g in gpus:
+        if card is not None and arch(g) != card:
+            out[g.name] = {"not_run": f"{g.name}'s kernels ({g.cards}) do not run on this card (sm{card})"}
+            continue
+        note(f"vllm {version}{' with --fix ' + fix if fix else ''}: live on {g.name} "
+             f"({'real FlashInfer' if card else 'CPU model of what each kernel is told'})")
+        args = ["--families", ",".join(families), "--paths", ",".join(chosen), "--device", "cuda" if card else "cpu",
+                "--arch", arch(g), "--budget-s", str(budget), "--deps", str(overlay / ".deps")]
+        out[g.name] = _child(overlay, args, f"vllm {version} live", "swa_repro.vllm.live")["document"]
+    return out
+
+
+def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.drive") -> dict:
     from swa_repro.sglang.overlay_run import run_module
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,8 +115,7 @@ def _child(overlay: Path, args: list[str], what: str) -> dict:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
         t0 = time.monotonic()
-        rc, _, stderr = run_module("swa_repro.vllm.drive", ["--overlay", str(overlay), "--out", str(out), *args],
-                                   env, Path(tmp))
+        rc, _, stderr = run_module(module, ["--overlay", str(overlay), "--out", str(out), *args], env, Path(tmp))
         if rc != 0 or not out.is_file():
             last = [ln for ln in stderr.splitlines() if ln.strip()]
             raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")
@@ -139,14 +169,47 @@ def main(a) -> int:
             print(vfix.upstream_diff(a.vllm, provision(a.vllm)[0]), end="")
             return 0
     note = (lambda s: print(s, file=sys.stderr)) if a.json else print
+    mode = live_mode(a.mode)
+    if a.paths and not mode:
+        raise UsageError("--paths with --vllm picks the live step's paths: add --mode model (CPU) or --mode live (GPU)")
+    live_paths(a.paths)
+    if not 1 <= a.live_budget <= 3600:
+        raise UsageError(f"--live-budget {a.live_budget:g}: give 1 to 3600 seconds")
     doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix)
+    live = run_live(a.vllm, families, gpus, mode=mode, fix=fix, paths=a.paths, budget=a.live_budget,
+                    note=note) if mode else None
     if a.json:
-        print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache")}, default=str))
+        print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache"), "live": live}, default=str))
         return 0
     for g in gpus:
         for f in families:
             d = doc["audits"][arch(g)][f]
             d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
             print("\n".join(render(d, a.vllm + (f" with --fix {fix}" if fix else ""), g)))
+    if live:
+        from swa_repro.vllm.live_report import render as render_live
+
+        for g, d in live.items():
+            print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
     print(f"(child {seconds} s, cache {how.get('cache')})")
     return 0
+
+
+def live_paths(paths: str | None) -> list[str]:
+    from swa_repro.vllm.live import LIVE_PATHS
+
+    chosen = [x.strip() for x in (paths or ",".join(LIVE_PATHS)).split(",") if x.strip()]
+    bad = [x for x in chosen if x not in LIVE_PATHS]
+    if bad or not chosen:
+        raise UsageError(f"--paths {paths!r} with --vllm: choose from {', '.join(LIVE_PATHS)}")
+    return chosen
+
+
+def live_mode(requested: str) -> str | None:
+    """``--mode`` for vLLM: ``live`` (real FlashInfer; one line without CUDA), ``model`` (the CPU model
+    of what each kernel is told), ``auto``: live where CUDA and flashinfer are usable, else the audit alone."""
+    from swa_repro.core.mode import resolve_mode
+
+    if requested == "model":
+        return "model"
+    return "live" if resolve_mode(requested).mode == "live" else None

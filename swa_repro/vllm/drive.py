@@ -31,8 +31,11 @@ def foreign(overlay: Path) -> list[str]:
                   and getattr(m, "__file__", None) and not str(Path(m.__file__).resolve()).startswith(root))
 
 
-def setup(rec: standins.Recorder):
-    """Stand-ins and platform first, then the release's backend module."""
+def setup(rec: standins.Recorder, kernels=None, device: str = "cpu"):
+    """Stand-ins and platform first, then the release's backend module. ``kernels(rec)`` installs the
+    ``flashinfer`` the release binds (default: ``standins.install``; the live run's
+    ``live_kernels``); on ``device="cuda"`` the release's own torch and Triton kernels run, and the
+    torch ports of its compiled and Triton code are the CPU's only."""
     import logging
     import warnings
 
@@ -43,7 +46,7 @@ def setup(rec: standins.Recorder):
     logging.disable(logging.WARNING)
     os.environ["VLLM_HAS_FLASHINFER_CUBIN"] = "1"  # vLLM's artifactory probe is a network GET otherwise
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    standins.install(rec)
+    (kernels or standins.install)(rec)
     import vllm.platforms as platforms
     from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
 
@@ -66,6 +69,8 @@ def setup(rec: standins.Recorder):
     from swa_repro.sglang.audit.env import _CpuTorch
 
     fb.get_dcp_world_size_and_rank = lambda *a, **k: (1, 0)
+    if device != "cpu":
+        return fb
     fb.torch = _CpuTorch()  # device="cuda" buffers land on the CPU, as in the sglang audit
     fb._copy_page_indices_kernel = CopyPageIndices()
     if hasattr(fb, "_trtllm_prefill_attn_kvfp8_dequant"):  # a Triton kernel (fp8 cache, trtllm-gen prefill)
@@ -191,12 +196,18 @@ def main(argv=None) -> int:
     p.add_argument("--archs", required=True, help="GPU classes' compute capabilities, e.g. 9.0,10.0")
     p.add_argument("--deps", type=Path, help="pure-Python imports the venv lacks or has too old, before the venv")
     a, _ = p.parse_known_args(argv)
-    if a.deps:  # before the venv: a package there (provision.SHADOW) is the release's, not the venv's
-        tops = {q.name.split("-")[0] for q in a.deps.iterdir()} if a.deps.is_dir() else set()
-        for k in [k for k in sys.modules if k.split(".")[0] in tops]:
-            del sys.modules[k]  # already imported by the warm server
-        sys.path.insert(0, str(a.deps))
+    use_deps(a.deps)
     return child_main(p, run, argv)
+
+
+def use_deps(deps: Path | None) -> None:
+    """The overlay's ``.deps`` before the venv: a package there (``provision.SHADOW``) is the
+    release's, not the venv's (any copy a warm server imported is dropped)."""
+    if deps:
+        tops = {q.name.split("-")[0] for q in deps.iterdir()} if deps.is_dir() else set()
+        for k in [k for k in sys.modules if k.split(".")[0] in tops]:
+            del sys.modules[k]
+        sys.path.insert(0, str(deps))
 
 
 if __name__ == "__main__":

@@ -91,18 +91,20 @@ def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spe
               kv_transfer_config=None, use_v2_model_runner=False)
 
 
-def common_metadata(reqs: list):
+def common_metadata(reqs: list, table: torch.Tensor | None = None):
+    """The release's ``CommonAttentionMetadata`` of a batch ``[(query tokens, sequence length)]``
+    -> (it, pages used); ``table``: its block table (default: pages handed out in order)."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     q = [a for a, _ in reqs]
     s = [b for _, b in reqs]
     qsl = torch.tensor([0, *torch.tensor(q).cumsum(0).tolist()], dtype=torch.int32)
     pages = [(n + PAGE - 1) // PAGE for n in s]
-    table = torch.zeros(len(reqs), max(pages), dtype=torch.int32)
-    start = 0
-    for i, n in enumerate(pages):
-        table[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
-        start += n
+    start = sum(pages)
+    if table is None:
+        table = torch.zeros(len(reqs), max(pages), dtype=torch.int32)
+        for i, n in enumerate(pages):
+            table[i, :n] = torch.arange(sum(pages[:i]), sum(pages[:i]) + n, dtype=torch.int32)
     slots = torch.cat([table[i, (torch.arange(sl - ql, sl) // PAGE)] * PAGE + torch.arange(sl - ql, sl) % PAGE
                        for i, (ql, sl) in enumerate(reqs)]).long()
     seq = torch.tensor(s, dtype=torch.int32)
@@ -141,7 +143,7 @@ def resolve_layout(fb, cfg):
     return None, bu.get_kv_cache_layout()
 
 
-def kv_cache(fb, layout, pages: int, heads: int, head_dim: int, dtype=torch.bfloat16) -> torch.Tensor:
+def kv_cache(fb, layout, pages: int, heads: int, head_dim: int, dtype=torch.bfloat16, device="cpu") -> torch.Tensor:
     """A layer's cache in the release's logical shape, allocated in its physical order (an fp8 cache
     as bytes, vLLM's ``STR_DTYPE_TO_TORCH_DTYPE["fp8"]``, viewed as fp8 by ``forward``)."""
     if layout is not None:  # logical [B, H, N, 2*D]; ``layer_view_order`` the physical one
@@ -150,7 +152,7 @@ def kv_cache(fb, layout, pages: int, heads: int, head_dim: int, dtype=torch.bflo
     else:  # get_kv_cache_shape, permuted by get_kv_cache_stride_order (the model runner's view)
         logical = fb.FlashInferBackend.get_kv_cache_shape(pages, PAGE, heads, head_dim)
         order = fb.FlashInferBackend.get_kv_cache_stride_order()
-    phys = torch.zeros([logical[i] for i in order], dtype=dtype)
+    phys = torch.zeros([logical[i] for i in order], dtype=dtype, device=device)
     return phys.permute(*[list(order).index(i) for i in range(len(order))])
 
 
@@ -265,7 +267,10 @@ class Drive:
         return row
 
 
-def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
+def prepare(fb, fam: dict, rec: standins.Recorder, device: str = "cpu") -> tuple[dict, str, list]:
+    """The family's layers as the release builds them -> ``(configs by variant (None: the default),
+    the KV-cache layout's name, [(kind, a refusal's row or (Drive, layer, asked))])``: per layer kind
+    the release's ``FlashInferImpl`` and one ``FlashInferMetadataBuilder`` on ``device``."""
     import vllm.config.vllm as cv
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
@@ -287,15 +292,14 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
         cfgs[path].cache_config.__dict__.update({k: v for k, v in vars(cfgs[None].cache_config).items()
                                                  if k != "cache_dtype"})  # the layout resolved once
     hk, d = fam["num_kv_heads"], fam["head_dim"]
-    rows = []
+    kinds = []
     for kind, p in params.items():
         name = f"model.layers.{kind}.attn"
-        row0 = {"layer": kind}
         try:
             layer = layers[name] = AuditLayer(fb.FlashInferImpl(**p), name)
         except Exception as e:  # the release's impl refuses the layer (e.g. sinks on this GPU class)
-            rows.append({**row0, "path": "build", "error": f"{type(e).__name__}: {e}".splitlines()[0],
-                         "asked": None, "calls": [], "kernels": []})
+            kinds.append((kind, {"path": "build", "error": f"{type(e).__name__}: {e}".splitlines()[0],
+                                 "asked": None, "calls": [], "kernels": []}))
             continue
         impl = layer.impl
         asked = {"window_left": impl.window_left, "logits_soft_cap": impl.logits_soft_cap, "sm_scale": impl.scale,
@@ -304,12 +308,24 @@ def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
         spec = SlidingWindowSpec(**common, sliding_window=p["sliding_window"]) if p["sliding_window"] \
             else FullAttentionSpec(**common)
         try:  # one builder per layer kind: vLLM builds one per KV-cache group, and the kinds' specs differ
-            builder = fb.FlashInferMetadataBuilder(spec, [name], cfgs[None], torch.device("cpu"))
+            builder = fb.FlashInferMetadataBuilder(spec, [name], cfgs[None], torch.device(device))
         except Exception as e:
-            rows.append({**row0, "path": "build", "asked": asked, "calls": [], "kernels": [],
-                         "error": f"{type(e).__name__}: {e}".splitlines()[0]})
+            kinds.append((kind, {"path": "build", "asked": asked, "calls": [], "kernels": [],
+                                 "error": f"{type(e).__name__}: {e}".splitlines()[0]}))
             continue
-        drive = Drive(fb, layout, fam, rec, name, p, spec, builder, AuditLayer)
+        kinds.append((kind, (Drive(fb, layout, fam, rec, name, p, spec, builder, AuditLayer), layer, asked)))
+    return cfgs, layout_name, kinds
+
+
+def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
+    cfgs, layout_name, kinds = prepare(fb, fam, rec)
+    rows = []
+    for kind, built in kinds:
+        row0 = {"layer": kind}
+        if isinstance(built, dict):
+            rows.append({**row0, **built})
+            continue
+        drive, layer, asked = built
         rows += [{**row0, **drive.path(path, None, ((None, reqs),), layer, asked)} for path, reqs in PATHS.items()]
         rows += [{**row0, **drive.path(path, cfgs[path], steps, layer, asked)} for path, (_, steps) in VARIANTS.items()]
     return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__}

@@ -134,11 +134,14 @@ def recording_wrapper(name: str, base: type, rec: Recorder, parent: type | None 
     return Recording
 
 
-def recording_function(name: str, rec: Recorder):
-    """A kernel function called directly: records its arguments; writes zeros into ``out``."""
+def recording_function(name: str, rec: Recorder, impl=None):
+    """A kernel function called directly: records its arguments; returns ``impl``'s output (a
+    model of the kernel: ``live_kernels``), else writes zeros into ``out``."""
 
     def fn(*a, **kw):
         rec.add(name, "call", {**{f"arg{i}": x for i, x in enumerate(a)}, **kw})
+        if impl is not None:
+            return impl(*a, **kw)
         out = kw.get("out")
         if isinstance(out, torch.Tensor):
             out.zero_()
@@ -209,12 +212,14 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             setattr(sys.modules[parent], child, module)
 
 
-def install(rec: Recorder) -> dict:
+def install(rec: Recorder, wrappers: dict | None = None, functions: dict | None = None) -> dict:
     """Put the stand-in ``flashinfer`` first (any installed one is dropped from ``sys.modules``):
-    -> the names of the stand-ins vLLM's backend binds."""
+    -> the names of the stand-ins vLLM's backend binds. ``wrappers`` (name -> base class) and
+    ``functions`` (name -> implementation) replace the zero-output ones (``live_kernels``' model)."""
     for k in [k for k in sys.modules if k == "flashinfer" or k.startswith("flashinfer.")]:
         del sys.modules[k]
-    wrappers = {n: recording_wrapper(n, base, rec) for n, base in WRAPPERS.items()}
+    bases = {**WRAPPERS, **(wrappers or {})}
+    wrappers = {n: recording_wrapper(n, base, rec) for n, base in bases.items()}
     sink = "BatchAttentionWithAttentionSinkWrapper"
     wrappers[sink] = recording_wrapper(sink, SinkStandIn, rec, wrappers["BatchPrefillWithPagedKVCacheWrapper"])
     root = StandInModule("flashinfer", rec, dict(wrappers))
@@ -224,6 +229,9 @@ def install(rec: Recorder) -> dict:
         sys.modules[m.__name__] = m
         setattr(root, sub, m)
     sys.modules["flashinfer.decode"].fast_decode_plan = fast_decode_plan(rec)
+    for n, impl in (functions or {}).items():  # every submodule that could bind it
+        for m in (root, *(sys.modules[f"flashinfer.{s}"] for s in ("decode", "prefill"))):
+            setattr(m, n, recording_function(n, rec, impl))
     utils = sys.modules["flashinfer.utils"]
     utils.get_device_sm_count = lambda device=None: 132  # an H200's SMs, as the sglang audit reports
     utils.get_trtllm_gen_multi_ctas_kv_counter_bytes = lambda *a, **k: 4096  # a buffer size, not a kernel
