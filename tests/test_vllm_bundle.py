@@ -154,11 +154,17 @@ def test_chain_shape():
     assert set(vb.CHAIN_MEASURED["image_used"]) <= image and not image & {sg.norm(d) for d in vb.CHAIN}
 
 
-@pytest.mark.skipif(not (OVERLAY / "vllm-0.33.0.dist-info" / "METADATA").is_file(), reason="no vLLM 0.33.0 overlay")
+@pytest.mark.matrix
+@pytest.mark.network
 def test_chain_meets_the_release_requirements_and_the_overlay_is_carried():
-    """With the cached overlay (swa_repro.vllm.provision): every distribution the chain says vLLM requires
-    is in its Requires-Dist at a version that meets it, and every .py outside third_party travels."""
+    """With the release's overlay (swa_repro.vllm.provision, fetched once into the shared cache): every
+    distribution the chain says vLLM requires is in its Requires-Dist at a version that meets it, and
+    every .py outside third_party travels."""
     from packaging.requirements import Requirement
+
+    from swa_repro.vllm.provision import provision
+
+    assert provision("0.33.0")[0] == OVERLAY
 
     meta = (OVERLAY / "vllm-0.33.0.dist-info" / "METADATA").read_text()
     reqs = {sg.norm(r.name): r for r in (Requirement(line.split(":", 1)[1]) for line in meta.splitlines()
@@ -204,12 +210,17 @@ FI_BUNDLE = REPO / ".bundle" / "fi-0.7.2.post1"
 @pytest.mark.matrix
 @pytest.mark.network
 @pytest.mark.slow
-@pytest.mark.skipif(not list(FI_BUNDLE.glob("flashinfer-*.tar.xz")), reason="no .bundle/fi-0.7.2.post1")
-def test_chain_is_what_the_measurement_finds():
-    """Re-measure (minutes: one child per missing distribution, twice) and compare with CHAIN."""
+def test_chain_is_what_the_measurement_finds(tmp_path):
+    """Re-measure (minutes: one child per missing distribution, twice) and compare with CHAIN; the
+    flashinfer bundle is .bundle's where one was built, else built here (a clean clone has none)."""
+    from swa_repro.evidence.bundle import build_bundle
     from swa_repro.evidence.vllm_measure import measure
     from swa_repro.sglang.device_image import IMAGE
 
-    m = measure("0.33.0", FI_BUNDLE, IMAGE, log=lambda s: None)
+    fi = FI_BUNDLE
+    if not list(fi.glob("flashinfer-*.tar.xz")):
+        fi = tmp_path / "fi"
+        build_bundle(vb.MEASURED["0.33.0"], fi, kernels=("prefill", "decode", "xqa"))
+    m = measure("0.33.0", fi, IMAGE, log=lambda s: None)
     assert {d: v[:2] for d, v in m["chain"].items()} == {d: tuple(v[:2]) for d, v in vb.CHAIN.items()}
     assert m["measured"]["runs"]["cpu"]["ok"]

@@ -97,9 +97,9 @@ class Runner:
         k0 = len(rec.calls)
         md = self.builder.build(0, cm)
         q = batch.q.to(self.dev)
-        k = torch.cat([kk[len(kk) - (qo[i + 1] - qo[i]):] for i, kk in enumerate(ks)]).to(self.dev)
+        k, v = (torch.cat([x[len(x) - (qo[i + 1] - qo[i]):] for i, x in enumerate(xs)]).to(self.dev) for xs in (ks, vs))
         out = torch.zeros_like(q)
-        impl.forward(self.layer, q, k, k.clone(), self.cache, md, out)
+        impl.forward(self.layer, q, k, v, self.cache, md, out)  # this step's keys and values: in the cache already
         self.last = {"calls": [c for c in rec.calls[k0:] if c["method"] in KERNEL_CALLS
                                and c["target"] not in NOT_KERNELS],
                      "num_decodes": int(getattr(md, "num_decodes", 0) or 0)}
