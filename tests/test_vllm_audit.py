@@ -311,6 +311,8 @@ def test_release_table_findings(version):
                     "0.34.0": "affected"}[version]
     assert c[("9.0", "gpt-oss")]["state"] == ("not affected" if version >= "0.30.0" else "refused")
     assert c[("10.0", "cohere2")]["state"] == ("layer != HF" if version >= "0.29.0" else "not affected")
+    dcp = doc["audits"]["10.0"]["gemma2"]["dcp"]  # the release's own KV-cache sizing, asked for two DCP ranks
+    assert dcp["sliding"]["refused"] == "AssertionError: DCP not support sliding window." and dcp["full"] == {"allowed": True}
 
 
 # ----------------------------------------------------------------------------- the cap-route fix
@@ -421,3 +423,59 @@ def test_notebook_08_vllm(tmp_path):
     assert r["status"] == "ok", r["error"]
     assert r["checks_failed"] == 0 and r["checks_passed"] == 4
     assert [str(f).rsplit("/", 1)[-1] for f in r["figures"]] == ["08_vllm_states.png"]
+
+
+def test_dcp_is_asked_of_the_specs_own_sizing():
+    """A spec whose sizing asserts under DCP is refused, with the line that asserts; one that sizes is
+    allowed; one that reads what the audit's config lacks is said unchecked. The config is not changed."""
+    import types
+
+    from swa_repro.vllm.paths import dcp_refusal
+
+    class Sliding:
+        def max_memory_usage_bytes(self, vllm_config):
+            assert vllm_config.parallel_config.decode_context_parallel_size == 1, "DCP not support sliding window."
+            return 1
+
+    class Full:
+        def max_memory_usage_bytes(self, vllm_config):
+            return vllm_config.parallel_config.decode_context_parallel_size
+
+    class Reads:
+        def max_memory_usage_bytes(self, vllm_config):
+            return vllm_config.speculative_config.k
+
+    cfg = types.SimpleNamespace(parallel_config=types.SimpleNamespace(decode_context_parallel_size=1))
+    got = dcp_refusal(Sliding(), cfg)
+    assert got["refused"] == "AssertionError: DCP not support sliding window."
+    assert got["source"].endswith(f":{Sliding.max_memory_usage_bytes.__code__.co_firstlineno + 1}")
+    assert dcp_refusal(Full(), cfg) == {"allowed": True}
+    assert "AttributeError" in dcp_refusal(Reads(), cfg)["not_checked"]
+    assert cfg.parallel_config.decode_context_parallel_size == 1
+
+
+def test_dcp_lines_say_which_families_each_release_refuses():
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm.table import dcp_lines
+
+    no = {"sliding": {"refused": "AssertionError: DCP not support sliding window.", "source": "vllm/x.py:9"},
+          "full": {"allowed": True}}
+    gpus = [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]]
+    both, full = {"sliding": {}, "full": {}}, {"full": {}}  # the layer kinds a family asks for
+
+    def cell(dcp, asked=both):
+        return {"dcp": dcp, "asked": asked}
+
+    t = {"releases": {
+        "0.1.0": {"sm90": {"a": cell(no), "b": cell({})}, "sm100": {"a": cell({}), "b": cell(no)}},
+        "0.2.0": {"sm90": {"a": cell(no), "b": cell({"full": {"allowed": True}}, full)},
+                  "sm100": {"a": cell({}), "b": cell({}, full)}},
+        "0.3.0": {"sm90": {"a": cell(no), "b": cell({"full": {"allowed": True}})}, "sm100": {"a": cell({}), "b": cell({})}}}}
+    text = "\n".join(dcp_lines(t, ["a", "b"], gpus))
+    assert "0.1.0: refused for a, b by the release's KV-cache sizing (their sliding layers:" in text  # b: sm100's
+    assert "0.2.0: refused for a" in text and "not refused: b" in text  # b has full layers only
+    assert "0.3.0: refused for a" in text and "not checked (a layer kind no GPU class builds): b" in text
+    assert "No family of this table can be served with DCP" not in text
+    for v in ("0.2.0", "0.3.0"):
+        t["releases"].pop(v)
+    assert "No family of this table can be served with DCP" in "\n".join(dcp_lines(t, ["a", "b"], gpus))

@@ -317,15 +317,43 @@ def prepare(fb, fam: dict, rec: standins.Recorder, device: str = "cpu") -> tuple
     return cfgs, layout_name, kinds
 
 
+DCP = 2  # decode-context parallel ranks asked of the release's KV-cache sizing (``-dcp 2``)
+
+
+def dcp_refusal(spec, cfg) -> dict:
+    """Decode-context parallelism for one layer kind, as the release sizes its KV cache: the spec's own
+    ``max_memory_usage_bytes`` with ``decode_context_parallel_size`` 2 (a sliding layer's asserts
+    that DCP has no sliding window: kv_cache_interface.py in 0.20.0-0.34.0; the KV-cache manager
+    asserts it again) -> ``{"refused": its message}``, ``{"allowed": True}``, or ``{"not_checked": why}``."""
+    import copy
+
+    c = copy.copy(cfg)
+    c.parallel_config = types.SimpleNamespace(**{**vars(cfg.parallel_config), "decode_context_parallel_size": DCP})
+    try:
+        spec.max_memory_usage_bytes(c)
+    except AssertionError as e:
+        import inspect
+
+        fn = type(spec).max_memory_usage_bytes
+        lines, first = inspect.getsourcelines(fn)
+        at = next((first + i for i, ln in enumerate(lines) if "DCP" in ln or "decode_context" in ln), first)
+        where = inspect.getsourcefile(fn).rsplit("/vllm/", 1)[-1]
+        return {"refused": f"AssertionError: {e}".splitlines()[0], "source": f"vllm/{where}:{at}"}
+    except Exception as e:  # noqa: BLE001 - the sizing read what this config lacks: no answer, said
+        return {"not_checked": f"{type(e).__name__}: {e}".splitlines()[0]}
+    return {"allowed": True}
+
+
 def audit(fb, fam: dict, rec: standins.Recorder) -> dict:
     cfgs, layout_name, kinds = prepare(fb, fam, rec)
-    rows = []
+    rows, dcp = [], {}
     for kind, built in kinds:
         row0 = {"layer": kind}
         if isinstance(built, dict):
             rows.append({**row0, **built})
             continue
         drive, layer, asked = built
+        dcp[kind] = dcp_refusal(drive.spec, cfgs[None])
         rows += [{**row0, **drive.path(path, None, ((None, reqs),), layer, asked)} for path, reqs in PATHS.items()]
         rows += [{**row0, **drive.path(path, cfgs[path], steps, layer, asked)} for path, (_, steps) in VARIANTS.items()]
-    return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__}
+    return {"rows": rows, "kv_cache_layout": layout_name, "backend_file": fb.__file__, "dcp": dcp}

@@ -49,7 +49,7 @@ def build(versions, families, gpus, *, note=print, fix: str | None = None) -> di
                           "asked": {k: {"window_left": (x["sliding_window"] or 0) - 1, "cap": x["logits_soft_cap"],
                                         "scale": x["scale"], "sinks": x["sinks"], "hf_window_left": x["hf_window_left"]}
                                     for k, x in fam["layers"].items()},
-                          "sources": fam["sources"]}
+                          "sources": fam["sources"], "dcp": d.get("dcp", {})}
             rel[g.name] = row
         out["releases"][v] = rel
     return out
@@ -71,7 +71,8 @@ def markdown(t: dict, families, gpus) -> str:
              "`fast_decode_plan`), a speculative verify batch (1 + 2 tokens a request) and the mixed batch "
              "with an fp8 KV cache, every FlashInfer call "
              "recorded by stand-ins (a planned wrapper's `run` with what it holds where the module its `plan` "
-             "picked compiles it in, or a kernel vLLM calls directly with its own arguments). The "
+             "picked compiles it in, or a kernel vLLM calls directly with its own arguments); decode-context "
+             "parallelism is asked of each layer kind's KV-cache spec, sized for two DCP ranks. The "
              "default backend is the first of the release's `_get_backend_priorities` (vllm/platforms/cuda.py) "
              "that its `validate_configuration` accepts where that backend's module imports without compiled "
              "code (FLASH_ATTN's does not: it is shown first-in-order, unchecked). Layer parameters come from "
@@ -92,6 +93,7 @@ def markdown(t: dict, families, gpus) -> str:
             d = next(iter(row.values()))
             lines.append(f"| {v} | {d['default_backend']} | " + " | ".join(row[f]["short"] for f in families) + " |")
         lines.append("")
+    lines += dcp_lines(t, families, gpus)
     lines += ["## Routes: the kernels each path reaches (both layer kinds), latest release", ""]
     last = list(t["releases"])[-1]
     for g in gpus:
@@ -103,6 +105,41 @@ def markdown(t: dict, families, gpus) -> str:
             if by_path:
                 lines.append(f"- {g.name} {f}: " + "; ".join(f"{p} -> {' + '.join(k)}" for p, k in by_path.items()))
     return "\n".join(lines) + "\n"
+
+
+def dcp_lines(t: dict, families, gpus) -> list[str]:
+    """Decode-context parallelism, per release: which families its KV-cache sizing refuses (a layer
+    kind's spec asked to size for ``-dcp 2``, ``paths.dcp_refusal``; the sizing does not depend on the
+    GPU class, so a family's answer is that of the first class that built its layers), with the
+    release's message and line."""
+    out, every = ["## Decode-context parallelism (`-dcp 2`)", ""], True
+    for v, rel in t["releases"].items():
+        dcp = {}  # family -> kind -> the first GPU class's answer that built that kind
+        for f in families:
+            for g in gpus:
+                for kind, x in rel[g.name][f].get("dcp", {}).items():
+                    dcp.setdefault(f, {}).setdefault(kind, x)
+        kinds = {f: {k for g in gpus for k in rel[g.name][f].get("asked") or {}} for f in families}
+        refused = {f: next((k, x) for k, x in sorted(d.items()) if "refused" in x)
+                   for f, d in dcp.items() if any("refused" in x for x in d.values())}
+        words = []
+        if refused:
+            kind, x = next(iter(refused.values()))
+            words.append(f"refused for {', '.join(refused)} by the release's KV-cache sizing (their {kind} layers: "
+                         f"`{x['refused']}`, {x.get('source', 'source not found')})")
+        unchecked = [f for f in families if f not in refused and not kinds[f] <= set(dcp.get(f, {}))]
+        allowed = [f for f in families if f not in refused and f not in unchecked]
+        if allowed:
+            words.append(f"not refused: {', '.join(allowed)}")
+        if unchecked:
+            words.append(f"not checked (a layer kind no GPU class builds): {', '.join(unchecked)}")
+        every = every and not allowed and not unchecked
+        out.append(f"- {v}: " + "; ".join(words))
+    if every:
+        out += ["", ("No family of this table can be served with DCP by these releases: the release refuses it "
+                     "before any kernel is chosen, so no kernel is told a window under DCP. The audit's paths run "
+                     "with one rank.")]
+    return out + [""]
 
 
 def main(a) -> int:
