@@ -96,5 +96,29 @@ both = df.merge(fixed, on=["vllm", "gpu", "family"], suffixes=("", "_fixed"))
 checks.expect((both[both.state != "affected"].state == both[both.state != "affected"].state_fixed).all(),
               "the fix changes only cells that were affected")
 
+# %% [markdown]
+# ## 4. On the kernel
+#
+# The table reads what each kernel is *told*. The live step runs vLLM's own backend on FlashInfer's
+# kernels (`swa-repro audit --vllm X --mode live`, `scripts/gpu_vllm.sh`) and holds each row's output
+# to the float64 reference at what the layer asks for, on random data whose logits reach twice the cap.
+# On CUDA this page runs it here (Gemma-2, decode and mixed batches); elsewhere it reads the committed
+# H200 recording, and says which.
+
+# %%
+docs, source = vllm_page.live(info.mode)
+print("live results:", source)
+lv = vllm_page.live_rows(docs)
+lv[lv.family == "gemma2"]
+
+# %%
+shipped, fixed_live = lv[(lv.site == "shipped") & (lv.family == "gemma2")], lv[(lv.site == "fixed") & (lv.family == "gemma2")]
+xqa = shipped[shipped.kernel == "xqa_batch_decode_with_kv_cache"]
+checks.expect(len(xqa) > 0 and (xqa.told_cap == 0).all() and (xqa.wrong_rows == xqa.rows).all(),
+              "as shipped on sm90, every Gemma-2 row vLLM sends to XQA is wrong: XQA is told no cap")
+checks.expect(len(fixed_live) > 0 and (fixed_live.wrong_rows == 0).all() and (fixed_live.told_cap == 50).all(),
+              "with --fix cap-route every Gemma-2 row is right, each kernel told the cap")
+checks.expect(bool(lv.told_agrees.all()), "every kernel did exactly what vLLM told it (the audit's reading holds)")
+
 # %%
 checks.close()

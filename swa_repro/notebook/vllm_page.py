@@ -52,3 +52,44 @@ def heatmap(df: pd.DataFrame, title: str):
             ax.text(j, i, "NHARX"[s], ha="center", va="center", fontsize=7)
     ax.set_title(title + "\nN not affected, H layer != HF, A affected, R refused, X not driven", fontsize=9)
     return fig
+
+
+# ----------------------------------------------------------------------------- on the kernel (issue #27's live step)
+LIVE_CALL = table.TABLE_DIR.parents[1] / "recordings" / "vllm-live" / "0.33.0" / "call-20261205T2228-h200"
+LIVE_VERSION, LIVE_PATHS = "0.33.0", "decode,mixed"
+
+
+def live(mode: str) -> tuple[dict, str]:
+    """``{site: live document}`` and where it comes from: on CUDA (``mode`` live) vLLM 0.33.0's backend
+    run here on this GPU's FlashInfer for Gemma-2's decode and mixed batches, shipped and with
+    ``--fix cap-route`` (``vllm.audit.run_live``: minutes, most of them JIT builds); otherwise the
+    committed H200 recording (``recordings/vllm-live``: every path, Gemma-2 and Cohere2)."""
+    if mode == "live":
+        from swa_repro.sglang.families import GPU_CLASSES
+        from swa_repro.vllm.audit import run_live
+
+        docs = {site: run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", fix=fix,
+                               paths=LIVE_PATHS, note=lambda s: None)["sm90"]
+                for site, fix in (("shipped", None), ("fixed", "cap-route"))}
+        return docs, f"run here: vLLM {LIVE_VERSION}, gemma2, {LIVE_PATHS}"
+    from swa_repro.vllm.live_report import load
+
+    docs = {site: load(LIVE_CALL / f"live-{site}.json.xz") for site in ("shipped", "fixed")}
+    return docs, f"the committed recording {LIVE_CALL.relative_to(LIVE_CALL.parents[3])} ({docs['shipped']['device']})"
+
+
+def live_rows(docs: dict) -> pd.DataFrame:
+    """One row per site, family, layer kind, path and kernel: what it was told, its rows, the wrong ones."""
+    out = []
+    for site, d in docs.items():
+        for fam, f in d["families"].items():
+            for r in f["rows"]:
+                for x in r.get("cap", {}).get("requests", []):
+                    out.append({"site": site, "family": fam, "layer": r["layer"], "path": r["path"],
+                                "kernel": x["kernel"], "told_cap": x["logits_soft_cap"], "rows": x["rows"],
+                                "wrong_rows": x["wrong_rows"], "max_err": x["max_err_asked"],
+                                "told_agrees": x["told_agrees"], "keys_off_hf": r["keys"]["rows_off_hf"]})
+    df = pd.DataFrame(out)
+    return df.groupby(["site", "family", "layer", "path", "kernel", "told_cap"], as_index=False).agg(
+        rows=("rows", "sum"), wrong_rows=("wrong_rows", "sum"), max_err=("max_err", "max"),
+        told_agrees=("told_agrees", "all"))
