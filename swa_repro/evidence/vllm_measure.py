@@ -16,6 +16,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.evidence import sglang_bundle as sg
 from swa_repro.evidence.bundle import IMPORT_DEPS
+from swa_repro.evidence.site_view import site_view
 from swa_repro.evidence.vllm_bundle import IMAGE_KNOWN, REPO, unpack_vllm, vllm_wheel
 
 # What the live child (swa_repro/vllm/live.py run) imports, with the real flashinfer: drive.setup with
@@ -62,27 +63,6 @@ print(json.dumps(out))
 ALIASES = {"cpuinfo": "py-cpuinfo", "zmq": "pyzmq", "yaml": "pyyaml", "PIL": "pillow", "openai_harmony": "oss-harmony"}
 
 
-def _view(dest: Path, present: set[str]) -> Path:
-    """Links to the entries of this interpreter's site-packages that ``present`` distributions own (or
-    none does): the device image and the flashinfer bundle, as ``sglang.device_image.device_view``."""
-    import sysconfig
-    from importlib import metadata as md
-
-    owners = md.packages_distributions()
-    dest.mkdir(parents=True)
-    for e in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if e.name.endswith(".dist-info"):
-            ok = sg.norm(e.name.split("-")[0]) in present
-        elif e.suffix == ".pth" or e.name == "__pycache__":
-            ok = False
-        else:
-            ds = {sg.norm(d) for d in owners.get(e.name.split(".")[0] if e.is_file() else e.name, ())}
-            ok = not ds or bool(ds & present)
-        if ok:
-            (dest / e.name).symlink_to(e)
-    return dest
-
-
 def _install(whl: Path, target: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
                         "--target", str(target), str(whl)], check=False, capture_output=True, text=True)
@@ -93,7 +73,7 @@ def _install(whl: Path, target: Path) -> None:
 def measure(version: str, fi_bundle: Path, image, *, wheel_dir: Path | None = None, variants=("cpu", "cuda"),
             rounds: int = 60, log=print) -> dict:
     """Run :data:`PROBE` in a child whose path is the stdlib, the installs so far, vLLM's carried files,
-    the flashinfer bundle's flashinfer, this repo and :func:`_view` of ``image`` plus the flashinfer
+    the flashinfer bundle's flashinfer, this repo and :func:`site_view.site_view` of ``image`` plus the flashinfer
     bundle's dependencies; add the distribution of each ModuleNotFoundError (:func:`_pick` says at which
     version) and repeat until none is left; then again with torch.cuda faked available (``"cuda"``: an
     import that asks for a GPU takes the GPU machine's branch). ``image``:
@@ -110,7 +90,7 @@ def measure(version: str, fi_bundle: Path, image, *, wheel_dir: Path | None = No
               "image": {sg.norm(d) for d in image},
               "present": {sg.norm(d) for d in (*image, "apache-tvm-ffi", *IMPORT_DEPS, "swa-repro")}}
         overrides = _image_versions(st)
-        view = _view(t / "view", st["present"])
+        view = site_view(t / "view", st["present"])
         st["env"] = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {
             "PYTHONDONTWRITEBYTECODE": "1", "FLASHINFER_WORKSPACE_BASE": str(t / "ws"),
             "PYTHONPATH": ":".join(map(str, (t / "extras", t / "tree", t / "fi", REPO, view)))}

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from swa_repro.evidence.sglang_bundle import norm
+from swa_repro.evidence.site_view import site_view
 
 # /work/.library/device/KINDS.md: "their image, 'cuda', holds these, as last read on a machine running
 # it on 2026-11-17" (nvidia-h100-x1 and nvidia-h200 alike); names as listed there
@@ -82,23 +83,7 @@ def device_view(dest: Path, site_packages: Path | None = None) -> Path:
     path of the stdlib, the overlay and ``dest`` alone, an optional import (sglang's ``try: import
     xgrammar``, transformers' ``find_spec("mistral_common")``) finds nothing and takes its fallback, as
     there, and a required one fails with the module's name, as it did there."""
-    import sysconfig
-
-    sp = Path(site_packages or sysconfig.get_paths()["purelib"])
-    owned, present = owners(), have()
-    dist_of_info = lambda n: norm(n.split("-")[0])
-    dest.mkdir(parents=True, exist_ok=True)
-    for e in sp.iterdir():
-        if e.suffix == ".pth" or e.name == "__pycache__":
-            continue
-        if e.suffix == ".dist-info":
-            keep = dist_of_info(e.name) in present
-        else:
-            dists = owned.get(e.name.split(".")[0] if e.is_file() else e.name, set())
-            keep = not dists or bool(dists & present)
-        if keep:
-            (dest / e.name).symlink_to(e)
-    return dest
+    return site_view(dest, have(), site_packages, owners())
 
 
 def check(site: Path, files) -> dict:

@@ -16,9 +16,10 @@ model of what each kernel is told (``live_kernels.install_model``). Per path (a 
 * **cap**: one run on random data whose logits reach the soft cap (q and k scaled so that the
   scaled dot products have a standard deviation of twice the cap; 1 where the layer has none). Per
   row the largest error against the float64 reference at what the layer asks (``err_asked``: a row
-  is *wrong* past ``ATOL``), at transformers' window and cap (``err_hf``), and at what the kernel that
-  ran the row is told (``err_told``, from its recorded call, ``paths.told``): within ``ATOL + RTOL *
-  |reference|`` everywhere, the kernel does what the audit says it is told (``told_agrees``).
+  is *wrong* past ``ATOL``; the tolerances are the sglang live judge's, ``sglang.audit.live``), at
+  transformers' window and cap (``err_hf``), and at what the kernel that ran the row is told
+  (``err_told``, from its recorded call, ``paths.told``): within ``ATOL + RTOL * |reference|``
+  everywhere, the kernel does what the audit says it is told (``told_agrees``).
 
 A kernel's rows: vLLM puts decodes first, and the metadata's first ``num_decodes`` requests go to
 the decode kernel, the rest to the prefill one (``FlashInferMetadata``).
@@ -34,7 +35,6 @@ from pathlib import Path
 
 from swa_repro.sglang.overlay_run import child_main, child_parser
 
-ATOL, RTOL = 2e-2, 2.0 ** -7  # the sglang live judge's (sglang.audit.live): bf16 against float64
 LIVE_PATHS = ("decode", "mixed", "spec_decode", "cuda_graph_decode", "prefill")
 STOPPED: list[str] = []  # why no further path runs (an interrupt), once one stopped them
 DECODE_KERNELS = ("BatchDecodeWithPagedKVCacheWrapper", "xqa_batch_decode_with_kv_cache",
@@ -74,7 +74,12 @@ class Runner:
     def __call__(self, batch, repeat: int = 0):
         import torch
 
-        from swa_repro.vllm.paths import KERNEL_CALLS, NOT_KERNELS, common_metadata
+        from swa_repro.vllm.paths import (
+            KERNEL_CALLS,
+            NOT_KERNELS,
+            common_metadata,
+            slots_of,
+        )
 
         qo, ip = batch.qo_indptr.tolist(), batch.kv_indptr.tolist()
         n = len(qo) - 1
@@ -84,8 +89,7 @@ class Runner:
             table[i, :ip[i + 1] - ip[i]] = batch.kv_indices[ip[i]:ip[i + 1]].cpu()
         cm, _ = common_metadata([(qo[i + 1] - qo[i], seq[i]) for i in range(n)], table)
         ks, vs = zip(*(batch.request_kv(i) for i in range(n)))
-        every = torch.cat([table[i, torch.arange(s) // batch.page_size] * batch.page_size
-                           + torch.arange(s) % batch.page_size for i, s in enumerate(seq)]).long()
+        every = torch.cat([slots_of(table, i, torch.arange(s)) for i, s in enumerate(seq)])  # every key's slot
         impl = self.layer.impl
         impl.do_kv_cache_update(self.layer, torch.cat(ks).to(self.dev), torch.cat(vs).to(self.dev), self.cache,
                                 every.to(self.dev))  # the release's own write: its layout, not ours
@@ -131,6 +135,10 @@ def cap_check(case, runner, asked: dict, hf: dict, seed: int) -> dict:
 
     from swa_repro.core.batch import LAYOUT_SEED, build_paged_batch, random_inputs
     from swa_repro.core.reference import intended_mask, masked_attention
+    from swa_repro.sglang.audit.live import (  # the sglang live judge's: bf16 against float64
+        ATOL,
+        RTOL,
+    )
 
     a = amplitude(asked["sm_scale"], case.head_dim, asked["logits_soft_cap"])
     qs, ks, vs = random_inputs(case, seed=seed)
@@ -189,16 +197,17 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
     """One layer kind on one path: each stage's cap check on one builder (a CUDA-graph capture, then
     its replay: the replay re-plans through ``fast_decode_plan``), the last stage's kernels and keys."""
     from swa_repro.core.case import Case
+    from swa_repro.vllm.paths import PAGE
 
     fam, w = drive.fam, asked["window_left"]
-    pages = max(sum(math.ceil(s / 16) for _, s in reqs) for _, reqs in stages) + 1
+    pages = max(sum(math.ceil(s / PAGE) for _, s in reqs) for _, reqs in stages) + 1  # + the probe layout's spare
     runner = Runner(fb, drive, cfg, layer, device, pages)
     t0 = time.monotonic()
     row = {"path": path, "requests": stages[-1][1], "asked": asked, "hf": hf}
     for stage, reqs in stages:
         case = Case(prefix_lens=[s - q for q, s in reqs], extend_lens=[q for q, _ in reqs],
                     num_qo_heads=fam["num_qo_heads"], num_kv_heads=fam["num_kv_heads"], head_dim=fam["head_dim"],
-                    page_size=16, window_left=w, plan_window_left=w, arch=tuple(arch), name=f"vllm {path}")
+                    page_size=PAGE, window_left=w, plan_window_left=w, arch=tuple(arch), name=f"vllm {path}")
         row["cap"] = cap_check(case, runner, asked, hf, seed)
         if stage is not None:
             row.setdefault("stages", {})[stage] = row["cap"]
@@ -244,6 +253,7 @@ def family(fb, fam: dict, rec, device: str, arch, paths: list[str], seed: int, r
 def run(overlay, a) -> dict:
     import torch
 
+    from swa_repro.sglang.audit.live import ATOL, RTOL
     from swa_repro.vllm import drive, families, live_kernels, standins
 
     cuda = a.device == "cuda"

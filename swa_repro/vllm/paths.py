@@ -100,18 +100,24 @@ def common_metadata(reqs: list, table: torch.Tensor | None = None):
     s = [b for _, b in reqs]
     qsl = torch.tensor([0, *torch.tensor(q).cumsum(0).tolist()], dtype=torch.int32)
     pages = [(n + PAGE - 1) // PAGE for n in s]
-    start = sum(pages)
     if table is None:
         table = torch.zeros(len(reqs), max(pages), dtype=torch.int32)
+        start = 0
         for i, n in enumerate(pages):
-            table[i, :n] = torch.arange(sum(pages[:i]), sum(pages[:i]) + n, dtype=torch.int32)
-    slots = torch.cat([table[i, (torch.arange(sl - ql, sl) // PAGE)] * PAGE + torch.arange(sl - ql, sl) % PAGE
-                       for i, (ql, sl) in enumerate(reqs)]).long()
+            table[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
+            start += n
+    slots = torch.cat([slots_of(table, i, torch.arange(sl - ql, sl)) for i, (ql, sl) in enumerate(reqs)])
     seq = torch.tensor(s, dtype=torch.int32)
     cm = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
                                  num_reqs=len(reqs), num_actual_tokens=int(sum(q)), max_query_len=max(q),
                                  max_seq_len=max(s), block_table_tensor=table, slot_mapping=slots, causal=True)
-    return cm, start
+    return cm, sum(pages)
+
+
+def slots_of(table: torch.Tensor, i: int, positions: torch.Tensor) -> torch.Tensor:
+    """Request ``i``'s cache slots of token ``positions``: its block table's page times the page size,
+    plus the offset in the page (vLLM's slot mapping)."""
+    return (table[i, positions // PAGE] * PAGE + positions % PAGE).long()
 
 
 class Layer:
