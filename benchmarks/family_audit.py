@@ -1,6 +1,6 @@
-"""Issue #25's performance targets for the per-family audit, timed with the real CLI on this machine.
+"""Issues #25's and #27's performance targets for the per-family audits, timed with the real CLI on this machine.
 
-    python -m benchmarks.family_audit [--release 0.5.23] [--table-out DIR] [--nice 19]
+    python -m benchmarks.family_audit [--release 0.5.23] [--vllm 0.34.0] [--table-out DIR] [--nice 19]
 
 Two timings, each a fresh ``swa-repro`` process computing every cell (the one-release run with the
 result cache off, ``SWA_REPRO_NO_CACHE=1``; the table with it on and cold for this code, since a
@@ -16,7 +16,9 @@ they say what the run itself costs.
   at its real window, 4096 for most), target 60 s on 2 cores;
 * ``full_table``: ``swa-repro audit --release-table --model all --gpu sm90,sm100,sm80 --releases
   <every supported release> --jobs 2`` (one child per release for all families and GPU classes),
-  target 600 s on 2 cores. With ``--table-out docs/audit`` the timed run is also the regeneration.
+  target 600 s on 2 cores. With ``--table-out docs/audit`` the timed run is also the regeneration;
+* ``vllm_one_release``: ``swa-repro audit --vllm X --model all --gpu sm90,sm100,sm80`` (issue #27: one
+  vLLM release, every family and GPU class, every path and serving option), target 60 s on 2 cores.
 
 Writes ``benchmarks/results/family_audit.json``; ``python -m benchmarks.report`` renders it.
 """
@@ -49,7 +51,9 @@ GPUS = "sm90,sm100,sm80"
 # (step, what, limit in seconds)
 TARGETS = [("one_release", "one release's family audit, every family at its real window (4096 for most), "
                            "`--model all --gpu sm90`", 60.0),
-           ("full_table", "the whole family table: every family x 18 releases x 3 GPU classes, `--jobs 2`", 600.0)]
+           ("full_table", "the whole family table: every family x 18 releases x 3 GPU classes, `--jobs 2`", 600.0),
+           ("vllm_one_release", "one vLLM release's audit (issue #27): every family x 3 GPU classes, every path "
+                                "and serving option, `--vllm 0.34.0 --model all --gpu sm90,sm100,sm80`", 60.0)]
 
 
 def _cells() -> set:
@@ -80,6 +84,7 @@ def timed(argv: list[str], nice: int, no_cache: bool = True) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--release", default="0.5.23", help="the release of the one-release timing")
+    ap.add_argument("--vllm", default="0.34.0", help="the vLLM release of the vLLM timing")
     ap.add_argument("--table-out", type=Path, help="where the full table goes (default: a temporary folder)")
     ap.add_argument("--nice", type=int, default=0, help="run the CLI under nice -n N (pessimistic timings)")
     ap.add_argument("--only", choices=[t[0] for t in TARGETS], help="time one target, keep the other's record")
@@ -98,6 +103,8 @@ def main(argv=None) -> int:
             runs["full_table"] = timed(["audit", "--release-table", "--model", "all", "--gpu", GPUS, "--releases",
                                         ",".join(RELEASES), "--jobs", "2", "--out", str(out)], a.nice,
                                       no_cache=False)
+    if a.only in (None, "vllm_one_release"):
+        runs["vllm_one_release"] = timed(["audit", "--vllm", a.vllm, "--model", "all", "--gpu", GPUS], a.nice)
     commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     now, command = datetime.now(timezone.utc).isoformat(timespec="seconds"), \
         "python -m benchmarks.family_audit " + " ".join(argv or sys.argv[1:])
@@ -117,7 +124,7 @@ def main(argv=None) -> int:
 def render(doc: dict | None) -> list[str]:
     """REPORT.md's issue #25 section: each target, its limit, the measured seconds, a verdict
     (PASS only for a run that exited 0 on 2 cores within the limit) and the load around it."""
-    lines = ["## Issue #25 targets: the per-family audit", ""]
+    lines = ["## Issues #25 and #27 targets: the per-family audits (sglang, vLLM)", ""]
     if not doc:
         return lines + ["Not measured yet: run `python -m benchmarks.family_audit`.", ""]
     pv = doc["provenance"]

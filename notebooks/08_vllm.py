@@ -97,7 +97,33 @@ checks.expect((both[both.state != "affected"].state == both[both.state != "affec
               "the fix changes only cells that were affected")
 
 # %% [markdown]
-# ## 4. On the kernel
+# ## 4. Other serving options: a quantized KV cache, a larger block
+#
+# The same audit with `--kv-cache-dtype fp8` and `nvfp4` (the layer's impl, KV-cache spec and
+# builder made for that cache, after the release's own `validate_configuration`), and with
+# `--block-size 128` at the kernel page the release gives it. Each cache has its own answer: a
+# release refusing one cache has not refused the family.
+
+# %%
+opts, opts_fixed = vllm_page.options(t), vllm_page.options(vllm_page.load(fixed=True))
+latest = opts[opts.vllm == opts.vllm.iloc[-1]]
+latest.pivot(index=["gpu", "cache_dtype"], columns="family", values="cell")
+
+# %%
+pg = vllm_page.pages(t)
+pg.pivot(index="vllm", columns=["gpu", "family"], values="page").loc[:, ["sm90", "sm100"]]
+
+# %%
+nv90 = latest[(latest.gpu == "sm90") & (latest.family == "gemma2") & (latest.cache_dtype == "nvfp4")]
+checks.expect(len(nv90) == 1 and nv90.default_state.iloc[0] == "affected" and nv90.state.iloc[0] == "not affected",
+              "latest release, sm90: Gemma-2 with an NVFP4 cache keeps its cap (decode on the wrapper), unlike the default cache")
+checks.expect(not opts_fixed.cell.str.contains("cap dropped").any(),
+              "with --fix cap-route no quantized cache drops a cap either")
+checks.expect(len(pg) > 0 and set(pg[pg.page > 64].gpu) <= {"sm100"},
+              "pages over 64 (trtllm-gen's) come only on sm100")
+
+# %% [markdown]
+# ## 5. On the kernel
 #
 # The table reads what each kernel is *told*. The live step runs vLLM's own backend on FlashInfer's
 # kernels (`swa-repro audit --vllm X --mode live`, `scripts/gpu_vllm.sh`) and holds each row's output

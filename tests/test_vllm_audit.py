@@ -246,7 +246,8 @@ def test_release_034_gemma2_sm90():
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
     rows = {(r["layer"], r["path"]): r for r in doc["rows"]}
-    paths = ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode", "fp8_kv_mixed")
+    paths = ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode", "fp8_kv_mixed", "nvfp4_kv_mixed",
+             "large_page_mixed")
     assert set(rows) == {(k, p) for k in ("full", "sliding") for p in paths}
     pre = rows[("sliding", "prefill")]["kernels"]
     assert [k["kernel"] for k in pre] == ["BatchPrefillWithPagedKVCacheWrapper"] and not pre[0]["differs"]
@@ -315,105 +316,6 @@ def test_release_table_findings(version):
     assert dcp["sliding"]["refused"] == "AssertionError: DCP not support sliding window." and dcp["full"] == {"allowed": True}
 
 
-# ----------------------------------------------------------------------------- the cap-route fix
-_SNIPPET = '''class FlashInferMetadataBuilder:
-    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
-        can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
-        self.use_trtllm_decode_attention = can_use_trtllm
-
-    def build(self):
-        prefill_use_trtllm = use_trtllm_attention(
-            self.num_qo_heads,
-        )
-'''
-
-
-def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
-    from swa_repro.core.errors import UsageError
-    from swa_repro.vllm.fix import edit
-
-    out = edit(_SNIPPET, "0.20.0")
-    assert "        can_use_trtllm = can_use_trtllm and not infer_global_hyperparameters(\n" in out
-    assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
-    assert "        prefill_use_trtllm = not self.logits_soft_cap and use_trtllm_attention(\n" in out
-    compile(out, "flashinfer.py", "exec")
-    with pytest.raises(UsageError, match="not a structure this fix knows"):
-        edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
-
-
-_IMPL_020 = '''class FlashInferImpl:
-    def __init__(self, logits_soft_cap, vllm_config):
-        self.logits_soft_cap = logits_soft_cap
-        self.support_trtllm_attn = True
-        self.supports_quant_query_input = (
-            self.support_trtllm_attn
-            and vllm_config is not None
-        )
-'''
-
-
-@pytest.mark.parametrize("cap, takes_fp8_query", [(50.0, False), (None, True)])
-def test_fix_keeps_a_soft_capped_layer_from_taking_an_fp8_query_where_020_to_024_offer_it(cap, takes_fp8_query):
-    """0.20.0-0.24.x's impl offers an fp8 query whenever trtllm-gen could run; the fixed builder keeps a
-    soft-capped layer off trtllm-gen and plans a model-dtype query, so the fix also withdraws the offer
-    for that layer (the audit's fp8 path found ``Query dtype mismatch`` on sm100 without it); a layer
-    without a cap keeps it."""
-    from swa_repro.vllm.fix import edit
-
-    out = edit(_SNIPPET + _IMPL_020, "0.20.0")
-    scope: dict = {}
-    exec(compile(out, "flashinfer.py", "exec"), scope)  # noqa: S102 - the edited snippet, nothing else
-    assert scope["FlashInferImpl"](cap, object()).supports_quant_query_input is takes_fp8_query
-    assert "and not self.logits_soft_cap" not in edit(_SNIPPET, "0.25.0").split("def build")[0]
-
-
-@pytest.mark.parametrize("argv, says", [
-    (["audit", "--vllm", "0.34.0", "--fix", "window"], "choose cap-route"),
-    (["audit", "--diff"], "--diff goes with --vllm"),
-])
-def test_fix_bad_input_is_one_line(argv, says, capsys):
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert says in err and len(err.strip().splitlines()) == 1
-
-
-def test_committed_fixed_table_renders_from_its_json():
-    from swa_repro.sglang import families as sf
-    from swa_repro.vllm import table
-
-    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
-    t = json.loads(p.read_text())
-    md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
-    assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
-    for v, rel in t["releases"].items():  # the fix leaves no dropped cap anywhere
-        for g, row in rel.items():
-            assert not any("logits_soft_cap" in w for c in row.values() for w in c["why"]), (v, g)
-
-
-@pytest.mark.matrix
-def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
-    """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
-    and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
-    from swa_repro.sglang.families import GPU_CLASSES
-    from swa_repro.vllm import table
-    from swa_repro.vllm.audit import run_release
-    from swa_repro.vllm.fix import upstream_diff
-    from swa_repro.vllm.provision import provision
-    from swa_repro.vllm.verdict import cell
-
-    doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss"], [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]],
-                            note=lambda s: None, fix="cap-route")
-    for a in ("9.0", "10.0"):
-        g = doc["audits"][a]["gemma2"]
-        assert cell(g)["state"] == "not affected"
-        assert {k["kernel"] for r in g["rows"] for k in r["kernels"]} == {
-            "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
-    assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
-        "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
-    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
-    assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])
-
-
 @pytest.mark.slow
 def test_notebook_08_vllm(tmp_path):
     """Notebook 08 (the committed tables, one heatmap, the live recording) runs headless with its checks passing."""
@@ -421,7 +323,7 @@ def test_notebook_08_vllm(tmp_path):
 
     r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
     assert r["status"] == "ok", r["error"]
-    assert r["checks_failed"] == 0 and r["checks_passed"] == 7  # 4 on the tables, 3 on the live recording
+    assert r["checks_failed"] == 0 and r["checks_passed"] == 10  # 4 + 3 on the tables, 3 on the live recording
     assert [str(f).rsplit("/", 1)[-1] for f in r["figures"]] == ["08_vllm_states.png"]
 
 

@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from swa_repro.vllm import table
+from swa_repro.vllm import table, verdict
 
 STATES = ("not affected", "layer != HF", "affected", "refused", "not driven")
 COLORS = ("#cfe8cf", "#f3e3a1", "#e8837a", "#c9c9c9", "#ffffff")
@@ -25,6 +25,24 @@ def cells(t: dict) -> pd.DataFrame:
              "default_backend": c["default_backend"]}
             for v, rel in t["releases"].items() for g, row in rel.items() for f, c in row.items()]
     return pd.DataFrame(rows)
+
+
+def options(t: dict) -> pd.DataFrame:
+    """One row per release x GPU class x family x quantized KV cache (``--kv-cache-dtype``): its own
+    answer (``verdict.cell``'s ``cache_dtypes``) beside the default cache's state."""
+    rows = [{"vllm": v, "gpu": g, "family": f, "cache_dtype": kv, "state": x["state"], "cell": verdict.short(x),
+             "default_state": c["state"]}
+            for v, rel in t["releases"].items() for g, row in rel.items() for f, c in row.items()
+            for kv, x in c.get("cache_dtypes", {}).items()]
+    return pd.DataFrame(rows, columns=["vllm", "gpu", "family", "cache_dtype", "state", "cell", "default_state"])
+
+
+def pages(t: dict) -> pd.DataFrame:
+    """One row per release x GPU class x family: the largest kernel page ``--block-size 128`` gets."""
+    rows = [{"vllm": v, "gpu": g, "family": f, "page": max(c["kernel_page"].values())}
+            for v, rel in t["releases"].items() for g, row in rel.items() for f, c in row.items()
+            if c.get("kernel_page")]
+    return pd.DataFrame(rows, columns=["vllm", "gpu", "family", "page"])
 
 
 def grid(df: pd.DataFrame, gpu: str) -> pd.DataFrame:
@@ -88,7 +106,7 @@ def live_rows(docs: dict) -> pd.DataFrame:
                     out.append({"site": site, "family": fam, "layer": r["layer"], "path": r["path"],
                                 "kernel": x["kernel"], "told_cap": x["logits_soft_cap"], "rows": x["rows"],
                                 "wrong_rows": x["wrong_rows"], "max_err": x["max_err_asked"],
-                                "told_agrees": x["told_agrees"], "keys_off_hf": r["keys"]["rows_off_hf"]})
+                                "told_agrees": x["told_agrees"], "keys_off_hf": r["keys"].get("rows_off_hf")})
     df = pd.DataFrame(out)
     return df.groupby(["site", "family", "layer", "path", "kernel", "told_cap"], as_index=False).agg(
         rows=("rows", "sum"), wrong_rows=("wrong_rows", "sum"), max_err=("max_err", "max"),

@@ -3,16 +3,25 @@
 The finding (``docs/audit/vllm-releases.md``): layers with a logits soft cap (gemma2) are routed to
 kernels vLLM calls directly, trtllm-gen (sm100: ``trtllm_batch_context_with_kv_cache``,
 ``trtllm_batch_decode_with_kv_cache``) and XQA (sm90 decode), which take no soft-cap argument;
-the planned wrappers take it. The fix keeps soft-capped layers off those kernels, two edits to the
+the planned wrappers take it. The fix keeps soft-capped layers off those kernels, edits to the
 release's ``vllm/v1/attention/backends/flashinfer.py``, each found by its anchor in that release's
-own file (every release from 0.20.0 to 0.34.0 has both):
+own file (every release from 0.20.0 to 0.34.0 has the first two), written as ``ruff format`` writes
+it at vLLM's 88 columns (the upstream diff is held to it):
 
 * ``FlashInferMetadataBuilder.__init__``: the decode route (``self.use_trtllm_decode_attention =
   can_use_...``, decided before the builder reads the layers' cap) also requires no soft cap,
   read from the layers as the builder reads it a few lines later
-  (``infer_global_hyperparameters(get_per_layer_parameters(...))``);
-* ``build``: ``prefill_use_trtllm = [causal and] use_trtllm_attention(`` also requires
-  ``not self.logits_soft_cap``;
+  (``infer_global_hyperparameters(get_per_layer_parameters(...))``). Where the release has an
+  NVFP4 cache that only trtllm-gen reads (sm100: ``self.nvfp4_trtllm`` from 0.32.0, before that
+  ``self.is_kvcache_nvfp4``), a soft-capped model with it is refused there with a message: flashinfer's
+  wrappers with ``backend="trtllm-gen"`` refuse a cap at ``plan`` (the audit's ``nvfp4_kv_mixed``
+  path found the fixed builder reaching them);
+* ``build``: after ``prefill_use_trtllm = [causal and] use_trtllm_attention(...)``,
+  ``prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap``;
+* 0.24.0+ ``FlashInferBackend.get_supported_kernel_block_sizes``: pages over 64 run only on
+  trtllm-gen (the builder asserts it), so they are not offered where a built layer has a soft cap
+  (the worker asks after the model is built, ``select_common_block_size``, and then splits a
+  larger KV-cache block into pages of 64; the audit's ``large_page_mixed`` path);
 * 0.20.0-0.24.x only, where ``FlashInferImpl.__init__`` has it: ``self.supports_quant_query_input =
   (self.support_trtllm_attn ...`` also requires ``not self.logits_soft_cap``. There the impl offers
   to take an fp8 query whenever trtllm-gen could run (``Attention.forward`` then quantizes it, with
@@ -23,7 +32,8 @@ own file (every release from 0.20.0 to 0.34.0 has both):
 
 The fixed copy is ``<cache>/vllm-fixed/X-cap-route`` (the overlay's files hard-linked, the one
 edited file written anew); ``--diff`` prints the edit as a unified diff against the release (the
-upstream diff). Nothing installed changes.
+upstream diff), after a preamble citing the upstream threads (``upstream_refs``). Nothing
+installed changes.
 """
 
 from __future__ import annotations
@@ -41,6 +51,9 @@ from swa_repro.vllm.provision import BACKEND, MARKER
 FIXES = {"cap-route": "soft-capped layers stay on the planned wrappers (trtllm-gen and XQA take no soft cap)"}
 _DECODE = re.compile(r"^(?P<i>[ ]+)self\.use_trtllm_decode_attention = (?P<var>can_use_\w+)$", re.MULTILINE)
 _PREFILL = re.compile(r"^(?P<head>[ ]+prefill_use_trtllm = (causal and )?)use_trtllm_attention\($", re.MULTILINE)
+_PAGES = re.compile(r"^(?P<i>[ ]+)and can_use_trtllm_attention\(num_qo_heads, num_kv_heads\)\n(?P<j>[ ]+)\)\n"
+                    r"(?P<k>[ ]+)if not use_large_pages:", re.MULTILINE)
+_NVFP4 = ("self.nvfp4_trtllm", "self.is_kvcache_nvfp4")  # 0.32.0+: sm100's NVFP4 cache; before: any (sm100 only)
 _QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.MULTILINE)
 TAG = "# swa-repro cap-route:"
 
@@ -49,6 +62,12 @@ def check(names: str | None) -> str:
     if names not in FIXES:
         raise UsageError(f"--fix {names!r} with --vllm: choose {', '.join(FIXES)}")
     return names
+
+
+def _assign(indent: str, name: str, value: str) -> str:
+    """``name = value`` as ruff format writes it at vLLM's 88 columns (the upstream diff is held to it)."""
+    line = f"{indent}{name} = {value}\n"
+    return line if len(line) <= 89 else f"{indent}{name} = (\n{indent}    {value}\n{indent})\n"
 
 
 def edit(text: str, version: str) -> str:
@@ -60,32 +79,58 @@ def edit(text: str, version: str) -> str:
         raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(d)} decode and {len(p)} prefill "
                          "route anchors (1 each expected): not a structure this fix knows")
     i, var = d[0]["i"], d[0]["var"]
-    decode = (f"{i}{TAG} trtllm-gen and XQA take no logits soft cap; soft-capped layers\n"
-              f"{i}# decode on the planned wrapper, which does.\n"
-              f"{i}{var} = {var} and not infer_global_hyperparameters(\n"
+    nvfp4 = next((a for a in _NVFP4 if f"{a} = " in text[:d[0].start()]), None)
+    refuse = (f"{i}if logits_soft_cap and {nvfp4}:\n"
+              f"{i}    raise NotImplementedError(\n"
+              f'{i}        "--kv-cache-dtype nvfp4 runs on trtllm-gen only on this GPU, and "\n'
+              f'{i}        "trtllm-gen takes no logits soft cap: use another --kv-cache-dtype."\n'
+              f"{i}    )\n") if nvfp4 else ""
+    decode = (f"{i}{TAG} trtllm-gen and XQA take no logits soft cap;\n"
+              f"{i}# soft-capped layers decode on the planned wrapper, which does.\n"
+              f"{i}logits_soft_cap = infer_global_hyperparameters(\n"
               f"{i}    get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)\n"
-              f"{i}).logits_soft_cap\n")
+              f"{i}).logits_soft_cap\n"
+              + refuse + _assign(i, var, f"{var} and not logits_soft_cap"))
     out = text[:d[0].start()] + decode + text[d[0].start():]
     m = _PREFILL.search(out)
-    head = m["head"]
-    out = (out[:m.start()] + f"{' ' * (len(head) - len(head.lstrip()))}{TAG} trtllm-gen context takes no soft cap\n"
-           + head + "not self.logits_soft_cap and use_trtllm_attention(" + out[m.end():])
+    ind = m["head"][:len(m["head"]) - len(m["head"].lstrip())]
+    end = out.index(f"\n{ind})\n", m.end()) + len(ind) + 3  # past the call's closing line
+    out = (out[:end] + f"{ind}{TAG} trtllm-gen context takes no soft cap\n"
+           + _assign(ind, "prefill_use_trtllm", "prefill_use_trtllm and not self.logits_soft_cap") + out[end:])
+    g = list(_PAGES.finditer(out))
+    if len(g) > 1:
+        raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(g)} large-page anchors "
+                         "(at most 1 expected): not a structure this fix knows")
+    for m in g:  # 0.24.0+: pages over 64 run only on trtllm-gen, which a soft-capped layer no longer takes
+        j = m["i"]
+        out = (out[:m.start("j")] + f"{j}{TAG} pages over 64 run only on trtllm-gen, which\n"
+               f"{j}# soft-capped layers no longer take.\n"
+               f"{j}and not any(\n"
+               f'{j}    getattr(getattr(layer, "impl", None), "logits_soft_cap", None)\n'
+               f"{j}    for layer in (\n"
+               f"{j}        vllm_config.compilation_config.static_forward_context.values()\n"
+               f"{j}    )\n"
+               f"{j})\n" + out[m.start("j"):])
     q = list(_QUERY.finditer(out))
     if len(q) > 1:
         raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(q)} query-quantization anchors "
                          "(at most 1 expected): not a structure this fix knows")
     for m in q:  # 0.20.0-0.24.x: the impl would take an fp8 query the builder no longer plans for
         j = m["j"]
-        out = (out[:m.end()] + f"{j}{TAG} a soft-capped layer runs on the planned wrappers (model-dtype query)\n"
+        out = (out[:m.end()] + f"{j}{TAG} a soft-capped layer runs on the planned\n{j}# wrappers (model-dtype query)\n"
                f"{j}and not self.logits_soft_cap\n" + out[m.end():])
     return out
 
 
 def upstream_diff(version: str, overlay: Path) -> str:
+    """The edit as a unified diff against the release, after a preamble that cites the upstream
+    threads on each finding (``upstream_refs.header``)."""
+    from swa_repro.vllm.upstream_refs import header
+
     before = (overlay / BACKEND).read_text()
     after = edit(before, version)
-    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{BACKEND}",
-                                        f"b/{BACKEND}"))
+    return header() + "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{BACKEND}",
+                                                   f"b/{BACKEND}"))
 
 
 def fixed_overlay(version: str, overlay: Path) -> Path:

@@ -21,6 +21,12 @@ model of what each kernel is told (``live_kernels.install_model``). Per path (a 
   (``err_told``, from its recorded call, ``paths.told``): within ``ATOL + RTOL * |reference|``
   everywhere, the kernel does what the audit says it is told (``told_agrees``).
 
+With an NVFP4 cache (``--paths nvfp4_kv_mixed``: the mixed batch, the layer's impl, spec and
+cache made for it as the audit makes them) the keys and values are drawn on NVFP4's own grid (e2m1
+magnitudes, each 16 values' largest a power of two times 6: block scales of powers of two, so the
+release's cache write stores them exactly and the float64 reference holds), all of the amplitude on
+q; the key probe's one-hot values are not on that grid, so its keys are not read there.
+
 A kernel's rows: vLLM puts decodes first, and the metadata's first ``num_decodes`` requests go to
 the decode kernel, the rest to the prefill one (``FlashInferMetadata``).
 """
@@ -36,6 +42,8 @@ from pathlib import Path
 from swa_repro.sglang.overlay_run import child_main, child_parser
 
 LIVE_PATHS = ("decode", "mixed", "spec_decode", "cuda_graph_decode", "prefill")
+OPTIONS = ("nvfp4_kv_mixed",)  # run where asked (``--paths``): a serving option's batch
+V_TOP = 1.5  # V's largest value per 16 (a power of two times 6): bf16 outputs within ATOL of it
 STOPPED: list[str] = []  # why no further path runs (an interrupt), once one stopped them
 DECODE_KERNELS = ("BatchDecodeWithPagedKVCacheWrapper", "xqa_batch_decode_with_kv_cache",
                   "trtllm_batch_decode_with_kv_cache")
@@ -63,12 +71,15 @@ class Runner:
     def __init__(self, fb, drive, cfg, layer, device: str, pages: int):
         import torch
 
-        from swa_repro.vllm import paths
+        from swa_repro.vllm import kvcache
 
         self.fb, self.drive, self.layer, self.dev = fb, drive, layer, torch.device(device)
-        self.builder = fb.FlashInferMetadataBuilder(drive.spec, [drive.name], cfg, self.dev) if cfg else drive.builder
+        self.cache_dtype = kv = cfg.cache_config.cache_dtype if cfg else "auto"
+        spec = drive.spec if kv == "auto" else kvcache.packed(fb, kvcache.quantized(drive.spec, kv))
+        self.builder = fb.FlashInferMetadataBuilder(spec, [drive.name], cfg, self.dev) if cfg else drive.builder
         fam = drive.fam
-        self.cache = paths.kv_cache(fb, drive.layout, pages, fam["num_kv_heads"], fam["head_dim"], device=self.dev)
+        self.cache = kvcache.kv_cache(fb, drive.layout, pages, fam["num_kv_heads"], fam["head_dim"],
+                                      torch.bfloat16 if kv == "auto" else torch.uint8, self.dev, spec, kv)
         self.last: dict = {}
 
     def __call__(self, batch, repeat: int = 0):
@@ -129,6 +140,20 @@ def told_per_request(last: dict, n: int, asked: dict) -> list[dict]:
     return out
 
 
+def on_nvfp4_grid(x, top: float = 6.0):
+    """``x`` (..., D) on NVFP4's grid: each 16 values scaled so their largest magnitude is ``top`` (a
+    power of two times 6), the rest rounded to the nearest e2m1 magnitude times ``top / 6``."""
+    import torch
+
+    from swa_repro.vllm.live_kernels import E2M1
+
+    b = x.double().reshape(*x.shape[:-1], -1, 16)
+    y = b / b.abs().amax(-1, keepdim=True).clamp_min(1e-30) * 6.0
+    grid = torch.tensor(E2M1, dtype=torch.float64)
+    m = grid[(y.abs()[..., None] - grid).abs().argmin(-1)] * y.sign()
+    return (m * (top / 6.0)).reshape(x.shape).to(x.dtype)
+
+
 def cap_check(case, runner, asked: dict, hf: dict, seed: int) -> dict:
     """The random-data run (module docstring, **cap**) -> per-request rows, wrong rows and errors."""
     import torch
@@ -142,7 +167,11 @@ def cap_check(case, runner, asked: dict, hf: dict, seed: int) -> dict:
 
     a = amplitude(asked["sm_scale"], case.head_dim, asked["logits_soft_cap"])
     qs, ks, vs = random_inputs(case, seed=seed)
-    qs, ks = [(x.float() * a).to(x.dtype) for x in qs], [(x.float() * a).to(x.dtype) for x in ks]
+    if runner.cache_dtype == "nvfp4":  # K and V exact in the cache; q carries the amplitude (std of q.k kept)
+        ks, vs = [on_nvfp4_grid(x) for x in ks], [on_nvfp4_grid(x, V_TOP) for x in vs]
+        qs = [(x.float() * a * a / k.float().std()).to(x.dtype) for x, k in zip(qs, ks)]
+    else:
+        qs, ks = [(x.float() * a).to(x.dtype) for x in qs], [(x.float() * a).to(x.dtype) for x in ks]
     batch = build_paged_batch(qs, ks, vs, case.page_size, seed=LAYOUT_SEED, device=runner.dev)
     o = runner(batch)  # the references run where it ran: float64 on the GPU there
     tolds = told_per_request(runner.last, case.batch_size, asked)
@@ -200,6 +229,9 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
     from swa_repro.vllm.paths import PAGE
 
     fam, w = drive.fam, asked["window_left"]
+    kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"
+    if kv != "auto":  # the layer's impl made for that cache, as the audit makes it (``paths.Drive.path``)
+        layer = drive.layer_cls(fb.FlashInferImpl(**{**drive.params, "kv_cache_dtype": kv}), drive.name, kv)
     pages = max(sum(math.ceil(s / PAGE) for _, s in reqs) for _, reqs in stages) + 1  # + the probe layout's spare
     runner = Runner(fb, drive, cfg, layer, device, pages)
     t0 = time.monotonic()
@@ -213,7 +245,8 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
             row.setdefault("stages", {})[stage] = row["cap"]
     kernels = sorted({(r["kernel"], r["window_left"], r["logits_soft_cap"]) for r in row["cap"]["requests"]})
     row["kernels"] = [{"kernel": k, "told_window_left": tw, "told_logits_soft_cap": tc} for k, tw, tc in kernels]
-    row["keys"] = keys_check(case, runner, hf["window_left"], repeats)
+    row["keys"] = keys_check(case, runner, hf["window_left"], repeats) if runner.cache_dtype == "auto" else {
+        "not_run": f"the key probe's one-hot values are not on the {runner.cache_dtype} cache's grid"}
     return {**row, "seconds": round(time.monotonic() - t0, 2)}
 
 
@@ -280,7 +313,8 @@ def run(overlay, a) -> dict:
 def main(argv=None) -> int:
     p = child_parser("swa_repro.vllm.live")
     p.add_argument("--families", default="gemma2,cohere2", help="comma-separated (vllm.families.FAMILIES)")
-    p.add_argument("--paths", default=",".join(LIVE_PATHS), help=f"comma-separated, of {', '.join(LIVE_PATHS)}")
+    p.add_argument("--paths", default=",".join(LIVE_PATHS),
+                   help=f"comma-separated, of {', '.join(LIVE_PATHS + OPTIONS)}")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--arch", default="9.0", help="on --device cpu: the GPU class modelled (e.g. 9.0, 8.0)")
     p.add_argument("--budget-s", type=float, default=0.0, help="no path starts after this many seconds (0: none)")

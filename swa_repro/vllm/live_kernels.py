@@ -9,6 +9,12 @@
   audit's sense (``paths.told``: a planned wrapper's window and cap where the module its plan picked
   compiles them in, a direct kernel's own arguments, none where it takes none). It is the audit's
   claim run as a kernel; the GPU run holds each real kernel to it (``live.judge``: ``err_told``);
+* an NVFP4 cache (``--kv-cache-dtype nvfp4``, read by fa2 on sm80 / sm90 from 0.32.0): the model
+  writes it as flashinfer's ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping`` does (page.py:920:
+  per 16 values of a head an e4m3 block scale, ``amax / 6`` over the global ``k_scale`` / ``v_scale``, and
+  e2m1 codes two to a byte) into the release's views (``_nvfp4_kv_views``), and its wrappers read it
+  back through ``kv_cache_sf``; the byte order within that layout is the model's own, since only the
+  model reads what the model writes (on CUDA the real append and the real kernels pair up);
 * ``reshape_and_cache_flash``: vLLM's compiled cache write (``torch.ops._C_cache_ops``, called by the
   release's ``FlashInferImpl.do_kv_cache_update``, 0.33.0 flashinfer.py:2847), registered in torch
   for the live run: token ``t``'s key and value to ``cache[slot // block, slot % block]`` of the
@@ -116,11 +122,60 @@ def _module(self) -> tuple[float, float]:
     return (self._window_left if window else -1), ((self._logits_soft_cap or 0.0) if cap else 0.0)
 
 
+# ----------------------------------------------------------------------------- NVFP4, modelled
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the magnitudes of the 3 low bits; bit 3 is the sign
+
+
+def nvfp4_quantize(x: torch.Tensor, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (..., D) -> (codes (..., D/2) uint8, two e2m1 to a byte, low nibble first; block scales
+    (..., D/16) e4m3, ``amax / 6`` of each 16 values over the global ``scale``)."""
+    b = x.double().reshape(*x.shape[:-1], -1, 16) / scale  # (..., D/16, 16)
+    sf = (b.abs().amax(-1) / 6.0).to(torch.float8_e4m3fn)
+    y = b / sf.double().clamp_min(2.0 ** -9)[..., None]
+    grid = torch.tensor(E2M1, dtype=torch.float64)
+    code = (y.abs()[..., None] - grid).abs().argmin(-1) + 8 * (y < 0)  # nearest magnitude, then the sign
+    code = code.reshape(*x.shape[:-1], -1).to(torch.uint8)
+    return code[..., 0::2] | (code[..., 1::2] << 4), sf
+
+
+def nvfp4_dequantize(codes: torch.Tensor, sf: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """The inverse of :func:`nvfp4_quantize`: (..., D) float64."""
+    c = torch.stack([codes & 15, codes >> 4], -1).reshape(*codes.shape[:-1], -1).long()  # (..., D)
+    grid = torch.tensor(E2M1, dtype=torch.float64)
+    v = grid[c & 7] * torch.where(c >= 8, -1.0, 1.0).double()
+    return (v.reshape(*sf.shape, 16) * sf.double()[..., None]).reshape(v.shape) * scale
+
+
+def nvfp4_append(key, value, slot_mapping, paged_kv_cache, kv_cache_sf, k_scale, v_scale, kv_layout="NHD"):
+    """flashinfer's ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping`` (page.py:920), modelled:
+    token ``t``'s K and V quantized into slot ``slot_mapping[t]`` of the ``(k, v)`` data and scale views."""
+    s = slot_mapping.long()
+    s = s[s >= 0]  # negative slots are padding
+    for x, data, sf, g in ((key, paged_kv_cache[0], kv_cache_sf[0], k_scale),
+                           (value, paged_kv_cache[1], kv_cache_sf[1], v_scale)):
+        codes, scales = nvfp4_quantize(x[:len(s)], float(g))
+        page, slot = s // data.shape[1 if kv_layout == "NHD" else 2], s % data.shape[1 if kv_layout == "NHD" else 2]
+        if kv_layout == "NHD":
+            data[page, slot], sf[page, slot] = codes, scales
+        else:
+            data[page, :, slot], sf[page, :, slot] = codes, scales
+
+
+def _pages(self, a) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's ``(k, v)`` pages ``(pages, page, heads, D)``: as given, or dequantized from an NVFP4
+    cache (codes in ``paged_kv_cache``, block scales in ``kv_cache_sf``, global ``k_scale`` / ``v_scale``)."""
+    k, v = split_cache(a.paged_kv_cache, self._kv_layout)
+    if a.kv_cache_sf is None:
+        return k, v
+    ks, vs = split_cache(a.kv_cache_sf, self._kv_layout)
+    return nvfp4_dequantize(k, ks, float(a.k_scale or 1.0)), nvfp4_dequantize(v, vs, float(a.v_scale or 1.0))
+
+
 def _run_pages(self, a, rows: list, head_dim: int):
     """A planned wrapper's ``run``, modelled: request ``i``'s query rows ``rows[i]`` over its pages
     (``_indptr``, ``_indices``, ``_last``), exact at the window and cap its module compiles in."""
     self._run_window(a.window_left)
-    k, v = split_cache(a.paged_kv_cache, self._kv_layout)
+    k, v = _pages(self, a)
     window, cap = _module(self)
     out = torch.zeros(a.q.shape[0], a.q.shape[1], head_dim, dtype=a.q.dtype)
     for i, (r0, r1) in enumerate(rows):
@@ -180,7 +235,8 @@ def install_model(rec: standins.Recorder) -> dict:
     return standins.install(rec, wrappers={"BatchPrefillWithPagedKVCacheWrapper": ToldPaged,
                                            "BatchDecodeWithPagedKVCacheWrapper": ToldDecode},
                             functions={"xqa_batch_decode_with_kv_cache": told_decode,
-                                       "trtllm_batch_decode_with_kv_cache": told_decode})
+                                       "trtllm_batch_decode_with_kv_cache": told_decode,
+                                       "nvfp4_quantize_append_paged_kv_cache_with_slot_mapping": nvfp4_append})
 
 
 # ----------------------------------------------------------------------------- vLLM's cache write

@@ -32,7 +32,8 @@ def row_line(r: dict) -> str:
     rows = sum(x["rows"] for x in c["requests"])
     a = r["asked"]
     parts = [f"asks window {a['window_left']}, cap {a['logits_soft_cap']:g}; ran {ks}",
-             f"keys: {k['rows_off_asked']} of {rows} rows off the asked window, {k['rows_off_hf']} off transformers' mask",
+             (f"keys: not read ({k['not_run']})" if "not_run" in k else
+              f"keys: {k['rows_off_asked']} of {rows} rows off the asked window, {k['rows_off_hf']} off transformers' mask"),
              f"outputs: {c['wrong_rows']} of {rows} rows wrong (max {max(x['max_err_asked'] for x in c['requests']):.3g})",
              "the kernel does what it is told" if c["told_agrees"] else "**the kernel does not do what it is told**"]
     return f"- {head}: " + "; ".join(parts)
@@ -43,12 +44,14 @@ def verdict(fam: dict) -> str:
     rows = [r for r in fam["rows"] if "cap" in r]
     if not rows:
         return "not run"
-    wrong = sum(r["cap"]["wrong_rows"] for r in rows) + sum(r["keys"]["rows_off_asked"] for r in rows)
-    hf = sum(r["keys"]["rows_off_hf"] for r in rows)
+    wrong = sum(r["cap"]["wrong_rows"] for r in rows) + sum(r["keys"].get("rows_off_asked", 0) for r in rows)
+    hf = sum(r["keys"].get("rows_off_hf", 0) for r in rows)
     told = all(r["cap"]["told_agrees"] for r in rows)
     undone = len(fam["rows"]) - len(rows)
+    unread = sum("not_run" in r["keys"] for r in rows)
     words = [f"{wrong} wrong rows" if wrong else "every row as the layers ask",
-             (f"{hf} rows attend other keys than transformers' mask" if hf else "keys as transformers' mask"),
+             (f"{hf} rows attend other keys than transformers' mask" if hf else
+              "keys not read" if unread == len(rows) else "keys as transformers' mask"),
              "every kernel does what it is told" if told else "a kernel does not do what it is told"]
     if undone:
         words.append(f"{undone} paths not run")

@@ -3,12 +3,7 @@
 through ``FlashInferImpl.forward`` with the recording stand-ins, and per kernel call what it is
 told against what the layer asks for.
 
-Release differences handled here, each read from the release's own code rather than assumed:
-the KV-cache layout (0.29 and later: ``KVCacheLayout`` objects, the first of the release's
-``get_supported_kv_cache_layouts([FlashInferBackend])``, as its worker resolves them; before: the ``"NHD"``/``"HND"`` strings of
-``get_required_kv_cache_layout()``, set with the release's ``set_kv_cache_layout`` as its
-``v1/attention/selector.py`` does, and the cache allocated from ``get_kv_cache_shape`` permuted by
-``get_kv_cache_stride_order``, as its model runner does).
+The KV cache each path runs on is laid out as the release lays it out (``kvcache``).
 """
 
 from __future__ import annotations
@@ -18,8 +13,16 @@ import types
 import torch
 
 from swa_repro.vllm import standins
+from swa_repro.vllm.kvcache import (
+    LARGE_PAGE,
+    PAGE,
+    kernel_page,
+    kv_cache,
+    packed,
+    quantized,
+    resolve_layout,
+)
 
-PAGE = 16
 # path -> per request (query tokens, sequence length); decodes first, as vLLM's reorder puts them
 PATHS = {"prefill": [(300, 5000), (200, 200)],
          "decode": [(1, 6000), (1, 100), (1, 4097)],
@@ -35,13 +38,22 @@ SPEC_TOKENS = 2  # draft tokens per request: a verify batch is 1 + 2 query token
 #   request; a release whose decode kernel takes them (spec-as-decode: trtllm / XQA, fa2's native
 #   decode) treats them as decodes (``reorder_batch_threshold``), any other as prefills;
 # * an fp8 KV cache (``--kv-cache-dtype fp8``): the layer's impl, spec and builder with it, the cache
-#   stored as bytes and viewed as fp8 by the release's forward, the mixed batch (both kernels).
+#   stored as bytes and viewed as fp8 by the release's forward, the mixed batch (both kernels);
+# * an NVFP4 KV cache (``--kv-cache-dtype nvfp4``): the same, the spec as the backend packs it
+#   (``customize_spec``, 0.28+) and the cache allocated in that packing (:func:`kv_cache`);
+# * ``--block-size 128``: the kernel page the release's worker picks for it
+#   (:func:`kernel_page`); where that is over 64 (sm100's trtllm-gen pages, 0.24.0+), the mixed
+#   batch on a builder and cache of that page.
 VARIANTS = {
     "cuda_graph_decode": ({"graphs": True}, (("capture", PATHS["decode"]),
                                              ("replay", [(q, s + 1) for q, s in PATHS["decode"]]))),
     "spec_decode": ({"spec": SPEC_TOKENS}, ((None, [(1 + SPEC_TOKENS, s) for _, s in PATHS["decode"]]),)),
     "fp8_kv_mixed": ({"cache_dtype": "fp8"}, ((None, PATHS["mixed"]),)),  # --kv-cache-dtype fp8, scales 1.0
+    "nvfp4_kv_mixed": ({"cache_dtype": "nvfp4"}, ((None, PATHS["mixed"]),)),  # --kv-cache-dtype nvfp4
+    "large_page_mixed": ({"block_size": 128}, ((None, PATHS["mixed"]),)),  # --block-size 128
 }
+QUANT_QUERY = ("fp8", "nvfp4")  # caches for which ``Attention.forward`` hands an fp8 query to an impl
+# that takes one (``query_quant``: model_executor/layers/attention/attention.py, 0.20.0-0.34.0)
 
 
 # ----------------------------------------------------------------------------- layers and config
@@ -62,14 +74,14 @@ def layer_params(fam: dict) -> dict:
 
 
 def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spec: int = 0,
-                cache_dtype: str = "auto"):
+                cache_dtype: str = "auto", block_size: int = PAGE):
     """What the release's metadata builder reads of its config (``graphs``: FULL CUDA-graph decode;
     ``spec``: draft tokens per request, as ``SpeculativeConfig`` gives them; ``cache_dtype``:
-    ``--kv-cache-dtype``)."""
+    ``--kv-cache-dtype``; ``block_size``: ``--block-size``, the KV-cache manager's block)."""
     from vllm.config import CUDAGraphMode
 
     ns = types.SimpleNamespace
-    return ns(cache_config=ns(cache_dtype=cache_dtype, block_size=PAGE),
+    return ns(cache_config=ns(cache_dtype=cache_dtype, block_size=block_size),
               model_config=ns(max_model_len=max_len, dtype=torch.bfloat16, use_mla=False,
                               get_num_attention_heads=lambda pc=None: fam["num_qo_heads"],
                               get_num_kv_heads=lambda pc=None: fam["num_kv_heads"],
@@ -91,22 +103,23 @@ def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spe
               kv_transfer_config=None, use_v2_model_runner=False)
 
 
-def common_metadata(reqs: list, table: torch.Tensor | None = None):
+def common_metadata(reqs: list, table: torch.Tensor | None = None, page: int = PAGE):
     """The release's ``CommonAttentionMetadata`` of a batch ``[(query tokens, sequence length)]``
-    -> (it, pages used); ``table``: its block table (default: pages handed out in order)."""
+    -> (it, pages used); ``table``: its block table (default: pages handed out in order) of
+    ``page``-token kernel pages."""
     from vllm.v1.attention.backend import CommonAttentionMetadata
 
     q = [a for a, _ in reqs]
     s = [b for _, b in reqs]
     qsl = torch.tensor([0, *torch.tensor(q).cumsum(0).tolist()], dtype=torch.int32)
-    pages = [(n + PAGE - 1) // PAGE for n in s]
+    pages = [(n + page - 1) // page for n in s]
     if table is None:
         table = torch.zeros(len(reqs), max(pages), dtype=torch.int32)
         start = 0
         for i, n in enumerate(pages):
             table[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
             start += n
-    slots = torch.cat([slots_of(table, i, torch.arange(sl - ql, sl)) for i, (ql, sl) in enumerate(reqs)])
+    slots = torch.cat([slots_of(table, i, torch.arange(sl - ql, sl), page) for i, (ql, sl) in enumerate(reqs)])
     seq = torch.tensor(s, dtype=torch.int32)
     cm = CommonAttentionMetadata(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq,
                                  num_reqs=len(reqs), num_actual_tokens=int(sum(q)), max_query_len=max(q),
@@ -114,10 +127,10 @@ def common_metadata(reqs: list, table: torch.Tensor | None = None):
     return cm, sum(pages)
 
 
-def slots_of(table: torch.Tensor, i: int, positions: torch.Tensor) -> torch.Tensor:
+def slots_of(table: torch.Tensor, i: int, positions: torch.Tensor, page: int = PAGE) -> torch.Tensor:
     """Request ``i``'s cache slots of token ``positions``: its block table's page times the page size,
     plus the offset in the page (vLLM's slot mapping)."""
-    return (table[i, positions // PAGE] * PAGE + positions % PAGE).long()
+    return (table[i, positions // page] * page + positions % page).long()
 
 
 class Layer:
@@ -129,37 +142,6 @@ class Layer:
             setattr(self, n, torch.ones(()))
             setattr(self, f"{n}_float", 1.0)
         self._o_scale_float = None
-
-
-# ----------------------------------------------------------------------------- KV-cache layout
-def resolve_layout(fb, cfg):
-    """The layout this GPU class gets, by the release's own rule -> (layout, its name)."""
-    from vllm.v1.attention.backends import utils as bu
-
-    be = fb.FlashInferBackend
-    if hasattr(be, "supported_kv_cache_layouts"):  # 0.29+: the worker's resolution, most preferred first
-        pick = getattr(bu, "get_supported_kv_cache_layouts", None)
-        layout = pick([be])[0] if pick else be.supported_kv_cache_layouts()[0]
-        cfg.cache_config.get_resolved_kv_cache_layout = lambda: layout
-        return layout, layout.name
-
-    required = be.get_required_kv_cache_layout() if hasattr(be, "get_required_kv_cache_layout") else None
-    if required is not None:
-        bu.set_kv_cache_layout(required)
-    return None, bu.get_kv_cache_layout()
-
-
-def kv_cache(fb, layout, pages: int, heads: int, head_dim: int, dtype=torch.bfloat16, device="cpu") -> torch.Tensor:
-    """A layer's cache in the release's logical shape, allocated in its physical order (an fp8 cache
-    as bytes, vLLM's ``STR_DTYPE_TO_TORCH_DTYPE["fp8"]``, viewed as fp8 by ``forward``)."""
-    if layout is not None:  # logical [B, H, N, 2*D]; ``layer_view_order`` the physical one
-        logical = (pages, heads, PAGE, 2 * head_dim)
-        order = layout.layer_view_order
-    else:  # get_kv_cache_shape, permuted by get_kv_cache_stride_order (the model runner's view)
-        logical = fb.FlashInferBackend.get_kv_cache_shape(pages, PAGE, heads, head_dim)
-        order = fb.FlashInferBackend.get_kv_cache_stride_order()
-    phys = torch.zeros([logical[i] for i in order], dtype=dtype, device=device)
-    return phys.permute(*[list(order).index(i) for i in range(len(order))])
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -200,33 +182,21 @@ def verdict(asked: dict, got: dict) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- one family, one GPU class
-def quantized(spec, kv_cache_dtype: str):
-    """The layer's KV-cache spec with a quantized cache, as the release's ``Attention.get_kv_cache_spec``
-    makes it (0.20.0-0.34.0 model_executor/layers/attention/attention.py): the storage dtype
-    (``STR_DTYPE_TO_TORCH_DTYPE``: fp8 is uint8) and ``kv_quant_mode=get_kv_quant_mode(dtype)``,
-    which the builder reads to plan with fp8 KV (0.34.0 flashinfer.py:951)."""
-    import dataclasses
-
-    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-    from vllm.v1.kv_cache_interface import get_kv_quant_mode
-
-    return dataclasses.replace(spec, dtype=STR_DTYPE_TO_TORCH_DTYPE[kv_cache_dtype],
-                               kv_quant_mode=get_kv_quant_mode(kv_cache_dtype))
-
-
-def _step(fb, builder, layer, layout, reqs: list, fam: dict) -> None:
+def _step(fb, builder, layer, layout, reqs: list, fam: dict, spec=None, page: int = PAGE) -> None:
     """One batch through the builder and ``FlashInferImpl.forward`` (q/k/v zeros: the calls are the
-    point). With an fp8 cache and an impl that takes a quantized query, the query arrives in fp8, as
-    the release's ``Attention.forward`` quantizes it (its ``query_quant``, static per tensor, scale 1.0)."""
-    cm, pages = common_metadata(reqs)
+    point). With a quantized cache (:data:`QUANT_QUERY`) and an impl that takes a quantized query, the
+    query arrives in fp8, as the release's ``Attention.forward`` quantizes it (its ``query_quant``,
+    static per tensor, scale 1.0); the cache is allocated for ``spec`` (the builder's)."""
+    cm, pages = common_metadata(reqs, page=page)
     md = builder.build(0, cm)
     t, hq, hk, d = cm.num_actual_tokens, fam["num_qo_heads"], fam["num_kv_heads"], fam["head_dim"]
     k = torch.zeros(t, hk, d, dtype=torch.bfloat16)
     q = torch.zeros(t, hq, d, dtype=torch.bfloat16)
-    fp8 = layer.kv_cache_dtype.startswith("fp8")
-    if fp8 and getattr(layer.impl, "supports_quant_query_input", False):
+    quant = layer.kv_cache_dtype.startswith(QUANT_QUERY)
+    if quant and getattr(layer.impl, "supports_quant_query_input", False):
         q = q.to(torch.float8_e4m3fn)
-    cache = kv_cache(fb, layout, pages, hk, d, torch.uint8 if fp8 else torch.bfloat16)
+    cache = kv_cache(fb, layout, pages, hk, d, torch.uint8 if quant else torch.bfloat16, spec=spec,
+                     cache_dtype=layer.kv_cache_dtype, page=page)
     layer.impl.forward(layer, q, k, k.clone(), cache, md, torch.zeros(t, hq, d, dtype=torch.bfloat16))
 
 
@@ -252,7 +222,27 @@ class Drive:
         cache with the layer's impl and spec made for it (:func:`quantized`)."""
         n0, row = len(self.rec.calls), {"path": path, "requests": steps[-1][1], "asked": asked, "kernels": []}
         kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"
-        builder = self.builder
+        builder, spec, page = self.builder, self.spec, PAGE
+        if cfg is not None and cfg.cache_config.block_size != PAGE:  # --block-size: the release's kernel page
+            import dataclasses
+
+            try:
+                page = row["kernel_page"] = kernel_page(self.fb, self.spec, cfg.cache_config.block_size)
+            except Exception as e:  # noqa: BLE001 - the release found no kernel page: the row's answer
+                return {**row, "error": f"{type(e).__name__}: {e}".splitlines()[0], "calls": []}
+            if page <= LARGE_PAGE:  # split into pages the default paths already ran: no other route
+                return {**row, "calls": []}
+            spec = dataclasses.replace(self.spec, block_size=page)
+        if kv != "auto":  # a cache dtype the selector may not give FlashInfer: that is the row's answer
+            row["cache_dtype"] = kv
+            from vllm.platforms import current_platform
+
+            from swa_repro.vllm.platform_default import flashinfer_reasons
+
+            cap = current_platform.get_device_capability()
+            reasons = flashinfer_reasons(self.fb, self.fam, (cap.major, cap.minor), kv)
+            if reasons:
+                return {**row, "refused": f"validate_configuration: {', '.join(reasons)}", "calls": []}
         for stage, reqs in steps:
             k0 = len(self.rec.calls)
             try:
@@ -260,9 +250,9 @@ class Drive:
                     layer = self.layer_cls(self.fb.FlashInferImpl(**{**self.params, "kv_cache_dtype": kv}),
                                            self.name, kv)
                 if cfg is not None and stage in (None, "capture"):
-                    spec = self.spec if kv == "auto" else quantized(self.spec, kv)
+                    spec = spec if kv == "auto" else packed(self.fb, quantized(spec, kv))
                     builder = self.fb.FlashInferMetadataBuilder(spec, [self.name], cfg, torch.device("cpu"))
-                _step(self.fb, builder, layer, self.layout, reqs, self.fam)
+                _step(self.fb, builder, layer, self.layout, reqs, self.fam, spec, page)
             except Exception as e:  # the release refused this path: that is the row's answer
                 row["error"] = f"{type(e).__name__}: {e}".splitlines()[0]
             row["kernels"] += [_kernel(c, asked, stage) for c in self.rec.calls[k0:]
@@ -296,7 +286,7 @@ def prepare(fb, fam: dict, rec: standins.Recorder, device: str = "cpu") -> tuple
     for path, (switches, _) in VARIANTS.items():
         cfgs[path] = make_config(fam, layers, 16384, **switches)
         cfgs[path].cache_config.__dict__.update({k: v for k, v in vars(cfgs[None].cache_config).items()
-                                                 if k != "cache_dtype"})  # the layout resolved once
+                                                 if k not in ("cache_dtype", "block_size")})  # the layout, resolved once
     hk, d = fam["num_kv_heads"], fam["head_dim"]
     kinds = []
     for kind, p in params.items():

@@ -35,19 +35,29 @@ def _call(fn, **offered):
     return fn(**kw)
 
 
-def probe(fb, fam: dict, arch: tuple) -> dict:
+def _offered(fb, fam: dict, arch: tuple, kv_cache_dtype: str = "auto") -> dict:
+    """What the selector hands each backend's ``validate_configuration`` for this family."""
     from vllm.platforms.interface import DeviceCapability
 
-    for name in COMPILED:
-        sys.modules.setdefault(name, types.ModuleType(name))
-    cap = DeviceCapability(*arch)
     has_sink = any(k.get("sinks") for k in fam["layers"].values())
     has_sw = any(k.get("sliding_window") for k in fam["layers"].values())
     attn_type = getattr(getattr(fb, "AttentionType", None), "DECODER", "decoder")
-    offered = dict(use_mla=False, device_capability=cap, num_heads=fam["num_qo_heads"], kv_cache_dtype="auto",
-                   use_non_causal=False, head_size=fam["head_dim"], use_mm_prefix=False, dtype=torch.bfloat16,
-                   block_size=16, has_sink=has_sink, use_sparse=False, use_per_head_quant_scales=False,
-                   attn_type=attn_type, has_sliding_window=has_sw)
+    return dict(use_mla=False, device_capability=DeviceCapability(*arch), num_heads=fam["num_qo_heads"],
+                kv_cache_dtype=kv_cache_dtype, use_non_causal=False, head_size=fam["head_dim"], use_mm_prefix=False,
+                dtype=torch.bfloat16, block_size=16, has_sink=has_sink, use_sparse=False,
+                use_per_head_quant_scales=False, attn_type=attn_type, has_sliding_window=has_sw)
+
+
+def flashinfer_reasons(fb, fam: dict, arch: tuple, kv_cache_dtype: str) -> list[str]:
+    """Why the release's selector would not take FlashInfer for this family with that
+    ``--kv-cache-dtype`` (its ``FlashInferBackend.validate_configuration``; empty: it would)."""
+    return list(_call(fb.FlashInferBackend.validate_configuration, **_offered(fb, fam, arch, kv_cache_dtype)) or [])
+
+
+def probe(fb, fam: dict, arch: tuple) -> dict:
+    for name in COMPILED:
+        sys.modules.setdefault(name, types.ModuleType(name))
+    offered = _offered(fb, fam, arch)
     try:
         import vllm.platforms.cuda as cuda
     except Exception as e:  # noqa: BLE001

@@ -96,6 +96,16 @@ def _bound(fn, args, kwargs) -> dict:
     return out
 
 
+def trtllm_gen_refuses_cap(name: str):
+    """A wrapper whose backend is ``trtllm-gen`` refuses a soft cap at ``plan``, as flashinfer's do
+    (the paged prefill wrapper raises, 0.6.12 prefill.py:2047-2048, 0.7.2.post1 :3710-3712; the decode
+    wrapper asserts, 0.6.12 decode.py:1016, 0.7.2.post1 :2316): vLLM uses that backend inside its
+    wrappers for an NVFP4 cache on sm100."""
+    if "Decode" in name:
+        raise AssertionError("logits_soft_cap == 0.0 (flashinfer's trtllm-gen decode wrapper)")
+    raise ValueError("logits_soft_cap must be 0.0 for trtllm-gen paged KV cache")
+
+
 def recording_wrapper(name: str, base: type, rec: Recorder, parent: type | None = None) -> type:
     """``base`` whose constructor, ``plan`` and ``run`` are recorded into ``rec`` (a real class:
     vLLM annotates and ``isinstance``-checks its wrappers); ``parent``: the class it derives from
@@ -114,6 +124,8 @@ def recording_wrapper(name: str, base: type, rec: Recorder, parent: type | None 
             out = base.plan(self, *a, **kw)
             if self._logits_soft_cap is None:  # flashinfer 0.6.12 prefill.py:1877-1878 (plan stores 0.0)
                 self._logits_soft_cap = 0.0
+            if getattr(self, "_backend", None) == "trtllm-gen" and self._logits_soft_cap:
+                trtllm_gen_refuses_cap(name)
             # the module, picked here only (prefill.py:2035, decode.py:1054-1055): a later
             # fast_decode_plan sets the window and cap but never re-picks it (0.7.2 decode.py:5055-5057)
             self._module = (self._window_left >= 0, self._logits_soft_cap > 0)

@@ -22,8 +22,9 @@ from swa_repro.vllm.families import FAMILIES
 # it, and the latest: 0.24.0 (last without XQA decode on sm90), 0.25.0 (XQA decode and the sm90
 # sliding-window refusal arrive), 0.28.0 (last with the "NHD"/"HND" layout strings), 0.29.0
 # (KVCacheLayout; cohere2's window + 1; last with the refusal), 0.30.0 (refusal gone: sm90 decodes
-# sliding layers on XQA), 0.31.0 (openai>=2.25 on the import path), 0.34.0 (latest, 2026-12-05)
-TABLE_RELEASES = ("0.20.0", "0.24.0", "0.25.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.34.0")
+# sliding layers on XQA), 0.31.0 (openai>=2.25 on the import path; last with an NVFP4 cache on sm100
+# only), 0.32.0 (an NVFP4 cache on fa2 for sm80 / sm90 / sm120), 0.34.0 (latest, 2026-12-05)
+TABLE_RELEASES = ("0.20.0", "0.24.0", "0.25.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.34.0")
 GPUS = ("sm90", "sm100", "sm80")
 NAME = "vllm-releases"
 
@@ -49,7 +50,9 @@ def build(versions, families, gpus, *, note=print, fix: str | None = None) -> di
                           "asked": {k: {"window_left": (x["sliding_window"] or 0) - 1, "cap": x["logits_soft_cap"],
                                         "scale": x["scale"], "sinks": x["sinks"], "hf_window_left": x["hf_window_left"]}
                                     for k, x in fam["layers"].items()},
-                          "sources": fam["sources"], "dcp": d.get("dcp", {})}
+                          "sources": fam["sources"], "dcp": d.get("dcp", {}),
+                          "kernel_page": {r["layer"]: r["kernel_page"] for r in d.get("rows", ())
+                                          if "kernel_page" in r}}
             rel[g.name] = row
         out["releases"][v] = rel
     return out
@@ -68,8 +71,10 @@ def markdown(t: dict, families, gpus) -> str:
              "`FlashInferImpl` built with the family's per-kind window, cap, scale and sinks, the release's "
              "`FlashInferMetadataBuilder` and `forward` driven for a prefill, a decode and a mixed batch with "
              "prompts past the window, a FULL CUDA-graph decode (capture, then a replay re-planned by "
-             "`fast_decode_plan`), a speculative verify batch (1 + 2 tokens a request) and the mixed batch "
-             "with an fp8 KV cache, every FlashInfer call "
+             "`fast_decode_plan`), a speculative verify batch (1 + 2 tokens a request), the mixed batch "
+             "with an fp8 and with an NVFP4 KV cache (each asked of the release's `validate_configuration` "
+             "first), and the mixed batch at the kernel page the release gives `--block-size 128`, every "
+             "FlashInfer call "
              "recorded by stand-ins (a planned wrapper's `run` with what it holds where the module its `plan` "
              "picked compiles it in, or a kernel vLLM calls directly with its own arguments); decode-context "
              "parallelism is asked of each layer kind's KV-cache spec, sized for two DCP ranks. The "
@@ -84,7 +89,8 @@ def markdown(t: dict, families, gpus) -> str:
              "kernels get what the layer asks, but the layer asks another window than transformers' mask), "
              "refused (the release will not serve it with FlashInfer on that GPU class; its reason), not "
              "affected, not driven. Where FlashInfer is not the default backend, a cell applies with "
-             "`--attention-config.backend FLASHINFER`.", ""]
+             "`--attention-config.backend FLASHINFER`. A cell is the default KV cache; the quantized caches "
+             "have their own section.", ""]
     for g in gpus:
         lines += [f"## {g.name} ({g.cards})", "", "| vLLM | default backend | " + " | ".join(families) + " |",
                   "|---|---|" + "---|" * len(families)]
@@ -93,7 +99,7 @@ def markdown(t: dict, families, gpus) -> str:
             d = next(iter(row.values()))
             lines.append(f"| {v} | {d['default_backend']} | " + " | ".join(row[f]["short"] for f in families) + " |")
         lines.append("")
-    lines += dcp_lines(t, families, gpus)
+    lines += cache_dtype_lines(t, families, gpus) + page_lines(t, families, gpus) + dcp_lines(t, families, gpus)
     lines += ["## Routes: the kernels each path reaches (both layer kinds), latest release", ""]
     last = list(t["releases"])[-1]
     for g in gpus:
@@ -105,6 +111,48 @@ def markdown(t: dict, families, gpus) -> str:
             if by_path:
                 lines.append(f"- {g.name} {f}: " + "; ".join(f"{p} -> {' + '.join(k)}" for p, k in by_path.items()))
     return "\n".join(lines) + "\n"
+
+
+def cache_dtype_lines(t: dict, families, gpus) -> list[str]:
+    """Per GPU class, each release x family's answer with each quantized cache the audit drove
+    (``verdict.cell``'s ``cache_dtypes``: the same kinds of answer, over that cache's paths only)."""
+    dtypes = sorted({kv for rel in t["releases"].values() for row in rel.values() for c in row.values()
+                     for kv in c.get("cache_dtypes", {})})
+    if not dtypes:
+        return []
+    out = ["## Quantized KV caches (`--kv-cache-dtype " + " | ".join(dtypes) + "`)", "",
+           ("The mixed batch with that cache, the layer's impl, KV-cache spec and builder made for it as the "
+            "release makes them. refused: the release's `validate_configuration` or its builder will not serve "
+            "it (its reason). A cell whose default cache is refused has no entry here (–)."), ""]
+    for g in gpus:
+        out += [f"### {g.name}", "", "| vLLM | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+        for v, rel in t["releases"].items():
+            row = rel[g.name]
+            cells = ["<br>".join(f"{kv}: {vv.short(row[f]['cache_dtypes'][kv])}" for kv in dtypes
+                                 if kv in row[f].get("cache_dtypes", {})) or "–" for f in families]
+            out.append(f"| {v} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
+
+
+def page_lines(t: dict, families, gpus) -> list[str]:
+    """``--block-size 128``: per GPU class and release, the kernel page each family's layers get
+    (``paths.kernel_page``, the release's own sizes); its routes are in the cell's (``large_page_mixed``)."""
+    if not any(c.get("kernel_page") for rel in t["releases"].values() for row in rel.values() for c in row.values()):
+        return []
+    out = ["## `--block-size 128`: the kernel page", "",
+           ("The page the release's worker gives a 128-token KV-cache block (its "
+            "`FlashInferBackend.get_supported_kernel_block_sizes`); over 64 it runs only on trtllm-gen (the "
+            "builder asserts it), and the cell's paths include the mixed batch at that page; at 64 or less the "
+            "block is split into pages the default paths already ran."), ""]
+    for g in gpus:
+        for v, rel in t["releases"].items():
+            pages = {f: sorted(set(rel[g.name][f].get("kernel_page", {}).values())) for f in families}
+            words = [f"{f} {'/'.join(map(str, p))}" + (" (trtllm-gen)" if max(p) > 64 else "")
+                     for f, p in pages.items() if p]
+            if words:
+                out.append(f"- {g.name}, {v}: " + ", ".join(words))
+    return out + [""]
 
 
 def dcp_lines(t: dict, families, gpus) -> list[str]:

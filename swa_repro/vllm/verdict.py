@@ -10,9 +10,15 @@
   than transformers' mask of the family (``hf_window_left``; e.g. a model file passing
   ``sliding_window + 1``).
 * **not affected**, or **not driven** (the audit could not drive a path; the error says why).
+
+A cell is the default cache (``--kv-cache-dtype auto``); each quantized cache the audit drives
+(a row with ``cache_dtype``) gets its own answer of the same kinds in ``cache_dtypes``, so that a
+release refusing, say, an NVFP4 cache on a GPU class does not read as refusing the family.
 """
 
 from __future__ import annotations
+
+import re
 
 REFUSAL = ("NotImplementedError", "ValueError")
 
@@ -20,18 +26,36 @@ REFUSAL = ("NotImplementedError", "ValueError")
 def cell(doc: dict) -> dict:
     if doc.get("error"):
         return {"state": "not driven", "why": [doc["error"]], "routes": []}
-    fam = doc["family"]
     pl = doc.get("platform", {})
-    why, routes, state = [], [], "not affected"
     if pl.get("flashinfer_valid") is False:
         return {"state": "refused", "why": [f"validate_configuration: {', '.join(pl['flashinfer_reasons'])}"],
                 "routes": []}
-    refused = [r for r in doc["rows"] if r.get("error") and r["error"].split(":")[0] in REFUSAL]
+    rows = doc["rows"]
+    out = judge(doc, [r for r in rows if not r.get("cache_dtype")])
+    dtypes = sorted({r["cache_dtype"] for r in rows if r.get("cache_dtype")})
+    if dtypes:
+        out["cache_dtypes"] = {kv: judge(doc, [r for r in rows if r.get("cache_dtype") == kv]) for kv in dtypes}
+    return out
+
+
+def _refusal(r: dict) -> str | None:
+    """The release's refusal of a row: its ``validate_configuration`` (``refused``) or a raise of
+    :data:`REFUSAL`."""
+    if r.get("refused"):
+        return r["refused"]
+    return r["error"] if r.get("error") and r["error"].split(":")[0] in REFUSAL else None
+
+
+def judge(doc: dict, rows: list) -> dict:
+    """The answer over ``rows`` (one cache dtype's paths of a cell)."""
+    fam = doc["family"]
+    why, routes, state = [], [], "not affected"
+    refused = [r for r in rows if _refusal(r)]
     if refused:
-        reasons = sorted({f"{r['layer']}: {r['error']}"[:140] for r in refused})
+        reasons = sorted({f"{r['layer']}: {_refusal(r)}"[:140] for r in refused})
         return {"state": "refused", "why": reasons, "routes": []}
-    broken = [r for r in doc["rows"] if r.get("error")]
-    for r in doc["rows"]:
+    broken = [r for r in rows if r.get("error")]
+    for r in rows:
         for k in r["kernels"]:
             route = f"{r['layer'][0].upper()} {r['path']}: {k['kernel']}"
             if route not in routes:
@@ -43,7 +67,7 @@ def cell(doc: dict) -> dict:
     if why:
         state = "affected"
     hf = {kind: v["hf_window_left"] for kind, v in fam["layers"].items()}
-    asked = {r["layer"]: r["asked"]["window_left"] for r in doc["rows"] if r.get("asked")}
+    asked = {r["layer"]: r["asked"]["window_left"] for r in rows if r.get("asked")}
     off = [f"{kind} layer asks window_left {w}, transformers' mask {hf[kind]}" for kind, w in sorted(asked.items())
            if kind in hf and w != hf[kind]]
     if off:
@@ -61,9 +85,10 @@ def short(c: dict) -> str:
     if s == "not affected":
         return "not affected"
     if s == "refused":
-        first = c["why"][0]
-        return "refused: " + ("sinks" if "sink" in first else "sliding window" if "sliding" in first
-                              else first.split(": ", 1)[-1][:60])
+        msg = re.sub(r"^(full|sliding): ", "", c["why"][0])  # the release's words, not the layer kind's name
+        if "sink" in msg or "sliding" in msg:
+            return "refused: " + ("sinks" if "sink" in msg else "sliding window")
+        return "refused: " + (msg if len(msg) <= 60 else msg[:60].rsplit(" ", 1)[0] + " ...")
     gist = []
     kernels = sorted({w.split(": ")[0].split(" ")[-1] for w in c["why"] if "logits_soft_cap" in w})
     if kernels:

@@ -1,0 +1,197 @@
+"""vLLM's cap-route fix (issue #27): the edits on snippets written as the releases write their anchors
+(run in `make test`), the committed fixed table and diff; the fix on a release's own file is `matrix`.
+
+Oracles: executing the edited snippet (what the edit does, not how it reads), ruff format (the
+upstream diff is held to vLLM's formatter), and the audit of the fixed release (matrix).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swa_repro.cli import main
+
+_SNIPPET = '''class FlashInferMetadataBuilder:
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
+        self.use_trtllm_decode_attention = can_use_trtllm
+
+    def build(self):
+        prefill_use_trtllm = use_trtllm_attention(
+            self.num_qo_heads,
+        )
+'''
+
+
+def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
+    from swa_repro.core.errors import UsageError
+    from swa_repro.vllm.fix import edit
+
+    out = edit(_SNIPPET, "0.20.0")
+    assert "        can_use_trtllm = can_use_trtllm and not logits_soft_cap\n" in out
+    assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
+    call_end = out.index("        )\n", out.index("prefill_use_trtllm = use_trtllm_attention("))
+    assert out.index("        prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap\n") > call_end
+    assert "raise NotImplementedError" not in out  # no NVFP4 attribute in this release's builder
+    compile(out, "flashinfer.py", "exec")
+    with pytest.raises(UsageError, match="not a structure this fix knows"):
+        edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
+
+
+_IMPL_020 = '''class FlashInferImpl:
+    def __init__(self, logits_soft_cap, vllm_config):
+        self.logits_soft_cap = logits_soft_cap
+        self.support_trtllm_attn = True
+        self.supports_quant_query_input = (
+            self.support_trtllm_attn
+            and vllm_config is not None
+        )
+'''
+
+
+@pytest.mark.parametrize("cap, takes_fp8_query", [(50.0, False), (None, True)])
+def test_fix_keeps_a_soft_capped_layer_from_taking_an_fp8_query_where_020_to_024_offer_it(cap, takes_fp8_query):
+    """0.20.0-0.24.x's impl offers an fp8 query whenever trtllm-gen could run; the fixed builder keeps a
+    soft-capped layer off trtllm-gen and plans a model-dtype query, so the fix also withdraws the offer
+    for that layer (the audit's fp8 path found ``Query dtype mismatch`` on sm100 without it); a layer
+    without a cap keeps it."""
+    from swa_repro.vllm.fix import edit
+
+    out = edit(_SNIPPET + _IMPL_020, "0.20.0")
+    scope: dict = {}
+    exec(compile(out, "flashinfer.py", "exec"), scope)  # noqa: S102 - the edited snippet, nothing else
+    assert scope["FlashInferImpl"](cap, object()).supports_quant_query_input is takes_fp8_query
+    assert "and not self.logits_soft_cap" not in edit(_SNIPPET, "0.25.0").split("def build")[0]
+
+
+def _ruff_formatted(text: str) -> str:
+    """``text`` as ruff format writes it at vLLM's 88 columns (the pinned dev dependency)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    assert ruff, "ruff (a dev dependency, pyproject.toml) is not installed"
+    return subprocess.run([ruff, "format", "--line-length", "88", "-"], input=text, capture_output=True, text=True,
+                          check=True).stdout
+
+
+_PAGES = '''class FlashInferBackend:
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None):
+        use_large_pages = False
+        vllm_config = get_current_vllm_config_or_none()
+        if vllm_config is not None and vllm_config.model_config is not None:
+            use_large_pages = (
+                num_kv_heads > 0
+                and can_use_trtllm_attention(num_qo_heads, num_kv_heads)
+            )
+        if not use_large_pages:
+            return [16, 32, 64]
+        return [16, 32, 64, 128, 256, 512, 1024]
+'''
+_NVFP4 = _SNIPPET.replace("        can_use_trtllm = can_use", "        self.nvfp4_trtllm = nvfp4\n        can_use_trtllm = can_use")
+
+
+@pytest.mark.parametrize("cap, pages", [(50.0, [16, 32, 64]), (None, [16, 32, 64, 128, 256, 512, 1024])])
+def test_fix_offers_no_large_pages_to_a_model_with_a_soft_capped_layer(cap, pages):
+    """0.24.0+: pages over 64 run only on trtllm-gen, which the fixed builder keeps soft-capped layers
+    off, so the fixed sizes leave them out where a built layer has a cap (``static_forward_context``)."""
+    import types
+
+    from swa_repro.vllm.fix import edit
+
+    layers = {"a": types.SimpleNamespace(impl=types.SimpleNamespace(logits_soft_cap=cap)), "b": object()}
+    cfg = types.SimpleNamespace(model_config=object(), compilation_config=types.SimpleNamespace(
+        static_forward_context=layers))
+    scope = {"get_current_vllm_config_or_none": lambda: cfg, "can_use_trtllm_attention": lambda q, k: True,
+             "num_kv_heads": 4, "num_qo_heads": 8}
+    exec(compile(edit(_SNIPPET + _PAGES, "0.24.0"), "flashinfer.py", "exec"), scope)  # noqa: S102 - the snippet
+    assert scope["FlashInferBackend"].get_supported_kernel_block_sizes() == pages
+
+
+@pytest.mark.parametrize("nvfp4, cap, refused", [(True, 50.0, True), (True, None, False), (False, 50.0, False)])
+def test_fix_refuses_a_soft_capped_model_with_an_nvfp4_cache_only_trtllm_gen_reads(nvfp4, cap, refused):
+    """sm100's NVFP4 cache runs only on trtllm-gen (whose flashinfer wrappers refuse a cap at plan):
+    the fixed builder says so at construction for a soft-capped model, and builds otherwise."""
+    import types
+
+    from swa_repro.vllm.fix import edit
+
+    scope = {"can_use_trtllm_attention": lambda q, k: True, "nvfp4": nvfp4, "FlashInferImpl": None,
+             "get_per_layer_parameters": lambda *a: None,
+             "infer_global_hyperparameters": lambda p: types.SimpleNamespace(logits_soft_cap=cap)}
+    exec(compile(edit(_NVFP4, "0.34.0"), "flashinfer.py", "exec"), scope)  # noqa: S102 - the snippet
+    b = scope["FlashInferMetadataBuilder"].__new__(scope["FlashInferMetadataBuilder"])
+    b.num_qo_heads = b.num_kv_heads = 1
+    if refused:
+        with pytest.raises(NotImplementedError, match="nvfp4 runs on trtllm-gen only"):
+            b.__init__(None, [], None, None)
+    else:
+        b.__init__(None, [], None, None)
+        assert b.use_trtllm_decode_attention is not bool(cap)
+
+
+def test_fix_edits_are_ruff_formatted():
+    """The upstream diff is held to vLLM's formatter: every edit, a long name's included, is already as
+    ruff format writes it."""
+    from swa_repro.vllm.fix import edit
+
+    text = (_SNIPPET + _IMPL_020 + _PAGES).replace("can_use_trtllm", "can_use_xqa_or_trtllm_gen_decode_attention")
+    text = _ruff_formatted(text)
+    out = edit(text, "0.24.0")
+    assert out != text and _ruff_formatted(out) == out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["audit", "--vllm", "0.34.0", "--fix", "window"], "choose cap-route"),
+    (["audit", "--diff"], "--diff goes with --vllm"),
+])
+def test_fix_bad_input_is_one_line(argv, says, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_committed_fixed_table_renders_from_its_json():
+    from swa_repro.sglang import families as sf
+    from swa_repro.vllm import table
+
+    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
+    t = json.loads(p.read_text())
+    md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
+    assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
+    for v, rel in t["releases"].items():  # the fix leaves no dropped cap anywhere, with any cache or page
+        for g, row in rel.items():
+            for c in row.values():
+                for a in (c, *c.get("cache_dtypes", {}).values()):
+                    assert not any("logits_soft_cap" in w for w in a["why"]), (v, g)
+                if g == "sm100" and c["asked"] and any(k["cap"] for k in c["asked"].values()):
+                    assert max(c.get("kernel_page", {}).values() or [0]) <= 64, (v, g)  # no trtllm-gen page
+
+
+@pytest.mark.matrix
+def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
+    """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
+    and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
+    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.vllm import table
+    from swa_repro.vllm.audit import run_release
+    from swa_repro.vllm.fix import upstream_diff
+    from swa_repro.vllm.provision import provision
+    from swa_repro.vllm.verdict import cell
+
+    doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss"], [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]],
+                            note=lambda s: None, fix="cap-route")
+    for a in ("9.0", "10.0"):
+        g = doc["audits"][a]["gemma2"]
+        assert cell(g)["state"] == "not affected"
+        assert {k["kernel"] for r in g["rows"] for k in r["kernels"]} == {
+            "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
+    assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
+        "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
+    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
+    assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])
