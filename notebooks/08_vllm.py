@@ -146,5 +146,22 @@ checks.expect(len(fixed_live) > 0 and (fixed_live.wrong_rows == 0).all() and (fi
               "with --fix cap-route every Gemma-2 row is right, each kernel told the cap")
 checks.expect(bool(lv.told_agrees.all()), "every kernel did exactly what vLLM told it (the audit's reading holds)")
 
+# %% [markdown]
+# With an NVFP4 cache (section 4's reading: on sm90 from 0.32.0 vLLM decodes it on fa2's decode wrapper,
+# not XQA) the same check on the kernel: keys and values drawn on NVFP4's grid, so the release's cache
+# write stores them exactly and the float64 reference holds.
+
+# %%
+nv_docs, nv_source = vllm_page.live_nvfp4(info.mode)
+print("live results:", nv_source)
+nv = vllm_page.live_rows(nv_docs)
+nv = nv[nv.family == "gemma2"]
+nv
+
+# %%
+checks.expect(len(nv) > 0 and (nv.wrong_rows == 0).all() and (nv.told_cap == 50).all()
+              and "xqa_batch_decode_with_kv_cache" not in set(nv.kernel) and bool(nv.told_agrees.all()),
+              "with an NVFP4 cache every Gemma-2 row is right on the kernel: fa2's wrappers, each told the cap")
+
 # %%
 checks.close()

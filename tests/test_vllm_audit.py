@@ -323,7 +323,7 @@ def test_notebook_08_vllm(tmp_path):
 
     r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
     assert r["status"] == "ok", r["error"]
-    assert r["checks_failed"] == 0 and r["checks_passed"] == 10  # 4 + 3 on the tables, 3 on the live recording
+    assert r["checks_failed"] == 0 and r["checks_passed"] == 11  # 4 + 3 on the tables, 3 + 1 on the live recordings
     assert [str(f).rsplit("/", 1)[-1] for f in r["figures"]] == ["08_vllm_states.png"]
 
 

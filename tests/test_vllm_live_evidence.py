@@ -78,3 +78,45 @@ def test_cohere2_attends_its_asked_window_one_key_past_transformers_mask(docs):
     # rows past position 4095 see key p - 4096, which transformers' mask (4096 keys) leaves out
     assert off == {"decode": 2, "cuda_graph_decode": 2, "spec_decode": 4, "mixed": 301, "prefill": 300}
     assert all(r["cap"]["wrong_rows"] == 0 for r in rows.values())
+
+
+# ----------------------------------------------------------------------------- the NVFP4 call (a second GPU call)
+NVFP4 = CALL.parent / "call-20261206T0002-h100"
+
+
+@pytest.fixture(scope="module")
+def nvfp4_docs():
+    from swa_repro.vllm.live_report import load
+
+    return {site: load(NVFP4 / f"live-{site}.json.xz") for site in ("shipped", "fixed")}
+
+
+def test_the_nvfp4_call_summary_and_provenance():
+    from swa_repro.vllm.live_report import summary
+
+    assert (NVFP4 / "SUMMARY.md").read_text() == "\n".join(summary(NVFP4)) + "\n"
+    gpu = (NVFP4 / "gpu.txt").read_text()
+    for line in ("date -u: 2026-12-06T", "NVIDIA H100", "driver: 580.", "torch: 2.11.0+cu130", "code digest: ",
+                 "groups nvfp4_kv_mixed; flashinfer 0.7.2.post1, vllm 0.33.0; exit status 0",
+                 "--paths nvfp4_kv_mixed --device cuda", "patch apply --vllm --fix cap-route"):
+        assert line in gpu, line
+
+
+def test_an_nvfp4_cache_on_sm90_keeps_gemma2s_cap_on_the_real_kernels(nvfp4_docs):
+    """vLLM 0.33.0 with --kv-cache-dtype nvfp4 on an H100: its own cache write into its own packed
+    layout, fa2's wrappers for prefill and decode (no XQA), each told the layer's window and cap, every
+    row right against the float64 reference; shipped and fixed alike (the fix changes nothing here)."""
+    for site, d in nvfp4_docs.items():
+        assert d["kernels"] == "real FlashInfer" and d["arch"] == [9, 0] and "H100" in d["device"]
+        assert set(d["families"]) == ({"gemma2", "cohere2"} if site == "shipped" else {"gemma2"})
+        for f in d["families"].values():
+            assert [(r["layer"], r["path"]) for r in f["rows"]] == [("full", "nvfp4_kv_mixed"),
+                                                                    ("sliding", "nvfp4_kv_mixed")]
+            for r in f["rows"]:
+                assert {k["kernel"] for k in r["kernels"]} == {"BatchPrefillWithPagedKVCacheWrapper",
+                                                               "BatchDecodeWithPagedKVCacheWrapper"}
+                assert all(k["told_window_left"] == r["asked"]["window_left"]
+                           and k["told_logits_soft_cap"] == r["asked"]["logits_soft_cap"] for k in r["kernels"])
+                assert r["cap"]["wrong_rows"] == 0 and r["cap"]["told_agrees"] and not r["cap"]["nan"]
+                assert sum(x["rows"] for x in r["cap"]["requests"]) == 302 and "not_run" in r["keys"]
+    assert {r["asked"]["logits_soft_cap"] for r in nvfp4_docs["shipped"]["families"]["gemma2"]["rows"]} == {50.0}

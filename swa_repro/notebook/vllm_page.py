@@ -96,6 +96,25 @@ def live(mode: str) -> tuple[dict, str]:
     return docs, f"the committed recording {LIVE_CALL.relative_to(LIVE_CALL.parents[3])} ({docs['shipped']['device']})"
 
 
+NVFP4_CALL = LIVE_CALL.parent / "call-20261206T0002-h100"
+
+
+def live_nvfp4(mode: str) -> tuple[dict, str]:
+    """Gemma-2's mixed batch with an NVFP4 cache (``--kv-cache-dtype nvfp4``, 0.32.0+ on sm90: fa2's
+    wrappers): on CUDA (``mode`` live) run here as shipped; otherwise the committed H100 recording."""
+    if mode == "live":
+        from swa_repro.sglang.families import GPU_CLASSES
+        from swa_repro.vllm.audit import run_live
+
+        doc = run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", paths="nvfp4_kv_mixed",
+                       note=lambda s: None)["sm90"]
+        return {"shipped": doc}, f"run here: vLLM {LIVE_VERSION}, gemma2, nvfp4_kv_mixed"
+    from swa_repro.vllm.live_report import load
+
+    doc = load(NVFP4_CALL / "live-shipped.json.xz")
+    return {"shipped": doc}, f"the committed recording {NVFP4_CALL.relative_to(NVFP4_CALL.parents[3])} ({doc['device']})"
+
+
 def live_rows(docs: dict) -> pd.DataFrame:
     """One row per site, family, layer kind, path and kernel: what it was told, its rows, the wrong ones."""
     out = []

@@ -196,12 +196,12 @@ def main(a) -> int:
 
 
 def live_paths(paths: str | None) -> list[str]:
-    from swa_repro.vllm.live import LIVE_PATHS
+    from swa_repro.vllm.live import LIVE_PATHS, OPTIONS
 
     chosen = [x.strip() for x in (paths or ",".join(LIVE_PATHS)).split(",") if x.strip()]
-    bad = [x for x in chosen if x not in LIVE_PATHS]
+    bad = [x for x in chosen if x not in LIVE_PATHS + OPTIONS]
     if bad or not chosen:
-        raise UsageError(f"--paths {paths!r} with --vllm: choose from {', '.join(LIVE_PATHS)}")
+        raise UsageError(f"--paths {paths!r} with --vllm: choose from {', '.join(LIVE_PATHS + OPTIONS)}")
     return chosen
 
 
