@@ -19,9 +19,11 @@ it at vLLM's 88 columns (the upstream diff is held to it):
 * ``build``: after ``prefill_use_trtllm = [causal and] use_trtllm_attention(...)``,
   ``prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap``;
 * 0.24.0+ ``FlashInferBackend.get_supported_kernel_block_sizes``: pages over 64 run only on
-  trtllm-gen (the builder asserts it), so they are not offered where a built layer has a soft cap
-  (the worker asks after the model is built, ``select_common_block_size``, and then splits a
-  larger KV-cache block into pages of 64; the audit's ``large_page_mixed`` path);
+  trtllm-gen (the builder asserts it), so they are not offered where a built layer has a soft cap.
+  Every caller that can pick a page over 64 asks after the model is built (0.34.0: the worker's
+  ``select_common_block_size`` and ``customize_attention_spec``, ``Attention.get_kv_cache_spec``'s
+  ``_largest_kernel_block_within``); the platform's config-time callers take the smallest size. The
+  worker then splits a 128-token KV-cache block into pages of 64 (the audit's ``large_page_mixed``);
 * 0.20.0-0.24.x only, where ``FlashInferImpl.__init__`` has it: ``self.supports_quant_query_input =
   (self.support_trtllm_attn ...`` also requires ``not self.logits_soft_cap``. There the impl offers
   to take an fp8 query whenever trtllm-gen could run (``Attention.forward`` then quantizes it, with
