@@ -33,12 +33,7 @@ KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_STEP_S="${MIN_STEP_S:-30}"
 LIVE_MARGIN_S="${LIVE_MARGIN_S:-120}"  # no call starts live after timeout - this: the rest builds, drives, writes
 FAMILY_FIXES="${FAMILY_FIXES-commandr_window_hook}"  # tests/test_gpu_family_script.py holds it to FAMILY_FIX
-START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PYTHON:-python3}"
-BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
-FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+. "$(dirname "${BASH_SOURCE[0]}")/lib_gpu.sh"  # START, ROOT (the working directory), PY, BUNDLE_DIR, FI_BUNDLE; has, run, ...
 SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
 NB_BUNDLE=""
 SITE="${SITE:-/tmp/site-shipped}"
@@ -50,9 +45,6 @@ LOG="$ART/gpu_family-$STAMP.log"
 CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
-
-# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, install_bundles, verify_site, write_out
-. "$ROOT/scripts/lib_gpu.sh"
 
 family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
   local t0 site="${2%%:*}" out="$ART/family-live-$1.json"; t0=$(elapsed)

@@ -70,12 +70,7 @@ RESERVE_S="${RESERVE_S:-45}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_LIVE_S="${MIN_LIVE_S:-30}"  # an audit whose --live-budget would be less is not started
 MIN_STEP_S="${MIN_STEP_S:-10}"  # nor a kit or regress run given less
-START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PYTHON:-python3}"
-BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
-FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+. "$(dirname "${BASH_SOURCE[0]}")/lib_gpu.sh"  # START, ROOT (the working directory), PY, BUNDLE_DIR, FI_BUNDLE; has, run, ...
 SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
 NB_BUNDLE=""  # no notebooks here
 SITE="${SITE:-/tmp/site-shipped}"
@@ -93,9 +88,6 @@ CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART/audit-live-before.json" "$ART/audit-live-after.json" "$ART/kit-after.json" "$ART/regress.log" \
   "$ART/regress-shipped.log" "$ART/regress-fixed.log" "$ART/fix.diff" "$ART/jit-warm.json" "$ART/steps.tsv"
-
-# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, steps_lines, install_bundles, verify_site, machine_lines
-. "$ROOT/scripts/lib_gpu.sh"
 
 note() { [ -z "${CMD_LOG:-}" ] || echo "    $*" >> "$CMD_LOG"; }  # how the last command's output was kept
 out_or_null() { if [ -n "${DRY_RUN:-}" ]; then echo /dev/null; else echo "$ART/$1"; fi; }

@@ -29,12 +29,7 @@ SGLANG_VERSION="${SGLANG_VERSION:-0.5.15.post1}"
 BUDGET_S="${BUDGET_S:-575}"
 CHECK_BUDGET_S="${CHECK_BUDGET_S:-330}"
 AUDIT_BUDGET_S="${AUDIT_BUDGET_S:-420}"
-START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PYTHON:-python3}"
-BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
-FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+. "$(dirname "${BASH_SOURCE[0]}")/lib_gpu.sh"  # START, ROOT (the working directory), PY, BUNDLE_DIR, FI_BUNDLE; has, run, ...
 SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
 NB_BUNDLE="$BUNDLE_DIR/notebooks"
 SITE="${SITE:-/tmp/site}"
@@ -42,9 +37,6 @@ ART="${ART:-artifacts/gpu_sglang}"
 NB_OUT="${NB_OUT:-artifacts/live}"
 mkdir -p "$ART"
 LOG="$ART/gpu_sglang-$(date -u +%Y%m%dT%H%M%SZ).log"
-
-# has, run, left, install_bundles, verify_site
-. "$ROOT/scripts/lib_gpu.sh"
 
 {
   echo "== gpu_sglang steps=$STEPS flashinfer=$FI_VERSION sglang=$SGLANG_VERSION site=$SITE (budget ${BUDGET_S}s)"

@@ -35,12 +35,7 @@ BUDGET_S="${BUDGET_S:-575}"
 RESERVE_S="${RESERVE_S:-30}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 LIVE_MARGIN_S="${LIVE_MARGIN_S:-60}"  # no path starts live after timeout - this: the rest judges and writes
-START=$(date +%s)
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$ROOT"
-PY="${PYTHON:-python3}"
-BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
-FI_BUNDLE="$BUNDLE_DIR/fi-$FI_VERSION"
+. "$(dirname "${BASH_SOURCE[0]}")/lib_gpu.sh"  # START, ROOT (the working directory), PY, BUNDLE_DIR, FI_BUNDLE; has, run, ...
 VL_BUNDLE="$BUNDLE_DIR/vllm-$VLLM_VERSION"
 SITE="${SITE:-/tmp/site-vllm}"
 SITE_FIXED="${SITE_FIXED:-/tmp/site-vllm-fixed}"
@@ -52,9 +47,6 @@ LOG="$ART/gpu_vllm-$STAMP.log"
 CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 rm -f "$ART"/live-*.json "$ART"/live-*.err "$ART/steps.tsv"
-
-# has, run (also appends to $CMD_LOG), left, elapsed, step, steps_done, steps_lines, write_out
-. "$ROOT/scripts/lib_gpu.sh"
 
 live() {  # SITE_NAME OVERLAY FAMILY N PATHS TIMEOUT: one live child -> live-SITE_NAME-FAMILY-N.json (.err)
   local out="$ART/live-$1-$3-$4.json"

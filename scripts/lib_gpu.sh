@@ -1,8 +1,17 @@
 # Shell functions shared by scripts/gpu_sglang.sh, gpu_fix.sh, gpu_family.sh and gpu_vllm.sh: sourced, never run.
-# The caller sets STEPS, START, BUDGET_S, ROOT, PY, FI_VERSION, SGLANG_VERSION, FI_BUNDLE, SG_BUNDLE,
+# Sourcing it also starts each script the same way (below): the clock (START), the repository root as
+# the working directory (ROOT), python (PY) and the flashinfer bundle of FI_VERSION (BUNDLE_DIR, FI_BUNDLE).
+# The caller sets FI_VERSION before sourcing it, and STEPS, BUDGET_S, SGLANG_VERSION, SG_BUNDLE,
 # NB_BUNDLE (empty: no notebooks bundle wanted), SITE and (for step) ART; DRY_RUN=1 prints each command instead of
 # running it; CMD_LOG, when set, is a file every command run() runs is also appended to; RUN_FD, when
 # set, the file descriptor run() shows each command on (default 2: stderr, redirected with the command).
+
+START=$(date +%s)
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+PY="${PYTHON:-python3}"
+BUNDLE_DIR="${BUNDLE_DIR:-$ROOT/.bundle}"
+FI_BUNDLE="$BUNDLE_DIR/fi-${FI_VERSION:-}"
 
 has() { case ",$STEPS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 run() {
