@@ -75,7 +75,7 @@ class Runner:
 
         self.fb, self.drive, self.layer, self.dev = fb, drive, layer, torch.device(device)
         self.cache_dtype = kv = cfg.cache_config.cache_dtype if cfg else "auto"
-        spec = drive.spec if kv == "auto" else kvcache.packed(fb, kvcache.quantized(drive.spec, kv))
+        spec = drive.spec_for(kv)
         self.builder = fb.FlashInferMetadataBuilder(spec, [drive.name], cfg, self.dev) if cfg else drive.builder
         fam = drive.fam
         self.cache = kvcache.kv_cache(fb, drive.layout, pages, fam["num_kv_heads"], fam["head_dim"],
@@ -231,7 +231,7 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
     fam, w = drive.fam, asked["window_left"]
     kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"
     if kv != "auto":  # the layer's impl made for that cache, as the audit makes it (``paths.Drive.path``)
-        layer = drive.layer_cls(fb.FlashInferImpl(**{**drive.params, "kv_cache_dtype": kv}), drive.name, kv)
+        layer = drive.layer_for(kv)
     pages = max(sum(math.ceil(s / PAGE) for _, s in reqs) for _, reqs in stages) + 1  # + the probe layout's spare
     runner = Runner(fb, drive, cfg, layer, device, pages)
     t0 = time.monotonic()

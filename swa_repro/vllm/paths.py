@@ -216,6 +216,16 @@ class Drive:
         self.fb, self.layout, self.fam, self.rec, self.name = fb, layout, fam, rec, name
         self.params, self.spec, self.builder, self.layer_cls = params, spec, builder, layer_cls
 
+    def layer_for(self, kv: str):
+        """The kind's layer with ``--kv-cache-dtype kv``: its impl made for that cache."""
+        return self.layer_cls(self.fb.FlashInferImpl(**{**self.params, "kv_cache_dtype": kv}), self.name, kv)
+
+    def spec_for(self, kv: str, spec=None):
+        """The kind's KV-cache spec (or ``spec``) with that cache, as the layer makes it
+        (:func:`quantized`) and the backend packs it (:func:`packed`)."""
+        spec = spec if spec is not None else self.spec
+        return spec if kv == "auto" else packed(self.fb, quantized(spec, kv))
+
     def path(self, path: str, cfg, steps, layer, asked: dict) -> dict:
         """``steps`` (``[(stage, requests)]``) on the kind's builder, or (``cfg``: a variant's config)
         on a builder of that config made at its first stage, as vLLM makes one per config; an fp8
@@ -247,10 +257,9 @@ class Drive:
             k0 = len(self.rec.calls)
             try:
                 if kv != "auto":  # the layer's impl with that cache, and its spec as the layer makes it
-                    layer = self.layer_cls(self.fb.FlashInferImpl(**{**self.params, "kv_cache_dtype": kv}),
-                                           self.name, kv)
+                    layer = self.layer_for(kv)
                 if cfg is not None and stage in (None, "capture"):
-                    spec = spec if kv == "auto" else packed(self.fb, quantized(spec, kv))
+                    spec = self.spec_for(kv, spec)
                     builder = self.fb.FlashInferMetadataBuilder(spec, [self.name], cfg, torch.device("cpu"))
                 _step(self.fb, builder, layer, self.layout, reqs, self.fam, spec, page)
             except Exception as e:  # the release refused this path: that is the row's answer
