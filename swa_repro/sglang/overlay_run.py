@@ -57,8 +57,13 @@ def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: 
         doc = _run_child(module, overlay, args, what)
         return doc["document"], doc["seconds"], {"cache": "off"}
     parts = {**child_parts(module, overlay), "args": list(args)}
-    doc, how = cached("overlay-run", parts, lambda: _run_child(module, overlay, args, what))
+    doc, how = cached("overlay-run", parts, lambda: _run_child(module, overlay, args, what), valid=whole_run)
     return doc["document"], doc["seconds"], how
+
+
+def whole_run(d) -> bool:
+    """A cached child run is used only with its document (a non-empty dict) and its seconds."""
+    return isinstance(d, dict) and isinstance(d.get("document"), dict) and bool(d["document"]) and "seconds" in d
 
 
 def run_module(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str]:

@@ -66,8 +66,18 @@ def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, n
             "--deps", str(overlay / ".deps")]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "sglang", "vllm")), "interpreter": interpreter()}
-    doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"))
+    doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
+                      valid=lambda d: whole(d, families, gpus))
     return doc["document"], doc["seconds"], how
+
+
+def whole(d, families: list[str], gpus: list[sf.GpuClass]) -> bool:
+    """A cached child document is used only whole: its audits hold every family on every GPU class
+    asked, each a dict (``core.cache``: else it is recomputed)."""
+    audits = d.get("document", {}).get("audits") if isinstance(d, dict) and isinstance(d.get("document"), dict) else None
+    return isinstance(audits, dict) and all(isinstance(audits.get(arch(g)), dict)
+                                            and all(isinstance(audits[arch(g)].get(f), dict) and audits[arch(g)][f]
+                                                    for f in families) for g in gpus)
 
 
 def run_audit(version: str, family: str, gpu: sf.GpuClass, *, note=print) -> tuple[dict, float, dict]:
@@ -180,7 +190,7 @@ def main(a) -> int:
                     note=note) if mode else None
     if a.json:
         print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache"), "live": live}, default=str))
-        return 0
+        return undriven(doc, families, gpus)
     for g in gpus:
         for f in families:
             d = doc["audits"][arch(g)][f]
@@ -192,7 +202,22 @@ def main(a) -> int:
         for g, d in live.items():
             print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
     print(f"(child {seconds} s, cache {how.get('cache')})")
-    return 0
+    return undriven(doc, families, gpus)
+
+
+def undriven(doc: dict, families: list[str], gpus: list[sf.GpuClass]) -> int:
+    """Exit status 1 (one stderr line each) for a cell with no driven path behind it ("not driven",
+    ``verdict.cell``): no verdict is given there (issue #43); else 0."""
+    bad = []
+    for g in gpus:
+        for f in families:
+            d = doc["audits"][arch(g)][f]
+            d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
+            if vv.cell(d)["state"] == "not driven":
+                bad.append(f"{f} on {g.name}")
+    for x in bad:
+        print(f"audit incomplete: {x}: not driven, no verdict", file=sys.stderr)
+    return 1 if bad else 0
 
 
 def live_paths(paths: str | None) -> list[str]:

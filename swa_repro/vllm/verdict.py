@@ -9,7 +9,8 @@
 * **layer != HF**: every kernel is told what the layer asks, but the layer asks for another window
   than transformers' mask of the family (``hf_window_left``; e.g. a model file passing
   ``sliding_window + 1``).
-* **not affected**, or **not driven** (the audit could not drive a path; the error says why).
+* **not affected**, or **not driven** (the audit could not drive a path; the error says why; or no
+  row, or no kernel call, was recorded at all: absence of evidence is never "not affected", issue #43).
 
 A cell is the default cache (``--kv-cache-dtype auto``); each quantized cache the audit drives
 (a row with ``cache_dtype``) gets its own answer of the same kinds in ``cache_dtypes``, so that a
@@ -30,7 +31,7 @@ def cell(doc: dict) -> dict:
     if pl.get("flashinfer_valid") is False:
         return {"state": "refused", "why": [f"validate_configuration: {', '.join(pl['flashinfer_reasons'])}"],
                 "routes": []}
-    rows = doc["rows"]
+    rows = doc.get("rows") or []
     out = judge(doc, [r for r in rows if not r.get("cache_dtype")])
     dtypes = sorted({r["cache_dtype"] for r in rows if r.get("cache_dtype")})
     if dtypes:
@@ -49,6 +50,8 @@ def _refusal(r: dict) -> str | None:
 def judge(doc: dict, rows: list) -> dict:
     """The answer over ``rows`` (one cache dtype's paths of a cell)."""
     fam = doc["family"]
+    if not any(r.get("kernels") or _refusal(r) or r.get("error") for r in rows):  # no row, no kernel told: no evidence
+        return {"state": "not driven", "why": ["no path was driven: no kernel call recorded"], "routes": []}
     why, routes, state = [], [], "not affected"
     refused = [r for r in rows if _refusal(r)]
     if refused:

@@ -285,12 +285,12 @@ def key_table(doc: dict) -> list[dict]:
 
 
 def incomplete(doc: dict) -> list[str]:
-    """The runs an audit did not drive although the release has the path (absent paths aside): an
-    audit with any is incomplete and must not read as "no finding"."""
+    """The runs an audit did not drive although the release has the path (absent paths aside), and
+    driven runs without the plan() calls a "fixed" class reads: an audit with any is incomplete and
+    must not read as "no finding"."""
     out = [f"{d['path']}/{d['layer']}: {d['status']}: {d['why']}" for d in doc["not_driven"] if d["status"] != "absent"]
-    if not doc["driven"]:
-        out.append("no path x layer run was driven")
-    return out
+    out += [f"{d['path']}/{d['layer']}: driven, but no plan() call recorded" for d in doc["driven"] if not d.get("plans")]
+    return out + ["no path x layer run was driven"] * (not doc["driven"])
 
 
 def header(release: dict, what_if: str | None, origin: str = "installed") -> str:

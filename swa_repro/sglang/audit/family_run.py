@@ -28,6 +28,7 @@ from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_par
 SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
 DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
 ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
+NOT_DRIVEN = "not driven"  # an answer with no driven run behind it: never "not affected" (issue #43)
 
 
 # ----------------------------------------------------------------------------- parent
@@ -69,7 +70,8 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         return [{"release": rel, "family": next(x for x in doc["by_gpu"][c["gpu"]] if x["family"] == c["family"])}
                 for c in missing]
 
-    docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute) if cells else ([], {})
+    docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
+                             valid=whole_cell) if cells else ([], {})
     serving = _serving(overlay, version)
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
@@ -83,9 +85,21 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         for f in fams:
             f["serving"] = serving.get(f["family"])
             f["answer"] = answer(f, g)
-            f["remedy"] = remedy(f["family"], cell_of(f), g)
+            f["remedy"] = remedy(f["family"], cell_of(f), g) if f["answer"]["state"] != NOT_DRIVEN else \
+                {"fix": None, "instead": "no verdict: no path was driven; audit it again (SWA_REPRO_NO_CACHE=1 "
+                 "recomputes it without the cache)"}
         out[g] = {"release": rel, "gpu": g, "families": fams}
     return out
+
+
+def whole_cell(doc) -> bool:
+    """A cached cell is one the child made: its release, and its family either not built (an
+    ``error``) or with the paths it drove; a cell with no path at all is no evidence (issue #43)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("release"), dict):
+        return False
+    f = doc.get("family")
+    return isinstance(f, dict) and "family" in f and bool(f.get("error") or (isinstance(f.get("paths"), list)
+                                                                            and f["paths"]))
 
 
 def _serving(overlay: Path, version: str) -> dict:
@@ -122,7 +136,7 @@ def answer(f: dict, gpu: str) -> dict:
     ``--disable-hybrid-swa-memory``; the verdict on that pool is kept beside it (``ordinary_pool``)."""
     a = _answer(f, gpu)
     hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
-    if not hybrid or a["state"] in ("not built", "flashinfer refused"):
+    if not hybrid or a["state"] in ("not built", "flashinfer refused", NOT_DRIVEN):
         return a
     return {**a, "state": HYBRID, "ordinary_pool": a["state"], "flags": "--disable-hybrid-swa-memory",
             "note": "; ".join(filter(None, [
@@ -144,15 +158,18 @@ def _answer(f: dict, gpu: str) -> dict:
         return {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
     default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
     other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
-    spec = tuple(r["path"] for r in f["paths"] if "verify" in r["path"])
+    spec = tuple(r["path"] for r in f.get("paths") or [] if "verify" in r["path"])
     for state, paths, flags in (("affected on the default path", default + ALWAYS, None),
                                 ("only with flags", other, sv.get("to_other")),
                                 ("only with speculative decoding", spec, None)):
         bad = _bad(f, paths)
         if bad:
             return {"state": state, "why": bad, "flags": flags, "default_backend": backend, "note": note}
-    undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f["paths"]
+    undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f.get("paths") or []
                 if r.get("status") not in ("driven", "absent")]
+    if not any(r.get("status") == "driven" for r in f.get("paths") or []):  # no run is no evidence (issue #43)
+        return {"state": NOT_DRIVEN, "why": undriven[:6] or ["no path of this family was driven"],
+                "default_backend": backend, "note": note}
     state = "not affected" if not undriven else "unknown (not driven)"
     return {"state": state, "why": undriven[:6], "default_backend": backend, "note": note}
 
@@ -304,4 +321,6 @@ def incomplete(doc: dict) -> list[str]:
             continue
         out += [f"{f['family']} {r['kind']} {r['path']}: {r['status']}: {r['why']}" for r in f["paths"]
                 if r.get("status") not in ("driven", "absent")]
+        if f.get("answer", {}).get("state") == NOT_DRIVEN and not f["paths"]:
+            out.append(f"{f['family']}: not driven: no path was recorded")
     return out

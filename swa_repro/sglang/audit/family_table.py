@@ -19,6 +19,7 @@ from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
          "only with speculative decoding": "spec only", "not affected": "not affected",
          "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown",
+         "not driven": "not driven",
          HYBRID: "SWA pool: not modelled"}
 
 

@@ -79,7 +79,7 @@ def cell(run: dict, key: str) -> dict:
         return {"state": "holds", "evidence": sorted({evidence_of(f) for f in hits})[:4]}
     nd = [d for d in run["not_driven"] if d["path"] in rel and _layer_has(d["layer"], c.parameter)]
     driven = [d for d in run["driven"] if d["path"] in rel and _layer_has(d["layer"], c.parameter)]
-    if driven and all(d["status"] == "absent" for d in nd):
+    if driven and all(d["status"] == "absent" for d in nd) and any(d.get("plans") for d in driven):
         ev = sorted({f"{d['path']}/{d['layer']}: {p}" for d in driven for p in d["plans"]})
         unset = tuple(f"{c.parameter}{v}" for v in (" not passed", "=-1", "=None", "=0.0"))
         ev = [e for e in ev if not any(u in e for u in unset)] or ev  # the plans that carry it, first
@@ -87,7 +87,8 @@ def cell(run: dict, key: str) -> dict:
     if not driven and nd and all(d["status"] == "absent" for d in nd):
         return {"state": "absent", "evidence": sorted({d["why"] for d in nd})}
     return {"state": "not driven", "evidence": sorted({f"{d['path']}/{d['layer']}: {d['status']}: {d['why']}"
-                                                        for d in nd})[:4]}
+                                                        for d in nd})[:4]
+            or [f"{d['path']}/{d['layer']}: driven, but no plan() call recorded" for d in driven][:4]}
 
 
 def cells(run: dict) -> dict:
