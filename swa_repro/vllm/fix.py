@@ -58,6 +58,7 @@ _PAGES = re.compile(r"^(?P<i>[ ]+)and can_use_trtllm_attention\(num_qo_heads, nu
 _NVFP4 = ("self.nvfp4_trtllm", "self.is_kvcache_nvfp4")  # 0.32.0+: sm100's NVFP4 cache; before: any (sm100 only)
 _QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.MULTILINE)
 TAG = "# swa-repro cap-route:"
+_PAGES_DONE = 'getattr(getattr(layer, "impl", None), "logits_soft_cap", None)'  # the large-page edit's new text
 
 
 def check(names: str | None) -> str:
@@ -122,6 +123,35 @@ def edit(text: str, version: str) -> str:
         out = (out[:m.end()] + f"{j}{TAG} a soft-capped layer runs on the planned\n{j}# wrappers (model-dtype query)\n"
                f"{j}and not self.logits_soft_cap\n" + out[m.end():])
     return out
+
+
+def hunks(text: str) -> dict[str, bool]:
+    """Each edit this file has a place for -> whether its new text is there, read from the code's
+    structure (the tag comment is only a comment: a file missing one edit's lines but keeping
+    another's tag is not applied; issue #43). The decode and prefill routes always (their anchors
+    stay in a fixed file); the large-page and query edits where the release has their place."""
+    out = {}
+    d = _DECODE.search(text)
+    if d:
+        var = re.escape(d["var"])
+        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not logits_soft_cap$", text, re.M)
+                                   and "logits_soft_cap = infer_global_hyperparameters(" in text)
+    if _PREFILL.search(text):
+        out["prefill route"] = bool(re.search(r"^[ ]+prefill_use_trtllm = \(?\s*prefill_use_trtllm and not "
+                                              r"self\.logits_soft_cap$", text, re.M))
+    if _PAGES.search(text) or _PAGES_DONE in text:
+        out["large pages"] = _PAGES_DONE in text
+    for m in _QUERY.finditer(text):
+        after = [ln.strip() for ln in text[m.end():].splitlines()[:6] if not ln.strip().startswith("#")]
+        out["quantized query"] = bool(after) and after[0] == "and not self.logits_soft_cap"
+    return out
+
+
+def state(text: str) -> tuple[str, list[str]]:
+    """``(applied | needed | partly applied, the edits missing)`` from :func:`hunks`."""
+    h = hunks(text)
+    missing = [k for k, ok in h.items() if not ok]
+    return ("applied" if h and not missing else "needed" if len(missing) == len(h) else "partly applied"), missing
 
 
 def upstream_diff(version: str, overlay: Path) -> str:

@@ -63,11 +63,25 @@ def edit(text: str, version: str, source: Path | None) -> str:
 
 
 def state(text: str, version: str, source: Path | None = None) -> str:
-    """``applied`` (the fix's tag is in the file), ``needed`` (both anchors found), or one line why not."""
-    if vfix.TAG in text:
-        return "applied"
-    edit(text, version, source)  # one line if an anchor is missing
-    return "needed"
+    """``applied`` (every edit's new text is there), ``needed`` (none is, and both anchors found), or
+    ``partly applied (missing: ...)``, read from each edit's structure (``vfix.hunks``), never from the
+    tag comment; one line why not where the anchors are not there."""
+    s, missing = vfix.state(text)
+    if s == "partly applied":
+        return f"partly applied (missing: {', '.join(missing)})"
+    if s == "needed":
+        edit(text, version, source)  # one line if an anchor is missing
+    return s
+
+
+def edit_whole(text: str, version: str, source: Path | None, path: Path) -> str:
+    """:func:`edit` of a file with none of the fix; a partly applied one is refused (one line), never
+    edited again over its half nor called done."""
+    s = state(text, version, source)
+    if s.startswith("partly"):
+        raise UsageError(f"{path}: --fix cap-route is {s}; nothing was changed: restore the original "
+                         "(`swa-repro patch revert --vllm`, or reinstall vllm) and apply it again")
+    return text if s == "applied" else edit(text, version, source)
 
 
 def run(args) -> int:
@@ -94,8 +108,9 @@ def run(args) -> int:
     label = f"--vllm --fix {name}"
     if args.in_place:
         revert = "swa-repro patch revert --vllm" + (f" --source {path}" if args.source else "")
-        print(apply_in_place(path, edit=lambda t: edit(t, version, args.source), label=label,
-                             done=lambda t: vfix.TAG in t, revert=revert))
+        state(text, version, args.source) == "applied" or edit_whole(text, version, args.source, path)
+        print(apply_in_place(path, edit=lambda t: edit_whole(t, version, args.source, path), label=label,
+                             done=lambda t: state(t, version, args.source) == "applied", revert=revert))
         return 0
-    new = text if vfix.TAG in text else edit(text, version, args.source)
+    new = edit_whole(text, version, args.source, path)
     return _diff_or_copy(args, path, text, new, f"already has {label}", label)
