@@ -187,6 +187,10 @@ def test_two_workers_provision_one_release_once(root, monkeypatch):
         calls.append(version)
         time.sleep(0.3)
         (target / "sglang").mkdir(parents=True)
+        (target / "sglang" / "__init__.py").write_text("")  # an overlay is its wheel's files and RECORD (#43)
+        (target / f"sglang-{version}.dist-info").mkdir()
+        (target / f"sglang-{version}.dist-info" / "RECORD").write_text(
+            "sglang/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n")
         (target / provision.MARKER).write_text(json.dumps({"sglang": version}))
         return target, {"sglang": version, "cached": False}
 

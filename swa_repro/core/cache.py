@@ -43,6 +43,15 @@ def cache_root() -> Path:
     return (Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache") / "swa-repro"
 
 
+def unusable(e: OSError):
+    """The one line (``UsageError``, exit 2) for a cache folder that cannot hold an overlay or a
+    wheel (its root a file, read-only, a full disk): results can be recomputed, a release's files cannot."""
+    from swa_repro.core.errors import UsageError
+
+    return UsageError(f"the cache folder {cache_root()} cannot be written ({e.strerror or e}): set SWA_REPRO_CACHE "
+                      "to a writable folder (or free space there)")
+
+
 _CODE: dict = {}
 
 

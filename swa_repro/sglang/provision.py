@@ -76,21 +76,35 @@ def provision(version: str, *, any_release: bool = False) -> tuple[Path, dict]:
     ``MIN_RELEASE`` are refused (nothing drives them) unless ``any_release`` (a file read from it)."""
     if parse(version) < MIN_RELEASE and not any_release:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
-    from swa_repro.core.cache import locked
+    from swa_repro.core.cache import locked, unusable
 
     target = overlay_dir(version)
-    marker = target / MARKER
-
-    def made():
-        return target, {**json.loads(marker.read_text()), "flashinfer_pin": flashinfer_pin(target), "cached": True}
-
-    if marker.is_file():
-        return made()
+    info = intact(target, version)
+    if info is not None:
+        return target, info
     # One installer per overlay: two processes (xdist workers, a notebook beside the suite) asking for
     # the same release from nothing would share the .partial folder, and the later rename would pull
     # the overlay from under a child already importing it. The second waits and takes the first's.
-    with locked(target.with_name(f".{version}.lock")):
-        return made() if marker.is_file() else _install(version, target)
+    try:
+        with locked(target.with_name(f".{version}.lock")):
+            info = intact(target, version, say=True)
+            return (target, info) if info is not None else _install(version, target)
+    except OSError as e:
+        raise unusable(e) from None
+
+
+def intact(target: Path, version: str, say: bool = False) -> dict | None:
+    """The cached overlay's info if its marker is whole and its files are its wheel's (``record``:
+    RECORD's sha256 of each, checked when their stamp changed), else None: made again. ``say``: one
+    stderr line on a damaged overlay."""
+    from swa_repro.sglang import record
+
+    info = record.marker(target / MARKER) if target.is_dir() else None
+    bad = record.damaged(target, "sglang-*.dist-info") if info is not None else []
+    if say and (bad or (info is None and target.exists())):
+        print(f"swa-repro: sglang {version}'s cached overlay {target} is damaged "
+              f"({bad[0] if bad else MARKER + ' unreadable'}); installing it again", file=sys.stderr)
+    return None if info is None or bad else {**info, "flashinfer_pin": flashinfer_pin(target), "cached": True}
 
 
 def _install(version: str, target: Path) -> tuple[Path, dict]:
@@ -107,6 +121,13 @@ def _install(version: str, target: Path) -> tuple[Path, dict]:
     tool = "uv pip" if Path(cmd[0]).name == "uv" else "pip"
     info = {"sglang": version, "installer": f"{tool} install --no-deps --target <overlay> sglang=={version}",
             "install_seconds": round(time.monotonic() - t0, 1), "flashinfer_pin": flashinfer_pin(partial)}
+    from swa_repro.sglang.record import damaged
+
+    bad = damaged(partial, "sglang-*.dist-info")
+    if bad:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise UsageError(f"sglang=={version} as installed does not match its RECORD ({bad[0]}); clear uv's cache "
+                         "(`uv cache clean sglang`) and try again")
     (partial / MARKER).write_text(json.dumps(info, indent=1))
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

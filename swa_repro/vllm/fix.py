@@ -134,11 +134,11 @@ def hunks(text: str) -> dict[str, bool]:
     d = _DECODE.search(text)
     if d:
         var = re.escape(d["var"])
-        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not logits_soft_cap$", text, re.M)
+        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not logits_soft_cap$", text, re.MULTILINE)
                                    and "logits_soft_cap = infer_global_hyperparameters(" in text)
     if _PREFILL.search(text):
         out["prefill route"] = bool(re.search(r"^[ ]+prefill_use_trtllm = \(?\s*prefill_use_trtllm and not "
-                                              r"self\.logits_soft_cap$", text, re.M))
+                                              r"self\.logits_soft_cap$", text, re.MULTILINE))
     if _PAGES.search(text) or _PAGES_DONE in text:
         out["large pages"] = _PAGES_DONE in text
     for m in _QUERY.finditer(text):
@@ -167,11 +167,16 @@ def upstream_diff(version: str, overlay: Path) -> str:
 
 def fixed_overlay(version: str, overlay: Path) -> Path:
     """The release's overlay with the fix, in the shared cache (made once)."""
+    import hashlib
+
     from swa_repro.core.cache import cache_root, locked
+    from swa_repro.sglang.record import damaged, marker
 
     target = cache_root() / "vllm-fixed" / f"{version}-cap-route"
     text = edit((overlay / BACKEND).read_text(), version)
-    if (target / MARKER).is_file() and (target / BACKEND).read_text() == text:
+    fixed = {BACKEND: hashlib.sha256(text.encode()).hexdigest()}  # every other file the release's (its RECORD)
+    if marker(target / MARKER) is not None and not damaged(target, "vllm-*.dist-info", replaced=fixed,
+                                                           skip=lambda rel: rel.endswith(".so")):
         return target
     with locked(target.with_name(f".{version}-cap-route.lock")):
         partial = target.with_name(f".{target.name}.partial")

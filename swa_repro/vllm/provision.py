@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
@@ -61,12 +62,26 @@ def root() -> Path:
     return cache_root()
 
 
+def whole_wheel(path: Path) -> bool:
+    """A wheel whose zip directory reads (a download cut short has none: its end is missing); the
+    members' CRCs are checked as :func:`_unpack` extracts them."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            return bool(z.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def wheel(version: str) -> Path:
-    """The release's wheel in the shared cache, downloaded once."""
+    """The release's wheel in the shared cache, downloaded once; a cached one that is not a whole
+    zip is removed and downloaded again (issue #43)."""
     folder = root() / "wheels" / "vllm"
     found = sorted(folder.glob(f"vllm-{version}-*.whl"))
-    if found:
+    if found and whole_wheel(found[0]):
         return found[0]
+    for bad in found:
+        print(f"swa-repro: the cached wheel {bad} is damaged (not a whole zip); downloading it again", file=sys.stderr)
+        bad.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".dl-{version}"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(tmp),
@@ -87,21 +102,39 @@ def wheel(version: str) -> Path:
 def provision(version: str) -> tuple[Path, dict]:
     """``(overlay, info)``: the release's Python files and ``.deps``, unpacked now unless cached."""
     check_release(version)
-    from swa_repro.core.cache import locked
+    from swa_repro.core.cache import locked, unusable
 
     target = root() / "vllm" / version
-    if _current(target):
-        return target, {**json.loads((target / MARKER).read_text()), "cached": True}
-    with locked(target.with_name(f".{version}.lock")):
-        if _current(target):
-            return target, {**json.loads((target / MARKER).read_text()), "cached": True}
-        return _unpack(version, target)
+    info = _current(target)
+    if info is not None:
+        return target, {**info, "cached": True}
+    try:
+        with locked(target.with_name(f".{version}.lock")):
+            info = _current(target, say=True)
+            if info is not None:
+                return target, {**info, "cached": True}
+            try:
+                return _unpack(version, target)
+            except (zipfile.BadZipFile, zlib.error, EOFError):  # a wheel whose members do not read: once more
+                wheel(version).unlink()
+                return _unpack(version, target)
+    except OSError as e:
+        raise unusable(e) from None
 
 
-def _current(target: Path) -> bool:
-    """An unpacked overlay whose .deps are the ones this code installs for it."""
-    m = target / MARKER
-    return m.is_file() and json.loads(m.read_text()).get("deps") == deps_for(target)
+def _current(target: Path, say: bool = False) -> dict | None:
+    """The marker of an unpacked overlay whose .deps are the ones this code installs for it and whose
+    files are its wheel's (``sglang.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
+    checked when their stamp changed); else None (made again; ``say``: one stderr line if damaged)."""
+    from swa_repro.sglang.record import damaged, marker
+
+    info = marker(target / MARKER) if target.is_dir() else None
+    if info is None or info.get("deps") != deps_for(target):
+        return None
+    bad = damaged(target, "vllm-*.dist-info", skip=lambda rel: rel.endswith(".so"))
+    if bad and say:
+        print(f"swa-repro: vllm's cached overlay {target} is damaged ({bad[0]}); unpacking it again", file=sys.stderr)
+    return None if bad else info
 
 
 def deps_for(overlay: Path) -> list[str]:
@@ -141,6 +174,14 @@ def _unpack(version: str, target: Path) -> tuple[Path, dict]:
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"installing {', '.join(deps)} for vllm {version} failed (no network?)")
+    from swa_repro.sglang.record import damaged
+
+    bad = damaged(partial, "vllm-*.dist-info", skip=lambda rel: rel.endswith(".so"))
+    if bad:
+        shutil.rmtree(partial, ignore_errors=True)
+        whl.unlink()
+        raise UsageError(f"vllm {version}'s wheel does not match its RECORD ({bad[0]}): removed; run again to "
+                         "download it anew")
     info = {"vllm": version, "wheel": whl.name, "files": len(names), "deps": deps,
             "unpack_seconds": round(time.monotonic() - t0, 1)}
     (partial / MARKER).write_text(json.dumps(info, indent=1))

@@ -43,14 +43,31 @@ def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
         return _fixed_overlay(version, names, overlay)
 
 
+def intact(dst: Path) -> dict | None:
+    """The fixed copy's marker if it is whole and every file is the release's (its RECORD) or the
+    fix's (the marker's ``fixed_sha256``): a damaged copy is made again (``sglang.record``, issue #43)."""
+    from swa_repro.sglang.record import damaged, marker
+
+    info = marker(dst / MARKER)
+    if info is None or "file" not in info:
+        return None
+    replaced = {info["file"]: info.get("fixed_sha256", ""),
+                **{rel: v.get("fixed_sha256", "") for rel, v in (info.get("files") or {}).items()}}
+    try:
+        return None if damaged(dst, "sglang-*.dist-info", replaced=replaced) else info
+    except ValueError:  # a fixed_sha256 that is no hex digest: a damaged marker
+        return None
+
+
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     from swa_repro.sglang.fix import BACKEND, apply_fixes, by_file
     from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
     from swa_repro.sglang.patch.files import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
-    if (dst / MARKER).is_file():
-        return dst, json.loads((dst / MARKER).read_text())
+    made = intact(dst)
+    if made is not None:
+        return dst, made
     partial = dst.with_name(f".{dst.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
