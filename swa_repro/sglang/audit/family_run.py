@@ -313,7 +313,7 @@ def render(doc: dict) -> list[str]:
 
 
 def incomplete(doc: dict) -> list[str]:
-    """Families not built and paths the release has that were not driven."""
+    """Families not built, paths the release has that were not driven, and families with no driven path."""
     out = []
     for f in doc["families"]:
         if f.get("error"):
@@ -321,6 +321,6 @@ def incomplete(doc: dict) -> list[str]:
             continue
         out += [f"{f['family']} {r['kind']} {r['path']}: {r['status']}: {r['why']}" for r in f["paths"]
                 if r.get("status") not in ("driven", "absent")]
-        if f.get("answer", {}).get("state") == NOT_DRIVEN and not f["paths"]:
-            out.append(f"{f['family']}: not driven: no path was recorded")
+        if f.get("answer", {}).get("state") == NOT_DRIVEN:
+            out.append(f"{f['family']}: not driven: no path of this family was driven")
     return out
