@@ -63,11 +63,14 @@ def test_a_dispatch_mismatch_is_named_and_the_audit_exits_1(monkeypatch, capsys)
 
 
 def test_incomplete_names_every_undriven_path_but_absent_ones():
-    d = {"driven": [{"path": "decode"}], "not_driven": [
+    d = {"driven": [{"path": "decode", "layer": "swa8", "plans": ["P.plan(window_left=8)"]}], "not_driven": [
         {"path": "target_verify_dflash", "layer": "swa8", "status": "absent", "why": "no DFlash"},
         {"path": "target_verify_eagle", "layer": "swa8", "status": "sglang raised", "why": "TypeError"}]}
     assert audit.incomplete(d) == ["target_verify_eagle/swa8: sglang raised: TypeError"]
     assert audit.incomplete({"driven": [], "not_driven": []}) == ["no path x layer run was driven"]
+    # a run said driven with no plan() call recorded is no evidence (issue #43: a damaged cache entry)
+    assert audit.incomplete({"driven": [{"path": "decode", "layer": "swa8", "plans": []}], "not_driven": []}) == [
+        "decode/swa8: driven, but no plan() call recorded"]
 
 
 # ----------------------------------------------------------------------------- keys
