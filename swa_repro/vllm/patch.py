@@ -108,7 +108,7 @@ def run(args) -> int:
     label = f"--vllm --fix {name}"
     if args.in_place:
         revert = "swa-repro patch revert --vllm" + (f" --source {path}" if args.source else "")
-        state(text, version, args.source) == "applied" or edit_whole(text, version, args.source, path)
+        edit_whole(text, version, args.source, path)  # a partly applied file: one line before any backup check
         print(apply_in_place(path, edit=lambda t: edit_whole(t, version, args.source, path), label=label,
                              done=lambda t: state(t, version, args.source) == "applied", revert=revert))
         return 0
