@@ -174,3 +174,11 @@ def test_user_pages_cite_no_internal_issue_number():
     """Upstream threads (sglang / vllm / flashinfer PRs and issues) stay; this project's own do not."""
     for page in [README, *PAGES]:
         assert not re.search(r"(?i)\bissues? #\d", page.read_text()), page.name
+
+
+def test_glossary_defines_the_words_a_newcomer_meets():
+    """The words the README and the pages use without explaining them each have an entry."""
+    entries = re.findall(r"(?m)^- \*\*(.+?)\*\*:", (REPO / "docs" / "glossary.md").read_text())
+    words = ["CTA", "split-KV", "fa2 / fa3", "XQA", "trtllm-gen", "NVFP4", "DCP", "overlay", "kit",
+             "paged vs ragged", "window_left", "soft cap", "EAGLE / NGRAM verify", "CUDA graph capture / replay"]
+    assert not [w for w in words if not any(e.startswith(w) for e in entries)]
