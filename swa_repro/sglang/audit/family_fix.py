@@ -59,6 +59,14 @@ def remedy(family: str, cell: dict, gpu: str) -> dict:
     return {"fix": names, "instead": None}
 
 
+def fix_names(r: dict) -> tuple[str, ...]:
+    """A remedy's fixes as ``patch --fix`` and ``audit --fix`` apply them (``fix.parse_names``; ``all``
+    beside the names it includes is ``all``); empty where the remedy is no fix."""
+    from swa_repro.sglang.fix import parse_names
+
+    return parse_names(",".join(r["fix"])) if r.get("fix") else ()
+
+
 def remedy_text(r: dict) -> str:
     if r["fix"]:
         named = [n for n in r["fix"] if n != "all"]
