@@ -180,13 +180,13 @@ def test_doctor_model_cohere2_sm100_recommends_the_audits_remedy_and_exits_1(mon
 
     real = mode.dist_version
     monkeypatch.setattr(mode, "dist_version", lambda d: "0.5.20" if d == "sglang" else real(d))
-    monkeypatch.setattr(doctor, "doctor_report", lambda: {})
+    monkeypatch.setattr(doctor, "doctor_report", dict)
     monkeypatch.setattr(doctor, "_print_report", lambda r: None)
     capfd.readouterr()
     assert main(["doctor", "--model", "cohere2", "--gpu", "sm100"]) == 1
     out = capfd.readouterr().out
     assert "ANSWER: affected on the default path" in out
-    assert ("FIX: swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit "
+    assert ("WHAT TO DO: swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit "
             "of the release with it says not affected") in out
     assert main(["doctor", "--model", "cohere2", "--gpu", "sm100", "--fail-on", "never"]) == 0
 

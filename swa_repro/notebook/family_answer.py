@@ -177,5 +177,5 @@ def lines(v: dict) -> list[str]:
     out.append(f"  ANSWER: {a['state']}" + "".join(f"; {x}" for x in (a.get("flags"), a.get("note")) if x))
     out += [f"    {w}" for w in why[:6]] + ([f"    ... {len(why) - 6} more"] if len(why) > 6 else [])
     if "fix" in v:
-        out.append("  FIX: " + fix_sentence(v["fix"]))
+        out.append("  WHAT TO DO: " + fix_sentence(v["fix"]))  # the audit's words (family_run.render)
     return out
