@@ -125,6 +125,24 @@ def test_cohere2_on_sm100_gets_the_family_and_gpu_fixes(monkeypatch):
     assert not hasattr(FA, "candidate_fixes") and not hasattr(FA, "needed_fixes")  # no second decider
 
 
+@pytest.mark.parametrize("release, gpu, family, cell", [x for x in _cells() if x[3]["state"] in (
+    "affected on the default path", "only with flags", "only with speculative decoding")],
+    ids=lambda x: x if isinstance(x, str) else "")
+def test_every_affected_cell_of_the_table_gets_fixes_that_apply_or_is_told_to_upgrade(release, gpu, family, cell):
+    """The fixes are written against 0.5.14-0.5.23's files (``fix``); an older release's remedy was
+    ``patch --fix all``, which refuses its file: it is told to upgrade instead, with the command to ask."""
+    from swa_repro.sglang.provision import parse
+
+    r = remedy(family, cell, gpu, release)
+    if cell["layer_window"].get("sliding") == -1:  # the model file's: no fix in any release
+        assert r == remedy(family, cell, gpu) and r["fix"] is None and "--context-length" in r["instead"]
+    elif parse(release) < parse("0.5.14"):
+        assert r["fix"] is None and r["instead"].startswith(f"no swa-repro fix for sglang {release}: ")
+        assert r["instead"].endswith(f"swa-repro audit --sglang 0.5.23 --model {family} --gpu {gpu}")
+    else:
+        assert r == remedy(family, cell, gpu) and fix_names(r) == ALL
+
+
 # ----------------------------------------------------------------------------- the sweep: 0.5.20 and 0.5.23
 @pytest.fixture(scope="module")
 def audits():
@@ -157,7 +175,7 @@ def test_sweep_doctor_notebook_and_audit_give_one_remedy_the_audit_confirms(rele
     for g in TABLE["gpus"]:
         for family, f in docs[False][g].items():
             r = f["remedy"]
-            assert r == remedy(family, committed[g, family], g), (release, g, family)
+            assert r == remedy(family, committed[g, family], g, release), (release, g, family)
             v = FA.verdict(family, g, release)
             fx = v["fix"]
             assert fx["remedy"] == r and fx["command"] == remedy_text(r)

@@ -83,7 +83,7 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         for f in fams:
             f["serving"] = serving.get(f["family"])
             f["answer"] = answer(f, g)
-            f["remedy"] = remedy(f["family"], cell_of(f), g)
+            f["remedy"] = remedy(f["family"], cell_of(f), g, version)
         out[g] = {"release": rel, "gpu": g, "families": fams}
     return out
 
