@@ -96,11 +96,12 @@ checks.expect(drawn and all(key_heatmap.agrees(r) for r in drawn),
               "every panel draws extra / missing keys only where the audit counts them", panels=len(drawn))
 
 # %% [markdown]
-# ## 4. The fix that applies
+# ## 4. What to do, and the check that it works
 #
-# The `swa-repro patch --fix` classes whose paths and parameter match what the audit found wrong and
-# that this release's backend file still needs; then the family audited again on a copy of the
-# release with exactly those fixes.
+# The audit's own remedy for this family on this GPU class (`sglang.audit.family_fix.remedy`, the one
+# `swa-repro audit --model` and `doctor --model` print: the backend's fixes, the model file's and the
+# GPU class's, or what to do where sglang has no fix); then the family audited again on a copy of the
+# release with the remedy's fixes, which must say not affected.
 
 # %%
 fix = family_answer.fix_answer(release, family, gpu_class.name, audit)
@@ -119,6 +120,9 @@ checks.expect(fix["exact"] == (not family_answer.bad(fix["fixed"] if fix["fixed"
               "the fix's verdict is the fixed copy's own audit", fixes=fix["fixes"])
 checks.expect(fix["fixed"] is None or len(family_answer.bad(fix["fixed"])) < len(family_answer.bad(audit)),
               "the fixes leave fewer wrong paths than the release as shipped")
+checks.expect(not fix["fixes"] or fix["fixed_state"] == "not affected",
+              "with the audit's remedy, the audit of the release says not affected", remedy=fix["command"],
+              answer=fix["fixed_state"])
 
 # %% [markdown]
 # ## 5. On the real kernel

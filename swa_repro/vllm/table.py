@@ -89,7 +89,7 @@ def markdown(t: dict, families, gpus) -> str:
              "kernels get what the layer asks, but the layer asks another window than transformers' mask), "
              "refused (the release will not serve it with FlashInfer on that GPU class; its reason), not "
              "affected, not driven. Where FlashInfer is not the default backend, a cell applies with "
-             "`--attention-config.backend FLASHINFER`. A cell is the default KV cache; the quantized caches "
+             f"`{vv.FLASHINFER_FLAG}`. A cell is the default KV cache; the quantized caches "
              "have their own section.", ""]
     for g in gpus:
         lines += [f"## {g.name} ({g.cards})", "", "| vLLM | default backend | " + " | ".join(families) + " |",

@@ -10,6 +10,9 @@
   ``releases.md`` + ``releases.json`` (``audit.table``).
 * ``--sglang X --model FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: the family's own layers, built by
   release X's model code, at the family's real window (``audit.family_run``).
+
+Exit status (CI; ``core.exit_status``, ``--fail-on any|default|never``): 0 not affected, 1 a finding or
+an answer not given (not driven, not built, unknown), 2 bad input.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
+from swa_repro.core.exit_status import exit_status
 from swa_repro.core.outputs import out_dir
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
@@ -61,6 +65,9 @@ def register(sub) -> None:
                    "family's real window; all = every family the release serves")
     p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class the backend is built "
                    "for (default sm90)")
+    from swa_repro.core.exit_status import add_argument
+
+    add_argument(p)
     p.set_defaults(func=main, what_if=None)
 
 
@@ -119,7 +126,23 @@ def main(a) -> int:
         for x in bad:
             print(f"  {x}", file=sys.stderr)
         return 1
-    return 0
+    return exit_status([s for cl in doc["classes"] for s in class_states(cl, paths)], a.fail_on)
+
+
+SPEC_CLASSES = ("dflash_verify_window", "eagle_verify_window")  # only a server with speculative decoding
+
+
+def class_states(classes: dict, paths=None) -> list[str]:
+    """The plain audit's finding classes (``table.cell``) as answer states for ``core.exit_status``: a
+    class that holds is a finding (on a verify path only: speculative decoding), fixed or absent is
+    none, not driven is an answer the audit could not give. With ``--paths``, only the classes of
+    those paths are asked."""
+    def state(k, c):
+        if c["state"] == "holds":
+            return "only with speculative decoding" if k in SPEC_CLASSES else "affected on the default path"
+        return {"fixed": "not affected", "absent": "not affected"}.get(c["state"], c["state"])
+
+    return [state(k, c) for k, c in classes.items() if paths is None or set(paths) & set(at.CLASSES[k].paths)]
 
 
 def _fixes(a):
@@ -221,7 +244,7 @@ def _families(a) -> int:
     bad = family_run.incomplete(doc)
     for x in ["audit incomplete: not everything the release has was driven:"] + bad if bad else []:
         print(f"  {x}" if x[0] != "a" else x, file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad else exit_status([f["answer"]["state"] for f in doc["families"]], a.fail_on)
 
 
 def _family_table(a) -> int:

@@ -83,7 +83,7 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         for f in fams:
             f["serving"] = serving.get(f["family"])
             f["answer"] = answer(f, g)
-            f["remedy"] = remedy(f["family"], cell_of(f), g)
+            f["remedy"] = remedy(f["family"], cell_of(f), g, version)
         out[g] = {"release": rel, "gpu": g, "families": fams}
     return out
 
@@ -256,8 +256,11 @@ def render(doc: dict) -> list[str]:
     path the key verdict at the real window, the cap and the backends, then the answer."""
     rel = doc["release"]
     fx = rel.get("fixes")
-    out = [("FIXED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
-           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {rel['state']}; GPU class {doc['gpu']} "
+    from swa_repro.sglang.patch.classify import state_text
+
+    out = [("PATCHED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
+           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {state_text(rel['state'])}; "
+           f"GPU class {doc['gpu']} "
            f"({fam.GPU_CLASSES[doc['gpu']].cards})"]
     for f in doc["families"]:
         if f.get("error"):
