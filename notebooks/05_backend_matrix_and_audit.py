@@ -36,6 +36,11 @@ prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("05_backend_matrix_and_audit", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("05_backend_matrix_and_audit", globals())  # this run's folder (the first cell says which)

@@ -35,6 +35,11 @@ gpu = "auto"  # auto (this GPU's class; without CUDA sm90, said so) | sm80 | sm9
 sglang_release = "installed"  # installed, or a release 0.5.14-0.5.23
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("07_my_model_my_gpu", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("07_my_model_my_gpu", globals())  # this run's folder (the first cell says which)

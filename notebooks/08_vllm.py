@@ -31,6 +31,11 @@ mode = "auto"  # auto | live | model
 output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("08_vllm", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("08_vllm", globals())  # this run's folder (the first cell says which)

@@ -201,9 +201,11 @@ def artifact_set(notebook: str, ns: dict) -> Path:
     value in ``ns``, the notebook's ``globals()`` right after its parameters cell). Under ``swa-repro
     run`` (papermill injected ``run_id``): ``output_dir`` itself. Else (the lab):
     ``<output_dir>/interactive/<notebook>-<hash of the parameters>/``, its earlier files of this
-    notebook removed first, so a set never mixes runs and the runner's set is never written."""
-    from swa_repro.notebook import runner  # its REPO_DIR: where a relative output_dir is from
+    notebook removed first, so a set never mixes runs and the runner's set is never written. A bad
+    parameter is a ``param_cell.ParameterError`` before anything is written."""
+    from swa_repro.notebook import param_cell, runner
 
+    param_cell.check(notebook, ns)  # the check cell's, again: bad parameters never get a folder
     params = {k: ns[k] for k in parameter_names(notebook) if k in ns}
     base = runner.output_path(ns.get("output_dir", "artifacts"))
     run_id, how = ns.get(RUN_ID), HEADLESS
