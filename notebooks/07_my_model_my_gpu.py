@@ -98,7 +98,7 @@ plots.publish(key_heatmap.figure(key_heatmap.panels_of(audit), title + " (zoomed
 # %%
 drawn = [r for row in key_heatmap.panels_of(audit) for _, r in row if r is not None]
 checks.expect(drawn and all(key_heatmap.agrees(r) for r in drawn),
-              "every panel draws extra / missing keys only where the audit counts them", panels=len(drawn))
+              "every panel draws extra / missing keys only where the audit counts them", panels=len(drawn));
 
 # %% [markdown]
 # ## 4. The fix that applies
@@ -123,7 +123,7 @@ if fix["fixed"] is not None:
 checks.expect(fix["exact"] == (not family_answer.bad(fix["fixed"] if fix["fixed"] is not None else audit)),
               "the fix's verdict is the fixed copy's own audit", fixes=fix["fixes"])
 checks.expect(fix["fixed"] is None or len(family_answer.bad(fix["fixed"])) < len(family_answer.bad(audit)),
-              "the fixes leave fewer wrong paths than the release as shipped")
+              "the fixes leave fewer wrong paths than the release as shipped");
 
 # %% [markdown]
 # ## 5. On the real kernel
@@ -141,7 +141,7 @@ pd.DataFrame(live_rows)
 # %%
 checks.expect(call is None or family_evidence.consistent(call, family),
               "the kernel is never off the reference where the key audit of the same run is clean",
-              call=None if call is None else call.name)
+              call=None if call is None else call.name);
 
 # %%
 checks.close()

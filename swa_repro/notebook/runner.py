@@ -8,8 +8,7 @@ every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their
 the runner reads both back. Each run of a notebook is one artifact set (``notebook.artifacts``): the
 runner injects a ``run_id``, the notebook records its parameters with it (``artifact_set``), and a
 set with a file of another run fails the notebook; a run without ``run_id`` (the lab) writes its own
-set under ``<output_dir>/interactive/``, never into the runner's. A notebook whose inputs are those of
-the last passing run into the folder reuses its set (``artifacts.inputs_key``, ``reusable``).
+set under ``<output_dir>/interactive/``, never into the runner's; unchanged inputs reuse a set (``artifacts.reusable``).
 
 Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
 imports ``announce_mode``/``save_figure`` from here and needs none of them.
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_dir
-from swa_repro.notebook import artifacts
+from swa_repro.notebook import artifacts, show
 from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
@@ -95,6 +94,7 @@ def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
     warnings no reader can act on are not shown (:func:`quiet_third_party`)."""
     one_line_usage_errors()
     quiet_third_party()
+    show.notebook_display()  # pandas: every row and whole cells; long cells wrap
     info = resolve_mode(requested)
     print(f"Mode: {info.mode} ({info.reason})")
     out = Path(output_dir)

@@ -67,6 +67,31 @@ def fmt(v) -> str:
     return "" if v is None else str(v)
 
 
+# pandas in a notebook (issue #42): every row up to MAX_ROWS (its default showed 10 of 68 and "..."),
+# every column, whole cells (it cut them at 50 characters); a long cell wraps inside a column of at
+# most 22em, so a table is no wider than the page (one was 1838 px at 1400).
+MAX_ROWS = 500
+TABLE_CSS = ("<style>.jp-RenderedHTMLCommon td, .jp-RenderedHTMLCommon th, .rendered_html td, .rendered_html th "
+             "{max-width: 22em; overflow-wrap: anywhere; white-space: normal}</style>")
+
+
+def notebook_display() -> None:
+    """Set :data:`MAX_ROWS` and whole cells for pandas and, in IPython, :data:`TABLE_CSS` for the page
+    (every notebook's first cell: ``runner.announce_mode``)."""
+    import pandas as pd
+
+    for option, value in (("display.max_rows", MAX_ROWS), ("display.max_columns", None),
+                          ("display.max_colwidth", None)):
+        pd.set_option(option, value)
+    try:
+        from IPython import get_ipython
+        from IPython.display import HTML, display
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        display(HTML(TABLE_CSS))
+
+
 def excerpt(src: str, marker: str, last: bool = False, more: int = 0) -> str:
     """The statement of ``src`` that starts on the line holding ``marker`` (the first such line, or
     the ``last``), up to where its brackets close, and ``more`` lines after; with a line saying how
