@@ -132,9 +132,26 @@ def test_pandas_shows_every_row_and_whole_cells():
     assert ("row 0 " + "a long cell text " * 5).strip() in html  # whole cells
 
 
-def test_long_table_cells_wrap():
-    assert "overflow-wrap: anywhere" in show.TABLE_CSS and "min-width" in show.TABLE_CSS
-    assert ".jp-RenderedHTMLCommon td" in show.TABLE_CSS and " th" not in show.TABLE_CSS  # headers stay whole
+def test_a_wide_table_fits_the_page():
+    """05's key table (15 snake_case columns) was 1838 px at 1400: its headers now break after an
+    underscore and a long cell anywhere; short cells never (no '0.5.10.pos / t1')."""
+    import pandas as pd
+    from IPython.core.interactiveshell import InteractiveShell
+
+    df = pd.DataFrame([{"queries_with_extra": 1, "sglang": "0.5.10.post1",
+                        "runs": "RaggedKVCacheWrapper: auto -> fa3; PagedKVCacheWrapper: fa2 -> fa2"}])
+    shell = InteractiveShell.instance()
+    try:
+        with pd.option_context("display.max_rows", 60, "display.max_columns", 20, "display.max_colwidth", 50):
+            show.notebook_display()  # in IPython: every DataFrame is shown through html_table
+            html = show.html_table(df)
+            assert shell.display_formatter.format(df)[0]["text/html"] == html
+        assert "<th>queries_<wbr>with_<wbr>extra</th>" in html and "<td>0.5.10.post1</td>" in html
+        assert '<td style="overflow-wrap: anywhere; min-width: 10em">RaggedKVCacheWrapper' in html
+        assert "fa3; PagedKVCacheWrapper: fa2 -&gt; fa2</td>" in html  # whole
+    finally:
+        shell.display_formatter.formatters["text/html"].pop(pd.DataFrame, None)
+        InteractiveShell.clear_instance()
 
 
 def _code_cells(path: Path):
