@@ -99,7 +99,14 @@ def _kind_of(node):
 
 def notebook_parameters(path: Path) -> dict | None:
     """``name -> kind`` of the notebook's cell tagged ``parameters`` (None: it has none), read the way
-    :func:`~swa_repro.notebook.runner.run_one` reads the notebook (jupytext)."""
+    :func:`~swa_repro.notebook.runner.run_one` reads the notebook (jupytext); a percent-format ``.py``
+    without jupytext's 2 s import (:func:`percent_parameters`: a notebook's own check cell calls this)."""
+    found = percent_parameters(path) if Path(path).suffix == ".py" else None
+    return found if found is not None else jupytext_parameters(path)
+
+
+def jupytext_parameters(path: Path) -> dict | None:
+    """:func:`notebook_parameters` as jupytext reads the notebook."""
     import jupytext
 
     for cell in jupytext.read(path).cells:

@@ -8,7 +8,7 @@ every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their
 the runner reads both back. Each run of a notebook is one artifact set (``notebook.artifacts``): the
 runner injects a ``run_id``, the notebook records its parameters with it (``artifact_set``), and a
 set with a file of another run fails the notebook; a run without ``run_id`` (the lab) writes its own
-set under ``<output_dir>/interactive/``, never into the runner's.
+set under ``<output_dir>/interactive/``, never into the runner's; unchanged inputs reuse a set (``artifacts.reusable``).
 
 Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
 imports ``announce_mode``/``save_figure`` from here and needs none of them.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.outputs import out_dir
-from swa_repro.notebook import artifacts
+from swa_repro.notebook import artifacts, show
 from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
@@ -94,6 +94,7 @@ def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
     warnings no reader can act on are not shown (:func:`quiet_third_party`)."""
     one_line_usage_errors()
     quiet_third_party()
+    show.notebook_display()  # pandas: every row and whole cells; long cells wrap
     info = resolve_mode(requested)
     print(f"Mode: {info.mode} ({info.reason})")
     out = Path(output_dir)
@@ -219,6 +220,9 @@ def _nbconvert_data_path() -> None:
 
 
 def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_timeout: int | None) -> dict:
+    key = artifacts.inputs_key(path, mode, params)
+    if (last := artifacts.reusable(path, out, key)) is not None:
+        return last
     import jupytext
     import papermill as pm
     from nbconvert import HTMLExporter
@@ -283,7 +287,7 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
         "run_id": run_id, "parameters": record and record.get("parameters"),
         "params": artifacts.params_path(out, name).name if record else None,
         "ipynb": ipynb.name if ipynb.exists() else None, "html": html.name if html.exists() else None,
-        "figures": sorted(p.name for p in out.glob(f"{name}_*.png")),
+        "figures": sorted(p.name for p in out.glob(f"{name}_*.png")), "inputs_key": key,
     }
 
 
@@ -291,6 +295,7 @@ def _progress(r: dict) -> str:
     checks = ("no checks" if r["checks_passed"] is None
               else f"checks {r['checks_passed']} ok {r['checks_failed']} failed")
     line = f"{r['status']:<6} mode={r['mode'] or '?'}  {checks}  {r['seconds']:.1f}s"
+    line += "  (reused: notebook, parameters, code and data unchanged)" if r.get("reused") else ""
     return line + (f"\n      error: {r['error'].splitlines()[0][:300]}" if r["error"] else "")
 
 
