@@ -113,6 +113,56 @@ def test_run_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, c
     assert json.loads((tmp_path / "docs" / "live" / "summary.json").read_text())["status"] == "done"
 
 
+# ----------------------------------------------------------------------------- partial tables
+@pytest.fixture
+def no_tables(monkeypatch):
+    from swa_repro.sglang.audit import family_table
+    from swa_repro.sglang.audit import table as at
+    from swa_repro.vllm import table as vt
+
+    monkeypatch.setattr(at, "build_table", _never)
+    monkeypatch.setattr(family_table, "build", _never)
+    monkeypatch.setattr(vt, "build", _never)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--vllm", "0.34.0", "--model", "gemma2", "--gpu", "sm90"],
+    ["--releases", "0.5.23"],
+    ["--model", "all", "--releases", "0.5.23"],
+])
+def test_a_partial_table_never_replaces_the_committed_one(no_tables, capfd, argv):
+    refused(capfd, ["audit", "--release-table", *argv], "--force", REPO / "docs" / "audit")
+
+
+def test_a_partial_table_over_a_copy_needs_force(no_tables, tmp_path, capfd):
+    shutil_copy = (REPO / "docs" / "audit" / "vllm-releases.json").read_bytes()
+    (tmp_path / "vllm-releases.json").write_bytes(shutil_copy)
+    argv = ["audit", "--release-table", "--vllm", "0.34.0", "--model", "gemma2", "--gpu", "sm90", "--out", tmp_path]
+    line = refused(capfd, argv, "also covers releases 0.20.0", tmp_path)
+    assert "families cohere2" in line and "gpus sm100, sm80" in line
+    with pytest.raises(AssertionError, match="no work may start"):  # --force: on to the audit
+        main([str(a) for a in [*argv, "--force"]])
+
+
+def test_vllm_table_out_is_checked_before_any_audit(no_tables, tmp_path, capfd):
+    f = tmp_path / "a_file"
+    f.write_text("x\n")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        for out, must in ((f, "is a file"), (ro / "t", "is read-only")):
+            refused(capfd, ["audit", "--release-table", "--vllm", "0.34.0", "--out", out], must, tmp_path)
+    finally:
+        ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("versions", [",", " , "])
+def test_an_empty_vllm_release_list_writes_nothing(no_tables, tmp_path, capfd, versions):
+    refused(capfd, ["audit", "--release-table", "--vllm", versions, "--out", tmp_path / "t"], "selects no release",
+            tmp_path)
+
+
 # ----------------------------------------------------------------------------- make lab's scratch folder
 def _lab(capfd, dst, must: str, root: Path) -> None:
     from swa_repro.notebook import scratch
