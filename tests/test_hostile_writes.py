@@ -163,6 +163,25 @@ def test_an_empty_vllm_release_list_writes_nothing(no_tables, tmp_path, capfd, v
             tmp_path)
 
 
+# ----------------------------------------------------------------------------- sources
+@pytest.mark.parametrize("kind", ["device", "fifo", "big"])
+def test_a_source_that_is_no_regular_file_is_one_line(kind, tmp_path, capfd):
+    if kind == "device":
+        src = Path("/dev/zero")
+    elif kind == "fifo":
+        src = tmp_path / "pipe.py"
+        os.mkfifo(src)
+    else:
+        src = tmp_path / "big.py"
+        with open(src, "wb") as f:
+            f.truncate(17 << 20)
+    root = tmp_path / "root"  # the snapshot reads every file it holds: a pipe's open would wait
+    root.mkdir()
+    for action in ("status", "apply"):
+        refused(capfd, ["patch", action, "--vllm", "--source", src], "not a regular file" if kind != "big"
+                else "over 16 MiB", root)
+
+
 # ----------------------------------------------------------------------------- make lab's scratch folder
 def _lab(capfd, dst, must: str, root: Path) -> None:
     from swa_repro.notebook import scratch
@@ -277,4 +296,3 @@ def test_ctrl_c_with_two_jobs_stops_the_run(tmp_path):
     assert len(list(marks.iterdir())) == 2  # no notebook started after Ctrl-C
     s = _summary(out)
     assert s["status"] == "interrupted" and s["ok"] is False and len(s["failed"]) == 4
-
