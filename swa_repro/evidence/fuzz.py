@@ -15,13 +15,14 @@ probe, 2 on bad input (nothing written).
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from pathlib import Path
 
 from swa_repro.core.case import FLASHINFER_VERSIONS, Case
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.outputs import out_dir, write_atomic
 from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
 from swa_repro.evidence import fuzz_cases as fc
@@ -192,6 +193,9 @@ def _check(a) -> None:
     if a.report:
         if Path(a.report).is_dir():
             raise UsageError(f"--report {a.report} is a folder: name a .json file")
+        if Path(a.report).is_symlink():
+            raise UsageError(f"--report {a.report} is a symbolic link to {os.path.realpath(a.report)}: name a "
+                             "regular file (a link is never written through)")
         out_dir(Path(a.report).parent, "--report's folder")
 
 
@@ -318,7 +322,7 @@ def _replay(a) -> int:
 
 def _finish(rep: dict, report_path: Path, rec_path) -> int:
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    write_atomic(report_path, (json.dumps(rep, indent=1, default=str) + "\n").encode())  # never through a link
     print(format_report(rep))
     print(f"report -> {report_path}" + (f"; recording -> {rec_path}" if rec_path else ""))
     return 1 if rep["disagreement_count"] or rep["cases_failed"] else 0

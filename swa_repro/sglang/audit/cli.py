@@ -24,7 +24,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.exit_status import exit_status
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.outputs import keep_fuller, out_dir
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
@@ -59,6 +59,8 @@ def register(sub) -> None:
                    "+ releases.json")
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
     p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
+    p.add_argument("--force", action="store_true", help="with --release-table: replace a table at --out that "
+                   "covers releases, families or GPU classes this one does not (the committed full table)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
     p.add_argument("--model", metavar="FAMILY[,FAMILY]|all", help="with --sglang: the family's own attention layers, "
                    "built by that release's model code from a small config (transformers' defaults), at the "
@@ -264,6 +266,7 @@ def _family_table(a) -> int:
     for v in versions:
         if provision.parse(v) < provision.MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    keep_fuller(a.out / "families.json", {"releases": versions, "gpus": gpus}, _family_cover, force=a.force)
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
     from swa_repro.sglang.audit.family_fix import FIXED_RELEASE
 
@@ -272,6 +275,15 @@ def _family_table(a) -> int:
     md, js = family_table.write(table, a.out)
     print(f"wrote {md} and {js}")
     return 0
+
+
+def _release_cover(doc: dict) -> dict:
+    """What a release table holds (``core.outputs.keep_fuller``: a subset never replaces it)."""
+    return {"releases": [r["sglang"] for r in doc["rows"]], "fixes": doc.get("fixes") or []}
+
+
+def _family_cover(doc: dict) -> dict:
+    return {"releases": [r["sglang"] for r in doc["rows"]], "gpus": doc["gpus"]}
 
 
 def _table(a) -> int:
@@ -288,6 +300,7 @@ def _table(a) -> int:
     for v in versions:  # every release checked before any is installed
         if provision.parse(v) < provision.MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    keep_fuller(a.out / "releases.json", {"releases": versions, "fixes": fixes or []}, _release_cover, force=a.force)
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions) + (f" --fix {a.fix}" if fixes else "")
     table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
                            fixes=fixes)
