@@ -17,12 +17,11 @@ import io
 import json
 
 import pytest
-
 from conftest import skip_module_unless
 
 skip_module_unless("transformers")
 
-from swa_repro.cli import main  # noqa: E402
+from swa_repro.cli import main
 
 GEMMA2 = {  # google/gemma-2-9b config.json, its window changed to 1024
     "architectures": ["Gemma2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -144,6 +143,16 @@ def test_a_key_the_model_file_reads_without_a_default_is_named(no_work, capfd):
     assert rc == 2 and len(err) == 1 and "lacks hidden_act" in err[0] and "gemma2.py:3" in err[0], (rc, err)
 
 
+def test_an_architecture_the_release_lacks_names_the_releases_here_that_serve_it(no_work, capfd):
+    models = no_work / "0.5.99" / "sglang" / "srt" / "models"  # another release's overlay beside this one's
+    models.mkdir(parents=True)
+    (models / "olmo3.py").write_text("class Olmo3ForCausalLM: pass\nEntryClass = [Olmo3ForCausalLM]\n")
+    rc, err = _say(no_work, capfd, _folder(no_work, "olmo3", {"architectures": ["Olmo3ForCausalLM"],
+                                                              "model_type": "olmo3"}))
+    assert rc == 2 and len(err) == 1 and "not in sglang 0.5.23's models/" in err[0], (rc, err)
+    assert "sglang 0.5.99 (already on this machine) serves it" in err[0], err
+
+
 @pytest.mark.parametrize("model, must", [("./no/such/folder", "no such file or folder"),
                                          ("{tmp}", "holds no config.json")])
 def test_a_path_without_a_config_is_one_line(model, must, no_work, capfd):
@@ -155,6 +164,7 @@ def test_the_release_model_file_read_finds_what_gemma2_needs_beyond_its_class():
     """0.5.23's gemma2.py reads ``config.hidden_act`` (Gemma2Config has only hidden_activation), and
     every published family's config passes the same check (no key reported that the release has)."""
     from conftest import release_overlay
+
     from swa_repro.sglang import checkpoint, families
     from swa_repro.sglang import model_configs as mc
     from swa_repro.sglang.config_reads import config_reads

@@ -161,7 +161,8 @@ def served_by(arch: str, version: str, overlay: Path) -> str:
         have.sort(key=parse)
     except UsageError:
         pass
-    return f"; sglang {', '.join(have)} (already on this machine) serve it" if have else ""
+    verb = "serves" if len(have) == 1 else "serve"
+    return f"; sglang {', '.join(have)} (already on this machine) {verb} it" if have else ""
 
 
 # ----------------------------------------------------------------------------- the small config
