@@ -189,3 +189,36 @@ def test_a_remote_code_config_is_read_from_its_json_alone(tmp_path):
     small = checkpoint.small_config(ck)
     assert "auto_map" not in small.config and small.sliding_window == 1024 and small.config["num_hidden_layers"] == 2
     assert checkpoint.record(ck)["values"]["sliding_window"] == {"value": 1024, "from": "user"}
+
+
+# ----------------------------------------------------------------------------- doctor --model PATH
+@pytest.fixture
+def installed_0_5_23(monkeypatch):
+    """An installed sglang 0.5.23 (the doctor's release); the rest of the doctor is not under test."""
+    from swa_repro.core import mode
+    from swa_repro.notebook import doctor
+
+    real = mode.dist_version
+    monkeypatch.setattr(mode, "dist_version", lambda d: "0.5.23" if d == "sglang" else real(d))
+    monkeypatch.setattr(doctor, "doctor_report", dict)
+
+
+@pytest.mark.parametrize("values, must", [
+    ({"model_type": "gemma2"}, "has no architectures"),
+    ({"architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3"}, "is not in sglang 0.5.23's models/"),
+])
+def test_doctor_model_takes_a_checkpoint_and_says_what_is_wrong_in_one_line(values, must, no_work, installed_0_5_23,
+                                                                            capfd):
+    capfd.readouterr()
+    rc = main(["doctor", "--model", _folder(no_work, "bad", values)])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and must in err[0], (rc, err)
+
+
+def test_doctor_model_answers_for_the_users_checkpoint(mistral, installed_0_5_23, capfd):
+    folder, f = mistral
+    capfd.readouterr()
+    assert main(["doctor", "--json", "--model", folder]) == 0
+    r = json.loads(capfd.readouterr().out)["family"]
+    assert r["model"].endswith("config.json") and r["answer"]["state"] == f["answer"]["state"] == "not affected"
+    assert {v["kind"] for v in r["verdicts"]} == {"full"}  # the user's null window: no sliding layer
