@@ -110,6 +110,7 @@ def test_each_value_says_whether_the_file_or_the_class_default_gave_it(gemma2, m
             if key in raw:
                 assert v["value"] == raw[key], key
         assert not set(ck["keys_from_default"]) & set(raw)
+        assert ck["file"] == raw
     assert mistral[1]["checkpoint"]["values"]["head_dim"] == {"value": 4096 // 32, "from": "default"}
 
 

@@ -27,8 +27,6 @@ no ``architectures``, an architecture the release lacks, a key the release's mod
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +58,6 @@ class Checkpoint:
     def family(self) -> str:
         """The family whose architecture this is (its remedy and server facts), else the architecture."""
         return next((f for f, (_, _, a) in mc.MODELS.items() if a == self.architecture), self.architecture)
-
-    @property
-    def digest(self) -> str:
-        """The file's content, for the audit's cache key (same values, same cell)."""
-        return hashlib.sha256(json.dumps(self.values, sort_keys=True).encode()).hexdigest()[:16]
 
     def text_config(self):
         """The config holding the layers (a multimodal config's ``text_config``)."""
@@ -188,8 +181,8 @@ def small_config(ck: Checkpoint) -> fam.SmallConfig:
 
 
 def record(ck: Checkpoint) -> dict:
-    """What the answer says it read: the file, the class, and each attention value with its origin
-    (``keys_from_default``: every key the class set that the file lacks, PretrainedConfig's own aside)."""
+    """What the answer says it read: the file (``file``: its JSON as read), the class, and each
+    attention value with its origin (``keys_from_default``: every key the class set that the file lacks, PretrainedConfig's own aside)."""
     from transformers import PretrainedConfig
 
     text, raw = ck.text_config(), ck.values.get("text_config") if isinstance(ck.values.get("text_config"), dict) \
@@ -205,4 +198,4 @@ def record(ck: Checkpoint) -> dict:
         generic = PretrainedConfig().to_dict()
         defaulted = sorted(k for k in text.to_dict() if k not in raw and k not in generic)
     return {"path": ck.path, "architecture": ck.architecture, "model_type": ck.values.get("model_type"),
-            "config_class": ck.config_class, "values": vals, "keys_from_default": defaulted}
+            "config_class": ck.config_class, "values": vals, "keys_from_default": defaulted, "file": ck.values}
