@@ -66,10 +66,16 @@ def release_of(requested: str | None = None) -> str:
     return requested
 
 
-def check(model: str, gpu: str | None, release: str | None) -> tuple[str, Gpu, str]:
-    """Every argument, one line each, before any work: (family, GPU class, release)."""
+def check(model: str, gpu: str | None, release: str | None) -> tuple:
+    """Every argument, one line each, before any work: (family or the checkpoint read, GPU class,
+    release). A path (``checkpoint.looks_like_path``) is a checkpoint's config.json or its folder,
+    read now (``checkpoint.read``); the release checks it before its audit (``checkpoint.check_release``)."""
+    from swa_repro.sglang import checkpoint
+
+    if model not in (None, "") and model not in fam.FAMILIES and checkpoint.looks_like_path(model):
+        return checkpoint.read(model), gpu_class(gpu), release_of(release)
     if model in (None, "") or model == "all" or "," in model:
-        raise UsageError(f"--model takes one family: {', '.join(fam.FAMILIES)}")
+        raise UsageError(f"--model takes one family ({', '.join(fam.FAMILIES)}) or a checkpoint's config.json")
     fam.check_args(model, gpu if gpu not in (None, "", "auto") else None)
     return model, gpu_class(gpu), release_of(release)
 
@@ -152,7 +158,7 @@ def verdict(model: str, gpu: str | None = None, release: str | None = None, *, w
     """The whole answer: release, GPU class (and why), the family's audit, its answer, the fix."""
     model, g, release = check(model, gpu, release)
     f = family_audit(release, model, g.name)
-    out = {"release": release, "gpu": g.name, "gpu_why": g.why, "model": model, "audit": f,
+    out = {"release": release, "gpu": g.name, "gpu_why": g.why, "model": getattr(model, "path", model), "audit": f,
            "answer": f.get("answer") or {"state": "not built", "why": f.get("error")}}
     if with_fix:
         out["fix"] = fix_answer(release, model, g.name, f)

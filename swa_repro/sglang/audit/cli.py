@@ -8,8 +8,9 @@
   in-process); their header starts ``WHAT-IF`` and their JSON carries ``"what_if"``.
 * ``--release-table``: every release in ``--releases``, one subprocess each ->
   ``releases.md`` + ``releases.json`` (``audit.table``).
-* ``--sglang X --model FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: the family's own layers, built by
-  release X's model code, at the family's real window (``audit.family_run``).
+* ``--sglang X --model PATH|FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: a checkpoint's config.json
+  (or its folder; ``sglang.checkpoint``) or a family, its own layers built by release X's model code
+  at its real window (``audit.family_run``).
 
 Exit status (CI; ``core.exit_status``, ``--fail-on any|default|never``): 0 not affected, 1 a finding or
 an answer not given (not driven, not built, unknown), 2 bad input.
@@ -62,9 +63,9 @@ def register(sub) -> None:
     p.add_argument("--force", action="store_true", help="with --release-table: replace a table at --out that "
                    "covers releases, families or GPU classes this one does not (the committed full table)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
-    p.add_argument("--model", metavar="FAMILY[,FAMILY]|all", help="with --sglang: the family's own attention layers, "
-                   "built by that release's model code from a small config (transformers' defaults), at the "
-                   "family's real window; all = every family the release serves")
+    p.add_argument("--model", metavar="PATH|FAMILY[,FAMILY]|all", help="with --sglang: a checkpoint's config.json "
+                   "(or its folder), its own values built by that release's model code, at its real window; or a "
+                   "family (transformers' defaults); all = every family the release serves")
     p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class the backend is built "
                    "for (default sm90)")
     from swa_repro.core.exit_status import add_argument
@@ -227,19 +228,19 @@ def key_rows(r: dict) -> list[str]:
 
 def _families(a) -> int:
     """``--model`` (and ``--gpu``): names checked, then the release; one line for each misuse."""
-    from swa_repro.sglang import families
+    from swa_repro.sglang import checkpoint
     from swa_repro.sglang.audit import family_run
 
     if a.model is None:
         raise UsageError("--gpu goes with --model FAMILY: the GPU class of a family's audit")
-    families.check_args(a.model, a.gpu)
+    model = checkpoint.model_arg(a.model, a.gpu)  # the family names, or the user's config.json read
     if not a.sglang:
         raise UsageError("--model audits a family on a release's own code: add --sglang VERSION (e.g. 0.5.23)")
     if a.release_table or a.what_if or a.paths or a.mode == "live":
         raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
                          "--mode live")
     provision.parse(a.sglang)
-    doc = family_run.audit_families(a.sglang, a.model, a.gpu, fixes=_fixes(a),
+    doc = family_run.audit_families(a.sglang, a.model if isinstance(model, list) else model, a.gpu, fixes=_fixes(a),
                                     note=lambda s: print(s, file=sys.stderr))
     print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
     sys.stdout.flush()
