@@ -21,8 +21,9 @@ from swa_repro.cli import main
 def nothing_runs(monkeypatch, tmp_path):
     """Every installer, child, table builder and notebook fails the test; the cache is a fresh,
     absent folder. -> tmp_path (``tmp_path / "cache"`` must still not exist after the command)."""
+    from swa_repro.evidence import fuzz
     from swa_repro.notebook import runner
-    from swa_repro.sglang import overlay_run, provision
+    from swa_repro.sglang import check, kit, overlay_run, provision
     from swa_repro.sglang.audit import cli as scli
     from swa_repro.sglang.audit import family_run, family_table, release
     from swa_repro.sglang.audit import table as at
@@ -34,7 +35,8 @@ def nothing_runs(monkeypatch, tmp_path):
     for mod, name in ((provision, "provision"), (overlay_run, "run_child"), (release, "run_child"),
                       (family_run, "run_child"), (family_run, "audit_families"), (scli, "_one"),
                       (at, "build_table"), (family_table, "build"), (vp, "provision"), (va, "run_release"),
-                      (va, "run_live"), (vt, "build"), (runner, "run_all"), (runner, "ensure_kernel")):
+                      (va, "run_live"), (vt, "build"), (runner, "run_all"), (runner, "ensure_kernel"),
+                      (check, "run_matrix"), (kit, "installed_doc"), (fuzz, "_live"), (fuzz, "_replay")):
         monkeypatch.setattr(mod, name, never)
     return tmp_path
 
@@ -93,6 +95,20 @@ CASES = [
     # run -p: a release number in range that is no release started the notebook
     (["run", "07", "-p", "sglang_release=0.5.15.post2", "--output", OUT], "the nearest are 0.5.15.post1 and 0.5.16"),
     (["run", "03", "-p", "sglang_release=0.5.10.post2", "--output", OUT], "the nearest are 0.5.10.post1 and 0.5.11"),
+    # sglang-check: --sglang "" ran the installed release; a repeated case; --kit-only's "" flags
+    (["sglang-check", "--sglang", ""], "--sglang/--fix go with --kit-only"),
+    (["sglang-check", "--kit-only", "--sglang", ""], "give a release number"),
+    (["sglang-check", "--kit-only", "--sglang", "0.5.15.post2"], "the nearest are 0.5.15.post1 and 0.5.16"),
+    (["sglang-check", "--kit-only", "--cases", ""], "--kit-only runs sglang's kit alone"),
+    (["sglang-check", "--cases", "upstream_no_prefix_6_8_12,upstream_no_prefix_6_8_12"], "more than once"),
+    # fuzz: a repeated backend was drawn twice as often; flags the mode never reads; "" paths
+    (["fuzz", "--mode", "selftest", "--backends", "fa2,fa3,fa2", "--out", OUT], "--backends names fa2 more than once"),
+    (["fuzz", "--mode", "selftest", "--head-dims", "64,64", "--out", OUT], "--head-dims names 64 more than once"),
+    (["fuzz", "--mode", "model", "--out", OUT], "--out: --mode model replays the recordings"),
+    (["fuzz", "--mode", "model", "--budget-s", "60"], "--budget-s: --mode model replays"),
+    (["fuzz", "--mode", "selftest", "--recordings", OUT], "--recordings goes with --mode model"),
+    (["fuzz", "--mode", "selftest", "--out", ""], "--out '': name a path"),
+    (["fuzz", "--mode", "model", "--report", ""], "--report '': name a path"),
 ]
 
 
