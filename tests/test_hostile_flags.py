@@ -71,6 +71,7 @@ CASES = [
     (["audit", "--release-table", "--vllm", "0.34.0", "--jobs", "2", "--out", OUT],
      "--releases and --jobs are sglang's --release-table"),
     (["audit", "--vllm", "0.34.0", "--sglang-source", "x.py"], "--sglang-source was removed"),
+    (["audit", "--release-table", "--vllm", "0.34.0", "--paths", "decode", "--out", OUT], "drop --paths"),
     (["audit", "--vllm", "0.34.0", "--fix", "cap-route", "--diff", "--model", "cohere2"], "--diff alone"),
     (["audit", "--release-table", "--vllm", "0.34.0", "--fix", "cap-route", "--diff", "--out", OUT], "--diff alone"),
     # a repeated family, GPU class or release was audited and printed twice (both projects)

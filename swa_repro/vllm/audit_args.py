@@ -81,6 +81,9 @@ def _vllm(a, given: set[str]) -> None:
     if given & {"releases", "jobs"}:
         raise UsageError("--releases and --jobs are sglang's --release-table: with --vllm the table's releases go to "
                          "--vllm X,Y (or table)")
+    if a.release_table and a.paths is not None:
+        raise UsageError("--paths picks the live step's paths; --release-table --vllm audits every path of each "
+                         "release: drop --paths")
     if a.diff and (a.release_table or a.model or a.gpu or a.paths or a.json or given & {"mode", "live_budget"}):
         raise UsageError("--diff prints the fix's diff against the release and audits nothing: give --vllm X --fix "
                          "cap-route --diff alone")
