@@ -22,6 +22,7 @@ def nothing_runs(monkeypatch, tmp_path):
     """Every installer, child, table builder and notebook fails the test; the cache is a fresh,
     absent folder. -> tmp_path (``tmp_path / "cache"`` must still not exist after the command)."""
     from swa_repro.evidence import fuzz
+    from swa_repro.kernel import live
     from swa_repro.notebook import runner
     from swa_repro.sglang import check, kit, overlay_run, provision
     from swa_repro.sglang.audit import cli as scli
@@ -36,7 +37,8 @@ def nothing_runs(monkeypatch, tmp_path):
                       (family_run, "run_child"), (family_run, "audit_families"), (scli, "_one"),
                       (at, "build_table"), (family_table, "build"), (vp, "provision"), (va, "run_release"),
                       (va, "run_live"), (vt, "build"), (runner, "run_all"), (runner, "ensure_kernel"),
-                      (check, "run_matrix"), (kit, "installed_doc"), (fuzz, "_live"), (fuzz, "_replay")):
+                      (check, "run_matrix"), (kit, "installed_doc"), (fuzz, "_live"), (fuzz, "_replay"),
+                      (live, "require_cuda")):
         monkeypatch.setattr(mod, name, never)
     return tmp_path
 
@@ -110,6 +112,8 @@ CASES = [
     (["fuzz", "--mode", "selftest", "--recordings", OUT], "--recordings goes with --mode model"),
     (["fuzz", "--mode", "selftest", "--out", ""], "--out '': name a path"),
     (["fuzz", "--mode", "model", "--report", ""], "--report '': name a path"),
+    # record: --out "" wrote the recordings into the current folder
+    (["record", "--out", "", "--cases", "seed_bug"], "--out '': name a folder"),
 ]
 
 
