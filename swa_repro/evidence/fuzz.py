@@ -163,10 +163,31 @@ def register(sub) -> None:
 
 
 def _csv(text: str, conv, flag: str) -> tuple:
+    """A repeated value was drawn twice as often (and named twice in the recording's file name)."""
     try:
-        return tuple(conv(x.strip()) for x in text.split(",") if x.strip())
+        vals = tuple(conv(x.strip()) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated values; got {text!r}") from None
+    twice = sorted({str(x) for x in vals if vals.count(x) > 1})
+    if twice:
+        raise UsageError(f"{flag} names {', '.join(twice)} more than once: give each once")
+    return vals
+
+
+def _mode_flags(a, requested: str) -> None:
+    """Flags the resolved mode never reads were dropped (``--mode model --out X`` made X and wrote
+    the report elsewhere); an empty path fell back to the default one."""
+    for flag, value in (("--out", a.out), ("--report", a.report), ("--recordings", a.recordings)):
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{flag} '': name a path, or leave {flag} out for its default")
+    live_only = [f for f, on in (("--out", a.out), ("--budget-s", a.budget_s), ("--jit-jobs", a.jit_jobs is not None),
+                                 ("--prebuild-only", a.prebuild_only)) if on]
+    if a.mode == "model" and live_only:
+        why = "" if requested == "model" else " (auto picked it: no usable CUDA here)"
+        raise UsageError(f"{', '.join(live_only)}: --mode model{why} replays the recordings under --recordings into "
+                         "--report; these go with --mode live or selftest")
+    if a.mode != "model" and a.recordings != str(FUZZ_ROOT):
+        raise UsageError(f"--recordings goes with --mode model (it replays them); --mode {a.mode} draws new cases")
 
 
 def _bounds(a) -> list:
@@ -178,7 +199,7 @@ def _bounds(a) -> list:
             ("--budget-s", a.budget_s, 0, 86400)]
 
 
-def _check(a) -> None:
+def _check(a, requested: str | None = None) -> None:
     a.backends = _csv(a.backends, str, "--backends")
     a.head_dims = _csv(a.head_dims, int, "--head-dims")
     lim = LIMITS["selftest" if a.mode == "selftest" else "live"]
@@ -188,6 +209,7 @@ def _check(a) -> None:
     check_bounds(_bounds(a))
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
+    _mode_flags(a, requested or a.mode)  # the values first (as given), then what the mode reads
     if a.out:
         out_dir(a.out, "--out")  # created when missing; checked before any case runs
     if a.report:
@@ -200,11 +222,12 @@ def _check(a) -> None:
 
 
 def main(a) -> int:
-    _check(a)
-    if a.mode == "auto":
+    requested = a.mode
+    if a.mode == "auto":  # first: which flags mean something depends on it
         from swa_repro.core.mode import resolve_mode
 
         a.mode = resolve_mode("auto").mode
+    _check(a, requested)
     if a.mode == "model":
         return _replay(a)
     return _live(a)

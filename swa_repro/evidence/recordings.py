@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from swa_repro.core.case import Case
-from swa_repro.core.errors import check_bounds
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core import outputs
 from swa_repro.core.outputs import atomic_path, write_atomic
@@ -213,6 +213,8 @@ def main(a) -> int:
     if a.list:
         print(rc.table(cases))
         return 0
+    if not str(a.out).strip():  # "" is the current folder to out_dir: the recordings landed there
+        raise UsageError("--out '': name a folder, or leave --out out for recordings/")
     outputs.out_dir(a.out, "--out")  # before the GPU work: a path that cannot be written fails now
     from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 

@@ -132,6 +132,8 @@ def doctor_main(a) -> int:
 
         if a.model is None:
             raise UsageError("--gpu goes with --model FAMILY: the GPU class of the family's verdict")
+        if a.gpu is not None and not a.gpu.strip():  # family_answer reads "" as "this GPU's" (notebook 07's gpu=)
+            raise UsageError(f"--gpu {a.gpu!r}: give sm80, sm90 or sm100, or leave --gpu out for this GPU's class")
         family_answer.check(a.model, a.gpu, None)  # one line each, before any work
     r = doctor_report()
     if a.model is not None:

@@ -143,7 +143,7 @@ def _fixes(value) -> None:
 
 
 def _release(value) -> None:
-    from swa_repro.sglang.provision import MIN_RELEASE, parse  # what provision() refuses in the notebook
+    from swa_repro.sglang.provision import MIN_RELEASE, check_release, parse  # what provision() refuses
 
     try:
         version = parse(value)
@@ -152,6 +152,7 @@ def _release(value) -> None:
     if version < MIN_RELEASE:
         raise UsageError(f"sglang {value} is older than {'.'.join(map(str, MIN_RELEASE))}, the oldest release "
                          "the notebooks drive")
+    check_release(value, "sglang")  # in range but no release (0.5.15.post2): the install fails mid-notebook
 
 
 def _matrix_names(value) -> None:
