@@ -40,7 +40,8 @@ LAB_FROM    ?= notebooks
 LAB_STATE   ?= $(VENV)/lab-state
 LAB_ENV      = JUPYTER_CONFIG_PATH='$(CURDIR)/jupyter' JUPYTER_CONFIG_DIR='$(abspath $(LAB_STATE))/config' \
   JUPYTER_DATA_DIR='$(abspath $(LAB_STATE))/data' IPYTHONDIR='$(abspath $(LAB_STATE))/ipython' \
-  MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib'
+  MPLCONFIGDIR='$(abspath $(LAB_STATE))/matplotlib' \
+  $(if $(SWA_REPRO_CACHE),SWA_REPRO_CACHE='$(abspath $(SWA_REPRO_CACHE))')
 # Compiled bytecode goes to one folder inside the venv, also where PYTHONDONTWRITEBYTECODE is set
 # (as on this project's CI image): without it every notebook kernel and test process compiled
 # torch, transformers and sglang from source again (cProfile: 20.9 s of notebook 04's 52 s was compile()).

@@ -8,6 +8,8 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
+from swa_repro.notebook.plots import SMALL  # the project's one text style
+
 # (backend, variant) -> (colour, line style): solid = planned with the window
 STYLE = {("fa3", "fixed"): ("C0", "-"), ("fa3", "buggy"): ("C0", "--"), ("fa2", "fixed"): ("C1", "-"),
          ("fa2", "buggy"): ("C1", "--"), ("torch", "flex"): ("C2", "-"), ("torch", "sdpa"): ("C3", "-")}
@@ -46,7 +48,7 @@ def time_vs_window(records, title: str) -> Figure | None:
         ax.set_xlabel("window W")
     for row in axes:
         row[0].set_ylabel("ms (median)")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=SMALL)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -80,5 +82,5 @@ def kernel_model_times(cpu: dict, target_s: float = 1.0) -> Figure:
     ax.barh([r["name"] for r in km], [r["median_s"] for r in km], color="C4")
     ax.axvline(target_s, color="k", ls="--", lw=0.8, label=f"target {target_s:g} s (32k, no tile map)")
     ax.set(xlabel="seconds (median)", title=f"kernel model, 32k tokens: {cpu['provenance'].get('cpu')}")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=SMALL)
     return fig

@@ -43,6 +43,11 @@ backend = "fa2"  # what sglang constructs the wrapper with
 seed = 0
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("00_overview", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("00_overview", globals())  # this run's folder (the first cell says which)

@@ -51,6 +51,11 @@ split_window_left = 128
 seed = 0
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("01_plan_with_and_without_window_left", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("01_plan_with_and_without_window_left", globals())  # this run's folder (the first cell says which)

@@ -63,6 +63,11 @@ plot_recordings = True  # one figure per recorded case not drawn above (newest f
 fuzz_selftest_cases = 4  # 0: none; else a CPU self-test of the fuzz pipeline (labelled: not kernel evidence)
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("02_masks_and_cta_skips", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("02_masks_and_cta_skips", globals())  # this run's folder (the first cell says which)

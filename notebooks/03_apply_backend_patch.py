@@ -49,6 +49,11 @@ sglang_release = "0.5.23"
 fixes = "all"  # all, or a comma list of swa_repro.sglang.fix.ORDER names
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("03_apply_backend_patch", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set
 
 output_dir = artifact_set("03_apply_backend_patch", globals())  # this run's folder (the first cell says which)

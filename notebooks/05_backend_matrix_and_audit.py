@@ -36,6 +36,11 @@ prompts = [1024, 8192, 32768]
 prefixes = [0, 4096]
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("05_backend_matrix_and_audit", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("05_backend_matrix_and_audit", globals())  # this run's folder (the first cell says which)
@@ -81,7 +86,7 @@ checks.expect(not audit.incomplete(as_installed.to_dict()),
               "the audit drove every path x layer run this release has (no verdict from an undriven path)",
               not_driven=audit.incomplete(as_installed.to_dict()))
 checks.expect(row is not None and audit_table.cells(as_installed.to_dict()) == row["cells"],
-              "this machine's audit re-derives its release's row of the committed table")
+              "this machine's audit re-derives its release's row of the committed table");
 # %% [markdown]
 # The verdict about keys, not parameters: for every driven call, the token positions each query
 # really attends (the call's KV mapped back through sglang's req-to-token pool) against the keys
@@ -127,7 +132,7 @@ checks.expect(any(f.effect == "wrong" for f in paged) == (as_installed.release["
 checks.expect(not [f for f in patched.findings if f.path == "extend_paged" and f.parameter == "window_left"],
               "patched: the paged-only wrapper is planned with its window")
 checks.expect(all(f.plan_value == -1 and f.forward_value >= 0 for f in paged if f.kind == "mismatch"),
-              "every paged-only finding is plan -1 vs forward W")
+              "every paged-only finding is plan -1 vs forward W");
 
 # %% [markdown]
 # ## 2. Real model configurations (transformers' published defaults, sglang's conversion)
@@ -159,7 +164,7 @@ checks.expect(any(c.status in ("leak", "undefined") for c in windowed),
 checks.expect(all(c.max_leak == 0 for c in windowed if c.prompt + min(c.prefix, c.window_left) <= c.window_left + 1),
               "no leak when every key is inside the window")
 checks.expect(all((c.leak_frac > 0) == (c.max_leak > 0) for c in windowed if c.leak_frac is not None),
-              "heatmap: a cell's fraction of leaking queries is > 0 iff some query leaks")
+              "heatmap: a cell's fraction of leaking queries is > 0 iff some query leaks");
 
 # %% [markdown]
 # ## 3. The backend matrix (model), with the GPU recordings beside it where one exists

@@ -45,6 +45,11 @@ gpu_results = ""  # default: the committed benchmarks/results/h200_swa_prefill.j
 cpu_results = ""  # default: the committed benchmarks/results/cpu_model.json
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("06_performance", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("06_performance", globals())  # this run's folder (the first cell says which)

@@ -35,6 +35,11 @@ gpu = "auto"  # auto (this GPU's class; without CUDA sm90, said so) | sm80 | sm9
 sglang_release = "installed"  # installed, or a release 0.5.14-0.5.23
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("07_my_model_my_gpu", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("07_my_model_my_gpu", globals())  # this run's folder (the first cell says which)
@@ -93,14 +98,15 @@ plots.publish(key_heatmap.figure(key_heatmap.panels_of(audit), title + " (zoomed
 # %%
 drawn = [r for row in key_heatmap.panels_of(audit) for _, r in row if r is not None]
 checks.expect(drawn and all(key_heatmap.agrees(r) for r in drawn),
-              "every panel draws extra / missing keys only where the audit counts them", panels=len(drawn))
+              "every panel draws extra / missing keys only where the audit counts them", panels=len(drawn));
 
 # %% [markdown]
-# ## 4. The fix that applies
+# ## 4. What to do, and the check that it works
 #
-# The `swa-repro patch --fix` classes whose paths and parameter match what the audit found wrong and
-# that this release's backend file still needs; then the family audited again on a copy of the
-# release with exactly those fixes.
+# The audit's own remedy for this family on this GPU class (`sglang.audit.family_fix.remedy`, the one
+# `swa-repro audit --model` and `doctor --model` print: the backend's fixes, the model file's and the
+# GPU class's, or what to do where sglang has no fix); then the family audited again on a copy of the
+# release with the remedy's fixes, which must say not affected.
 
 # %%
 fix = family_answer.fix_answer(release, family, gpu_class.name, audit)
@@ -119,6 +125,9 @@ checks.expect(fix["exact"] == (not family_answer.bad(fix["fixed"] if fix["fixed"
               "the fix's verdict is the fixed copy's own audit", fixes=fix["fixes"])
 checks.expect(fix["fixed"] is None or len(family_answer.bad(fix["fixed"])) < len(family_answer.bad(audit)),
               "the fixes leave fewer wrong paths than the release as shipped")
+checks.expect(not fix["fixes"] or fix["fixed_state"] == "not affected",
+              "with the audit's remedy, the audit of the release says not affected", remedy=fix["command"],
+              answer=fix["fixed_state"]);
 
 # %% [markdown]
 # ## 5. On the real kernel
@@ -136,7 +145,7 @@ pd.DataFrame(live_rows)
 # %%
 checks.expect(call is None or family_evidence.consistent(call, family),
               "the kernel is never off the reference where the key audit of the same run is clean",
-              call=None if call is None else call.name)
+              call=None if call is None else call.name);
 
 # %%
 checks.close()

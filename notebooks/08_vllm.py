@@ -31,6 +31,11 @@ mode = "auto"  # auto | live | model
 output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
 
 # %%
+from swa_repro.notebook import param_cell
+
+params_ok = param_cell.check("08_vllm", globals())  # a bad one stops the notebook here
+
+# %%
 from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
 
 output_dir = artifact_set("08_vllm", globals())  # this run's folder (the first cell says which)
@@ -94,7 +99,7 @@ checks.expect(set(df[df.gpu == "sm100"].default_backend) == {"FLASHINFER"}
 checks.expect(not fixed.cell.str.contains("cap dropped").any(), "with --fix cap-route no cap is dropped")
 both = df.merge(fixed, on=["vllm", "gpu", "family"], suffixes=("", "_fixed"))
 checks.expect((both[both.state != "affected"].state == both[both.state != "affected"].state_fixed).all(),
-              "the fix changes only cells that were affected")
+              "the fix changes only cells that were affected");
 
 # %% [markdown]
 # ## 4. Other serving options: a quantized KV cache, a larger block
@@ -120,7 +125,7 @@ checks.expect(len(nv90) == 1 and nv90.default_state.iloc[0] == "affected" and nv
 checks.expect(not opts_fixed.cell.str.contains("cap dropped").any(),
               "with --fix cap-route no quantized cache drops a cap either")
 checks.expect(len(pg) > 0 and set(pg[pg.page > 64].gpu) <= {"sm100"},
-              "pages over 64 (trtllm-gen's) come only on sm100")
+              "pages over 64 (trtllm-gen's) come only on sm100");
 
 # %% [markdown]
 # ## 5. On the kernel
@@ -144,7 +149,7 @@ checks.expect(len(xqa) > 0 and (xqa.told_cap == 0).all() and (xqa.wrong_rows == 
               "as shipped on sm90, every Gemma-2 row vLLM sends to XQA is wrong: XQA is told no cap")
 checks.expect(len(fixed_live) > 0 and (fixed_live.wrong_rows == 0).all() and (fixed_live.told_cap == 50).all(),
               "with --fix cap-route every Gemma-2 row is right, each kernel told the cap")
-checks.expect(bool(lv.told_agrees.all()), "every kernel did exactly what vLLM told it (the audit's reading holds)")
+checks.expect(bool(lv.told_agrees.all()), "every kernel did exactly what vLLM told it (the audit's reading holds)");
 
 # %% [markdown]
 # With an NVFP4 cache (section 4's reading: on sm90 from 0.32.0 vLLM decodes it on fa2's decode wrapper,
@@ -161,7 +166,7 @@ nv
 # %%
 checks.expect(len(nv) > 0 and (nv.wrong_rows == 0).all() and (nv.told_cap == 50).all()
               and "xqa_batch_decode_with_kv_cache" not in set(nv.kernel) and bool(nv.told_agrees.all()),
-              "with an NVFP4 cache every Gemma-2 row is right on the kernel: fa2's wrappers, each told the cap")
+              "with an NVFP4 cache every Gemma-2 row is right on the kernel: fa2's wrappers, each told the cap");
 
 # %%
 checks.close()

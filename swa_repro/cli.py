@@ -28,6 +28,12 @@ COMMANDS = {
 }
 
 
+PURPOSE = ("Finds and fixes sliding-window and soft-cap attention errors in sglang's and vLLM's FlashInfer "
+           "backends: is my model, on my GPU and release, affected, and which fix makes it exact? (audited on CPU)")
+EPILOG = ("start: `swa-repro doctor --model gemma2` (the installed sglang, this GPU) or `swa-repro audit --sglang "
+          "0.5.23 --model all`; exit status: 0 not affected, 1 affected or not answered (--fail-on), 2 bad input")
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (what to change) and exit status 2."""
 
@@ -40,7 +46,7 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
     help line), so ``swa-repro mask`` does not pay for sglang's or papermill's imports."""
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    p = OneLineParser(prog="swa-repro", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="swa-repro", description=PURPOSE, epilog=EPILOG)
     sub = p.add_subparsers(dest="command", required=True)
     for name, (mod, help_) in COMMANDS.items():
         if name != chosen:

@@ -113,7 +113,7 @@ def test_analyzer_trusts_a_plan_that_carries_the_window():
 
 # ----------------------------------------------------------------------------- CLI
 def test_cli_json_what_ifs_are_labelled(capsys):
-    assert main(["audit", "--paths", "extend_paged", "--both", "--json"]) == 0
+    assert main(["audit", "--paths", "extend_paged", "--both", "--json"]) == 1  # affected (core.exit_status)
     doc = json.loads(capsys.readouterr().out)
     unp, pat = doc["runs"]
     assert (unp["what_if"], pat["what_if"]) == ("unpatched", "patched")
@@ -126,14 +126,14 @@ def test_cli_json_what_ifs_are_labelled(capsys):
 def test_default_audits_the_installed_release_as_it_is_and_says_so(capsys):
     """Misleading behaviour 2: the default used to remove PR #31501 in-process. Now it states the
     release, its file and its state, and reports what that code does."""
-    assert main(["audit", "--paths", "extend_paged"]) == 0
+    assert main(["audit", "--paths", "extend_paged"]) == 1  # affected: exit 1 (core.exit_status)
     out = capsys.readouterr().out.splitlines()
     path = str(sglang_patch.installed_path())
     assert out[0].startswith("sglang 0.5.15.post1 (installed, ") and path in out[0]
-    assert "backend unfixed (#31501 not applied)" in out[0] and "WHAT-IF" not in "\n".join(out)
+    assert "backend PR #31501 not applied" in out[0] and "WHAT-IF" not in "\n".join(out)
     paged = next(ln for ln in out if ln.strip().startswith("paged-only window"))
     assert paged.split()[3] == "holds" and "begin_forward(window_left not passed) then forward(window_left=8)" in paged
-    assert main(["audit", "--paths", "extend_paged", "--patched"]) == 0
+    assert main(["audit", "--paths", "extend_paged", "--patched"]) == 1  # the soft cap still holds
     assert capsys.readouterr().out.startswith("WHAT-IF: sglang 0.5.15.post1")
 
 

@@ -183,7 +183,7 @@ TABLE: dict[str, list[tuple[list[str], str]]] = {
               (["audit", "--paths", ","], "--paths selects no path"),
               (["audit", "--paths", ""], "--paths selects no path"),
               (["audit", "--release-table", "--releases", ",", "--out", "t"], "--releases selects no release"),
-              (["audit", "--jobs", HUGE], "--jobs must be in 1..32"),
+              (["audit", "--release-table", "--jobs", HUGE], "--jobs must be in 1..32"),
               (["audit", "--live-budget", "nan"], "--live-budget must be in 1..3600")],
     "fuzz": [(["fuzz", "--backends", "fa9"], "--backends"),
              (["fuzz", "--repeats", "0"], "--repeats"),

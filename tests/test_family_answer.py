@@ -155,8 +155,9 @@ def test_doctor_model_rederives_the_family_answer(capfd, monkeypatch):
     assert rows["sliding", "extend_paged"]["verdict"] == "extra" and rows["full", "extend_paged"]["verdict"] == "exact"
     assert rows["sliding", "extend_paged"]["max_extra_per_query"] > 0
     fx = v["fix"]
-    assert "paged_only_window" in fx["fixes"] and "soft_cap_prefill" in fx["fixes"]
+    assert fx["remedy"] == v["audit"]["remedy"] and fx["fixes"] == ["all"]  # the audit's remedy (family_fix)
     assert fx["exact"] == (not FA.bad(fx["fixed"])) and len(FA.bad(fx["fixed"])) < len(FA.bad(v["audit"]))
+    assert fx["exact"] and fx["fixed_state"] == "not affected"
     committed = table.committed(table.TABLE_DIR / "families.json")
     row = next(r for r in committed["rows"] if r["sglang"] == RELEASE and r["gpu"] == "sm90")
     assert row["cells"]["gemma2"]["state"] == v["answer"]["state"]
@@ -182,4 +183,4 @@ def test_notebook_07_answers_my_model_my_gpu_my_release(nb07):
             "07_my_model_my_gpu_keys_fixed.png"} <= {str(f).rsplit("/", 1)[-1] for f in r["figures"]}
     html = (out / "07_my_model_my_gpu.html").read_text()
     assert "Mode: model" in html and "the CPU audit is all there is" in html
-    assert "ANSWER: affected on the default path" in html and "swa-repro patch --fix paged_only_window" in html
+    assert "ANSWER: affected on the default path" in html and "swa-repro patch --fix all: the audit of the release with it says not affected" in html

@@ -53,14 +53,14 @@ def test_totals_are_in_version_order():
     assert order == [v for v in FLASHINFER_VERSIONS if v in order]
 
 
-def test_readme_states_the_committed_totals():
-    """The README's fuzz sentence is prose: hold its numbers to the recordings."""
+def test_evidence_page_states_the_committed_totals():
+    """The GPU evidence page's fuzz sentence (docs/gpu-evidence.md) is prose: hold its numbers to the recordings."""
     from conftest import REPO
 
     if not RECORDED:
         pytest.skip("no committed fuzz recordings")
     rep = fv.fuzz_view().report
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "gpu-evidence.md").read_text().split())
     assert f"{rep['agreements']}/{rep['comparisons']} comparisons agree" in text
     assert f"all {rep['statuses']['kernel']['undefined']} requests the model calls `undefined`" in text
     missing = fv.unbacked_versions(fv.committed_runs())

@@ -44,16 +44,16 @@ def test_the_kernels_reading_of_the_parameters_cell_is_jupytexts(path, tmp_path)
     """A notebook's kernel reads its parameters cell without importing jupytext (2 s a run): the same
     names and kinds as jupytext's reading, also for an edited copy (the lab's scratch/), and None
     (ask jupytext) where the file has no such cell."""
-    from swa_repro.notebook.params import percent_parameters
+    from swa_repro.notebook.params import jupytext_parameters, percent_parameters
 
-    assert percent_parameters(path) == notebook_parameters(path) is not None
+    assert percent_parameters(path) == jupytext_parameters(path) is not None
     edited = tmp_path / path.name
     edited.write_text(path.read_text().replace('tags=["parameters"]', 'tags=["parameters", "x"]  title')
                       .replace('\n# %%\n', '\nextra_after_the_cell = 1\n# %%\n', 1) + "\n# %%\nlast = 2\n")
-    assert percent_parameters(edited) == notebook_parameters(edited)
+    assert percent_parameters(edited) == jupytext_parameters(edited) == notebook_parameters(edited)
     untagged = tmp_path / "untagged.py"
     untagged.write_text(path.read_text().replace('tags=["parameters"]', ""))
-    assert percent_parameters(untagged) is None is notebook_parameters(untagged)
+    assert percent_parameters(untagged) is None is jupytext_parameters(untagged) is notebook_parameters(untagged)
 
 
 # (name, a value of the wrong type, a value out of range or not a choice); None: no such value

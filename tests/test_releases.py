@@ -116,7 +116,7 @@ def test_foreign_modules_are_named(tmp_path):
 @pytest.mark.matrix  # `make test-matrix`: the same code path as 0.5.23's audit (test_sglang_fix), on another release
 def test_sglang_0_5_16_audits_its_own_code(capsys):
     """0.5.16 has PR #31501: no paged-only window; every other cell as the committed table says."""
-    assert main(["audit", "--sglang", "0.5.16", "--json"]) == 0
+    assert main(["audit", "--sglang", "0.5.16", "--json"]) == 1  # affected: exit 1 (core.exit_status)
     doc = json.loads(capsys.readouterr().out)
     (run,), (classes,) = doc["runs"], doc["classes"]
     rel = run["release"]
@@ -130,7 +130,7 @@ def test_sglang_0_5_16_audits_its_own_code(capsys):
 def test_doctor_has_one_line_per_finding_class(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    assert "backend     unfixed (#31501 not applied)" in out
+    assert "backend     PR #31501 not applied (the paged-only prefill, extend_paged, plans no window" in out
     assert "from docs/audit/releases.md; re-derive: `swa-repro audit`" in out
     lines = [ln for ln in out.splitlines() if "`swa-repro audit --paths" in ln]
     assert len(lines) == len(at.CLASSES)

@@ -131,8 +131,9 @@ def test_scratch_is_git_ignored():
     assert re.search(r"(?m)^/scratch/$", (REPO / ".gitignore").read_text())
 
 
-def test_readme_says_what_a_save_and_a_run_in_the_lab_write():
-    text = " ".join((REPO / "README.md").read_text().split())
+def test_lab_page_says_what_a_save_and_a_run_in_the_lab_write():
+    """The lab's page (docs/lab.md, linked from the README's "Where to go next") says it."""
+    text = " ".join((REPO / "docs" / "lab.md").read_text().split())
     assert "**What a save does.** `make lab` opens `scratch/`, your own copy of `notebooks/`, which git ignores" in text
     assert "never a tracked notebook" in text and "never discards an edit" in text
     assert "`artifacts/interactive/<notebook>-<hash of the parameters>/`" in text

@@ -36,9 +36,14 @@ PACKAGE = Path(__file__).resolve().parents[1]  # swa_repro/
 
 
 def cache_root() -> Path:
-    """``$SWA_REPRO_CACHE``, else ``$XDG_CACHE_HOME/swa-repro``, else ``~/.cache/swa-repro``."""
+    """``$SWA_REPRO_CACHE``, else ``$XDG_CACHE_HOME/swa-repro``, else ``~/.cache/swa-repro``. A
+    relative ``$SWA_REPRO_CACHE`` is made absolute from the working directory of the first call, and
+    put back in the environment, so the processes this one starts (notebook kernels, in notebooks/)
+    share one cache instead of each making its own under its own working directory."""
     if os.environ.get("SWA_REPRO_CACHE"):
-        return Path(os.environ["SWA_REPRO_CACHE"]).expanduser()
+        root = os.path.abspath(Path(os.environ["SWA_REPRO_CACHE"]).expanduser())
+        os.environ["SWA_REPRO_CACHE"] = root
+        return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache") / "swa-repro"
 

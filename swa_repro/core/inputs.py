@@ -12,31 +12,42 @@ from __future__ import annotations
 import ast
 import json
 import os
+import stat
 import zipfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 
 BOM = b"\xef\xbb\xbf"
+# The most a file read here may hold: a backend source is ~100 KB, a fuzz recording's JSON a few MB;
+# ``--source /dev/zero`` (or a disk image) read without a cap took all the memory.
+MAX_BYTES, MAX_SOURCE_BYTES = 256 << 20, 16 << 20
 
 
-def read_bytes(path, what: str) -> bytes:
-    """The file's bytes; a folder, a missing file or an unreadable one is one line."""
+def read_bytes(path, what: str, limit: int = MAX_BYTES) -> bytes:
+    """The file's bytes; a folder, a missing file, an unreadable one, one that is no regular file (a
+    device, a pipe: ``/dev/zero`` never ends) or one over ``limit`` bytes is one line."""
     p = Path(path)
     if os.path.isdir(p):
         raise UsageError(f"{what} {p} is a folder: give a file")
     try:
-        return p.read_bytes()
+        if not stat.S_ISREG(os.stat(p).st_mode):  # before open(): opening a pipe waits for a writer
+            raise UsageError(f"{what} {p} is not a regular file (a device or a pipe): give a file")
+        with open(p, "rb") as f:
+            data = f.read(limit + 1)  # the size may grow while it is read
     except FileNotFoundError:
         raise UsageError(f"{what} {p}: no such file") from None
     except OSError as e:
         raise UsageError(f"{what} {p} cannot be read: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise UsageError(f"{what} {p} is over {limit >> 20} MiB, more than any file read here holds: give the right file")
+    return data
 
 
-def read_text(path, what: str) -> str:
+def read_text(path, what: str, limit: int = MAX_BYTES) -> str:
     """UTF-8 text without a byte order mark (the offsets the edits work at count from the first
     character; a BOM or a NUL is no text sglang ships)."""
-    data = read_bytes(path, what)
+    data = read_bytes(path, what, limit)
     if data.startswith(BOM):
         raise UsageError(f"{what} {path} starts with a UTF-8 byte order mark: save it without one")
     nul = data.find(b"\0")
@@ -51,7 +62,7 @@ def read_text(path, what: str) -> str:
 
 def read_source(path, what: str) -> str:
     """Python source that is not empty and parses (line and message of the first error)."""
-    text = read_text(path, what)
+    text = read_text(path, what, MAX_SOURCE_BYTES)
     if not text.strip():
         raise UsageError(f"{what} {path} is empty: give sglang's flashinfer_backend.py")
     try:

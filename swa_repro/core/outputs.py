@@ -17,12 +17,19 @@ bytes or the new, never half; a link is never written through or replaced.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+
+# The checkout this package runs from, and its folders of tracked evidence and notebooks: never a
+# default or silent output (a run into docs/live replaced the H200's figures with the CPU model's).
+REPO = Path(__file__).resolve().parents[2]
+TRACKED_DIRS = ("docs", "recordings", "notebooks", "benchmarks")
 
 # The tool's own files beside a file patched in place (``sglang.patch.files``): never an output.
 BACKUP_SUFFIX, META_SUFFIX = ".swa-repro.bak", ".swa-repro.json"
@@ -53,6 +60,9 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     p = Path(path)
     if suffixes and p.suffix not in suffixes:
         raise UsageError(f"{flag} {path}: name a {' or '.join(suffixes)} file")
+    if p.is_symlink():
+        raise UsageError(f"{flag} {path} is a symbolic link to {os.path.realpath(p)}: name a regular file "
+                         "(a link is never written through)")
     if os.path.isdir(p):
         raise UsageError(f"{flag} {path} is a folder: name a file in it")
     parent = p.parent
@@ -70,8 +80,6 @@ def new_file(path, flag: str, *, force: bool = False, force_flag: str = "--force
     link, not one of the tool's own backups, not a file patched in place (its backup would no
     longer match), and not an existing file unless ``force`` (a typo must not overwrite one)."""
     p = out_file(path, flag)
-    if p.is_symlink():
-        raise UsageError(f"{flag} {path} is a symbolic link: name a regular file (a link is never written through)")
     if p.name.endswith((BACKUP_SUFFIX, META_SUFFIX)):
         raise UsageError(f"{flag} {path} is one of swa-repro's own backup files: name another file")
     if any(q.exists() for q in backup_paths(p)):
@@ -121,6 +129,78 @@ def write_atomic(path, data: bytes, like=None) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """A temp path in ``path``'s folder for a writer that needs a file name (``np.savez``, ``zipfile``),
+    moved onto ``path`` when the block ends without error (:func:`write_atomic`'s rule: the old bytes
+    or the new, a link replaced, never written through); removed on any failure."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def tracked_reason(path) -> str | None:
+    """Why the folder ``path``, its links resolved, must not be written without ``--force``: it is this
+    checkout, in one of its folders of committed evidence and notebooks (:data:`TRACKED_DIRS`), or
+    holds files git tracks. None outside the checkout (or where the package is not a checkout)."""
+    p = Path(path).expanduser().resolve()  # a link to notebooks/ is notebooks/
+    if not (REPO / "pyproject.toml").is_file():
+        return None
+    try:
+        rel = p.relative_to(REPO)
+    except ValueError:
+        return None
+    if not rel.parts:
+        return f"{p} is the project's checkout"
+    if rel.parts[0] in TRACKED_DIRS:
+        return f"{p} is in {rel.parts[0]}/, the project's committed files"
+    try:
+        git = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", str(rel)], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{p} holds files git tracks" if git.returncode == 0 and git.stdout.strip() else None
+
+
+def untracked_dir(path, flag: str, *, force: bool = False) -> Path:
+    """:func:`out_dir`, and not a folder of tracked files (:func:`tracked_reason`) unless ``force``."""
+    p = out_dir(path, flag)
+    why = None if force else tracked_reason(p)
+    if why:
+        raise UsageError(f"{flag} {path}: {why}; give another folder (e.g. under artifacts/), or add --force to "
+                         "write there")
+    return p
+
+
+def keep_fuller(path, cover: dict, read_cover, flag: str = "--out", *, force: bool = False) -> None:
+    """A table is never replaced by one that covers less (a 1-release table over the committed 9):
+    ``cover`` (dimension -> values) must hold every value of the table at ``path``
+    (``read_cover(its JSON)``), unless ``force``; an unreadable table there is not replaced either."""
+    path = Path(path)
+    if force or not os.path.lexists(path):
+        return
+    try:
+        old = read_cover(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UsageError(f"{flag}: {path} exists and is not a table swa-repro can read: give --out another "
+                         "folder, or add --force to replace it") from None
+    less = [f"{k} {', '.join(map(str, sorted(set(v) - set(cover.get(k, ())))))}" for k, v in old.items()
+            if set(v) - set(cover.get(k, ()))]
+    if less:
+        raise UsageError(f"{flag}: {path} also covers {'; '.join(less)}, which this table does not: give --out "
+                         "a new folder for a partial table, or add --force to replace it")
 
 
 def out_dir(path, flag: str) -> Path:

@@ -15,13 +15,14 @@ probe, 2 on bad input (nothing written).
 from __future__ import annotations
 
 import json
+import os
 import time
 import traceback
 from pathlib import Path
 
 from swa_repro.core.case import FLASHINFER_VERSIONS, Case
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.outputs import out_dir, write_atomic
 from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
 from swa_repro.evidence import fuzz_cases as fc
@@ -162,10 +163,31 @@ def register(sub) -> None:
 
 
 def _csv(text: str, conv, flag: str) -> tuple:
+    """A repeated value was drawn twice as often (and named twice in the recording's file name)."""
     try:
-        return tuple(conv(x.strip()) for x in text.split(",") if x.strip())
+        vals = tuple(conv(x.strip()) for x in text.split(",") if x.strip())
     except ValueError:
         raise UsageError(f"{flag} takes comma-separated values; got {text!r}") from None
+    twice = sorted({str(x) for x in vals if vals.count(x) > 1})
+    if twice:
+        raise UsageError(f"{flag} names {', '.join(twice)} more than once: give each once")
+    return vals
+
+
+def _mode_flags(a, requested: str) -> None:
+    """Flags the resolved mode never reads were dropped (``--mode model --out X`` made X and wrote
+    the report elsewhere); an empty path fell back to the default one."""
+    for flag, value in (("--out", a.out), ("--report", a.report), ("--recordings", a.recordings)):
+        if value is not None and not str(value).strip():
+            raise UsageError(f"{flag} '': name a path, or leave {flag} out for its default")
+    live_only = [f for f, on in (("--out", a.out), ("--budget-s", a.budget_s), ("--jit-jobs", a.jit_jobs is not None),
+                                 ("--prebuild-only", a.prebuild_only)) if on]
+    if a.mode == "model" and live_only:
+        why = "" if requested == "model" else " (auto picked it: no usable CUDA here)"
+        raise UsageError(f"{', '.join(live_only)}: --mode model{why} replays the recordings under --recordings into "
+                         "--report; these go with --mode live or selftest")
+    if a.mode != "model" and a.recordings != str(FUZZ_ROOT):
+        raise UsageError(f"--recordings goes with --mode model (it replays them); --mode {a.mode} draws new cases")
 
 
 def _bounds(a) -> list:
@@ -177,7 +199,7 @@ def _bounds(a) -> list:
             ("--budget-s", a.budget_s, 0, 86400)]
 
 
-def _check(a) -> None:
+def _check(a, requested: str | None = None) -> None:
     a.backends = _csv(a.backends, str, "--backends")
     a.head_dims = _csv(a.head_dims, int, "--head-dims")
     lim = LIMITS["selftest" if a.mode == "selftest" else "live"]
@@ -187,20 +209,25 @@ def _check(a) -> None:
     check_bounds(_bounds(a))
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
+    _mode_flags(a, requested or a.mode)  # the values first (as given), then what the mode reads
     if a.out:
         out_dir(a.out, "--out")  # created when missing; checked before any case runs
     if a.report:
         if Path(a.report).is_dir():
             raise UsageError(f"--report {a.report} is a folder: name a .json file")
+        if Path(a.report).is_symlink():
+            raise UsageError(f"--report {a.report} is a symbolic link to {os.path.realpath(a.report)}: name a "
+                             "regular file (a link is never written through)")
         out_dir(Path(a.report).parent, "--report's folder")
 
 
 def main(a) -> int:
-    _check(a)
-    if a.mode == "auto":
+    requested = a.mode
+    if a.mode == "auto":  # first: which flags mean something depends on it
         from swa_repro.core.mode import resolve_mode
 
         a.mode = resolve_mode("auto").mode
+    _check(a, requested)
     if a.mode == "model":
         return _replay(a)
     return _live(a)
@@ -318,7 +345,7 @@ def _replay(a) -> int:
 
 def _finish(rep: dict, report_path: Path, rec_path) -> int:
     report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(rep, indent=1, default=str) + "\n")
+    write_atomic(report_path, (json.dumps(rep, indent=1, default=str) + "\n").encode())  # never through a link
     print(format_report(rep))
     print(f"report -> {report_path}" + (f"; recording -> {rec_path}" if rec_path else ""))
     return 1 if rep["disagreement_count"] or rep["cases_failed"] else 0

@@ -20,6 +20,7 @@ import numpy as np
 from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError
 from swa_repro.core.inputs import read_json, read_npz
+from swa_repro.core.outputs import atomic_path, write_atomic
 from swa_repro.core.intervals import Intervals, intended_bounds
 
 FORMAT = "swa-repro-fuzz/1"
@@ -130,10 +131,11 @@ def write_run(stem: Path, doc: dict, entries: list[dict], arrays: dict) -> Path:
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     npz = stem.with_name(stem.name + ".npz")
-    np.savez_compressed(npz, **arrays)
+    with atomic_path(npz) as tmp:  # all or nothing, never through a link (core.outputs)
+        np.savez_compressed(tmp, **arrays)
     path = stem.with_name(stem.name + ".json")
-    path.write_text(json.dumps({"format": FORMAT, **doc, "arrays": npz.name, "cases": entries},
-                               indent=1, default=_json_default) + "\n")
+    write_atomic(path, (json.dumps({"format": FORMAT, **doc, "arrays": npz.name, "cases": entries},
+                                   indent=1, default=_json_default) + "\n").encode())
     return path
 
 

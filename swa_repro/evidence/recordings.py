@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from swa_repro.core.case import Case
-from swa_repro.core.errors import check_bounds
+from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core import outputs
+from swa_repro.core.outputs import atomic_path, write_atomic
 from swa_repro.core.versions import RECORDINGS_ROOT
 
 FORMAT = "swa-repro-recording/1"
@@ -79,9 +80,10 @@ def write_recording(result, out_dir: Path, provenance: dict, extra: dict | None 
     doc, arrays = to_record(result, provenance, extra)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / (result.case.name or "case")
-    np.savez_compressed(stem.with_suffix(".npz"), **arrays)
+    with atomic_path(stem.with_suffix(".npz")) as tmp:  # all or nothing, never through a link (core.outputs)
+        np.savez_compressed(tmp, **arrays)
     doc["arrays"] = stem.with_suffix(".npz").name
-    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    write_atomic(stem.with_suffix(".json"), (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
     return stem.with_suffix(".json")
 
 
@@ -211,6 +213,8 @@ def main(a) -> int:
     if a.list:
         print(rc.table(cases))
         return 0
+    if not str(a.out).strip():  # "" is the current folder to out_dir: the recordings landed there
+        raise UsageError("--out '': name a folder, or leave --out out for recordings/")
     outputs.out_dir(a.out, "--out")  # before the GPU work: a path that cannot be written fails now
     from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 

@@ -26,7 +26,7 @@ from numpy.lib import format as npformat
 from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseError
 from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
-from swa_repro.core.outputs import out_file
+from swa_repro.core.outputs import atomic_path, out_file, write_atomic
 from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note
 
 FORMAT = "swa-repro-mask-intervals/1"
@@ -152,13 +152,17 @@ def interval_doc(case: Case, reqs) -> list[dict]:
 
 
 def write_intervals(path: str, meta: dict, rows: list[dict]) -> None:
+    """Through ``core.outputs`` (all or nothing, a link never written through), as every output."""
     if path.endswith(".json"):
         doc = {**meta, "requests": [{**r, "lo": r["lo"].tolist(), "hi": r["hi"].tolist()} for r in rows]}
-        with open(path, "w") as f:
-            json.dump(doc, f, separators=(",", ":"), default=str)
-            f.write("\n")
+        write_atomic(path, (json.dumps(doc, separators=(",", ":"), default=str) + "\n").encode())
         return
     arrays = {f"{k}_{i}": r[k] for i, r in enumerate(rows) for k in ("lo", "hi")}
+    with atomic_path(path) as tmp:
+        _savez(tmp, meta, rows, arrays)
+
+
+def _savez(path: str, meta: dict, rows: list[dict], arrays: dict) -> None:
     np.savez_compressed(path, meta=np.array(json.dumps(meta, default=str)), status=np.array([r["status"] for r in rows]),
                         reason=np.array([r["reason"] for r in rows]),
                         prefix_lens=np.array([r["prefix_len"] for r in rows], np.int64),
@@ -167,8 +171,9 @@ def write_intervals(path: str, meta: dict, rows: list[dict]) -> None:
 
 def savez_fast(path: str, **arrays) -> None:
     """``np.savez_compressed`` at zlib level 1 (numpy's writes at 6): the same ``.npz`` for
-    ``np.load``, ~3x faster for a mostly-empty 1 GiB mask (the file ~4x larger: MBs, not GBs)."""
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+    ``np.load``, ~3x faster for a mostly-empty 1 GiB mask (the file ~4x larger: MBs, not GBs).
+    Written as :func:`core.outputs.atomic_path`: all or nothing, never through a link."""
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z:
         for name, arr in arrays.items():
             with z.open(f"{name}.npy", "w", force_zip64=True) as f:
                 npformat.write_array(f, np.asanyarray(arr), allow_pickle=False)

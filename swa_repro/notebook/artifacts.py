@@ -21,10 +21,12 @@ to its run; the runner fails a notebook whose set has any.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -178,6 +180,64 @@ def problems(folder, notebook: str, run_id: str | None = None) -> list[str]:
     return out
 
 
+# ----------------------------------------------------------------------------- reuse (make repro, nothing changed)
+# What a notebook reads besides its code: the committed evidence and tables (one folder each).
+DATA_DIRS = ("recordings", "docs/audit", "benchmarks")
+PACKAGES = ("torch", "sglang", "flashinfer-python", "vllm")  # installed versions a notebook's answer follows
+
+
+@functools.cache
+def _tree_hash(root: Path, subdirs: tuple) -> str:
+    """sha256 over the path and bytes of every file under ``root``'s ``subdirs`` (memoized per process:
+    the tree does not change under one ``swa-repro run``)."""
+    h = hashlib.sha256()
+    for f in sorted(f for d in subdirs for f in (root / d).rglob("*") if f.is_file() and "__pycache__" not in f.parts):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def inputs_key(path, mode: str, params: dict) -> str:
+    """What decides a headless run's set: the notebook's bytes, its parameters, the mode (asked and
+    resolved), the package's code (``core.cache.code_hash`` over every layer), the committed data
+    it reads (:data:`DATA_DIRS`) and the installed versions. Equal keys: the earlier set can be reused,
+    as the audits reuse a cached cell (``runner.reusable``)."""
+    from swa_repro.core.cache import PACKAGE, code_hash, key_of
+    from swa_repro.core.mode import resolve_mode
+
+    info = resolve_mode(mode)
+    layers = tuple(sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()))
+    return key_of({"notebook": hashlib.sha256(Path(path).read_bytes()).hexdigest(), "parameters": _canonical(params),
+                   "mode": [mode, info.mode, info.reason], "code": code_hash(layers),
+                   "data": _tree_hash(PACKAGE.parent.parent, DATA_DIRS), "versions": _versions()})
+
+
+def reusable(path, out: Path, key: str) -> dict | None:
+    """The last run's entry of this notebook in ``out/summary.json`` (marked ``reused``) when it
+    passed with the same :func:`inputs_key` and its set is still whole
+    and its own (``artifacts.problems``, the .ipynb and .html there); else None: run it. ``make
+    repro`` with nothing changed then runs no notebook, as an audit reuses its cached cells."""
+    try:
+        last = json.loads((out / "summary.json").read_text())["notebooks"]
+        entry = next(r for r in last if r.get("notebook") == Path(path).stem)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+    if entry.get("status") != "ok" or entry.get("inputs_key") != key:
+        return None
+    if not all(entry.get(k) and (out / entry[k]).is_file() for k in ("ipynb", "html")):
+        return None
+    return None if problems(out, Path(path).stem, entry.get("run_id")) else {**entry, "reused": True}
+
+
 # ----------------------------------------------------------------------------- kernel side (runner imports
 # this module at its top, so these import the runner when called)
 def parameter_names(notebook: str) -> list[str]:
@@ -201,9 +261,11 @@ def artifact_set(notebook: str, ns: dict) -> Path:
     value in ``ns``, the notebook's ``globals()`` right after its parameters cell). Under ``swa-repro
     run`` (papermill injected ``run_id``): ``output_dir`` itself. Else (the lab):
     ``<output_dir>/interactive/<notebook>-<hash of the parameters>/``, its earlier files of this
-    notebook removed first, so a set never mixes runs and the runner's set is never written."""
-    from swa_repro.notebook import runner  # its REPO_DIR: where a relative output_dir is from
+    notebook removed first, so a set never mixes runs and the runner's set is never written. A bad
+    parameter is a ``param_cell.ParameterError`` before anything is written."""
+    from swa_repro.notebook import param_cell, runner
 
+    param_cell.check(notebook, ns)  # the check cell's, again: bad parameters never get a folder
     params = {k: ns[k] for k in parameter_names(notebook) if k in ns}
     base = runner.output_path(ns.get("output_dir", "artifacts"))
     run_id, how = ns.get(RUN_ID), HEADLESS

@@ -13,6 +13,7 @@ import json
 import math
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
 from swa_repro.notebook.artifacts import run_id_for  # the run whose artifact set this folder is, if any
 
 
@@ -79,9 +80,7 @@ class Checks:
     def _write(self) -> None:
         doc = {"notebook": self.notebook, "run_id": run_id_for(self.output_dir), "passed": self.passed,
                "failed": self.failed, "closed": self.closed, "items": self.items}
-        tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(self.path)
+        write_atomic(self.path, (json.dumps(doc, indent=1) + "\n").encode())
 
     def __enter__(self) -> "Checks":
         return self

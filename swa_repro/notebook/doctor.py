@@ -1,5 +1,8 @@
 """``swa-repro doctor``: what is installed, whether CUDA is usable, and which mode ``auto`` picks.
 
+Exit status: 0; with ``--model``, the family's answer's (``core.exit_status``: 1 affected or not
+answered, ``--fail-on``), 2 bad input.
+
 It sits in the notebook layer (above ``sglang``) so that it can report what every layer below
 finds; the mode rule itself is ``swa_repro.core.mode``'s.
 """
@@ -115,6 +118,9 @@ def register(sub) -> None:
                    "GPU's class? (the family audit run now, on CPU, cached by content; and the --fix that makes it exact)")
     p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class (default: this GPU's, "
                    "from its compute capability; without CUDA sm90, said so)")
+    from swa_repro.core.exit_status import add_argument
+
+    add_argument(p)  # with --model: the family's answer is the exit status
     p.set_defaults(func=doctor_main)
 
 
@@ -126,6 +132,8 @@ def doctor_main(a) -> int:
 
         if a.model is None:
             raise UsageError("--gpu goes with --model FAMILY: the GPU class of the family's verdict")
+        if a.gpu is not None and not a.gpu.strip():  # family_answer reads "" as "this GPU's" (notebook 07's gpu=)
+            raise UsageError(f"--gpu {a.gpu!r}: give sm80, sm90 or sm100, or leave --gpu out for this GPU's class")
         family_answer.check(a.model, a.gpu, None)  # one line each, before any work
     r = doctor_report()
     if a.model is not None:
@@ -140,4 +148,8 @@ def doctor_main(a) -> int:
         _print_report(r)
         for line in family_answer.lines(family) if family else []:
             print(line)
-    return 0
+    if family is None:
+        return 0
+    from swa_repro.core.exit_status import exit_status
+
+    return exit_status([family["answer"]["state"]], a.fail_on)

@@ -3,10 +3,11 @@
 Used by ``swa-repro doctor --model FAMILY`` and notebook 07. Nothing is quoted from
 ``docs/audit/families.json``: the release's own code builds the family's layers and is driven at
 the real window (``sglang.audit.family_run.audit_families``, a child cached by content in
-``core.cache``, so a second ask costs seconds). The fix is computed: the finding classes
-(``audit.table.CLASSES``, the names of ``patch --fix``) whose paths and parameter match what the
-audit found wrong, that the release's backend file still needs (``fix.states``), then the family
-audited again on a copy of the release with those fixes; it is exact, or what remains is said.
+``core.cache``, so a second ask costs seconds). What to do is the audit's own remedy
+(``sglang.audit.family_fix.remedy``, stored with each family by ``family_run.audit_release``),
+decided there only, never here: the same for ``audit --model``, ``doctor --model``, notebook 07 and
+``docs/audit/families.md``. Here it is checked: the family audited again on a copy of the release
+with the remedy's fixes, whose own answer must be "not affected", or what remains is said.
 """
 
 from __future__ import annotations
@@ -65,10 +66,16 @@ def release_of(requested: str | None = None) -> str:
     return requested
 
 
-def check(model: str, gpu: str | None, release: str | None) -> tuple[str, Gpu, str]:
-    """Every argument, one line each, before any work: (family, GPU class, release)."""
+def check(model: str, gpu: str | None, release: str | None) -> tuple:
+    """Every argument, one line each, before any work: (family or the checkpoint read, GPU class,
+    release). A path (``checkpoint.looks_like_path``) is a checkpoint's config.json or its folder,
+    read now (``checkpoint.read``); the release checks it before its audit (``checkpoint.check_release``)."""
+    from swa_repro.sglang import checkpoint
+
+    if model not in (None, "") and model not in fam.FAMILIES and checkpoint.looks_like_path(model):
+        return checkpoint.read(model), gpu_class(gpu), release_of(release)
     if model in (None, "") or model == "all" or "," in model:
-        raise UsageError(f"--model takes one family: {', '.join(fam.FAMILIES)}")
+        raise UsageError(f"--model takes one family ({', '.join(fam.FAMILIES)}) or a checkpoint's config.json")
     fam.check_args(model, gpu if gpu not in (None, "", "auto") else None)
     return model, gpu_class(gpu), release_of(release)
 
@@ -112,52 +119,36 @@ def verdict_rows(f: dict) -> list[dict]:
     return rows
 
 
-def needed_fixes(release: str) -> dict[str, str]:
-    """Each ``patch --fix`` name's state in the release's shipped backend file (needed / applied / unknown)."""
-    from swa_repro.sglang.fix import states
-    from swa_repro.sglang.patch.classify import REL_PATH
-    from swa_repro.sglang.provision import provision
-
-    overlay, _ = provision(release)
-    return {k: s.state for k, s in states((overlay / "sglang" / REL_PATH).read_text()).items()}
-
-
-def candidate_fixes(f: dict, needed: dict[str, str]) -> list[str]:
-    """The finding classes whose paths hold what ``bad(f)`` found (a key verdict: ``window_left``; a
-    dropped cap: ``logits_soft_cap``) and that the file still needs, with what they require."""
-    from swa_repro.sglang.audit.table import CLASSES
-    from swa_repro.sglang.fix import parse_names
-
-    want = set()
-    for _, path, what in bad(f):
-        parameter = "logits_soft_cap" if what == "cap dropped" else "window_left"
-        want |= {k for k, c in CLASSES.items() if path in c.paths and c.parameter == parameter
-                 and needed.get(k) == "needed"}
-    return list(parse_names(",".join(sorted(want)))) if want else []
-
-
 def fix_answer(release: str, model: str, gpu: str, f: dict) -> dict:
-    """``{"fixes": [...], "exact": bool, "remaining": [...], "fixed": the fixed family's audit}``:
-    the fixes, checked by auditing the family again on a fixed copy of the release."""
+    """``{"remedy", "command", "fixes", "exact", "fixed_state", "remaining", "fixed"}``: the audit's remedy
+    of the family (``f["remedy"]``: ``family_fix.remedy``), and with fixes, the family audited again on a
+    copy of the release with them (``fixed``, its answer ``fixed_state``); ``exact``: with fixes, that
+    audit's answer is "not affected"; without, no driven path of the release is wrong (``bad``)."""
+    from swa_repro.sglang.audit.family_fix import fix_names, remedy_text
+
+    r = f.get("remedy") or {"fix": None, "instead": None}
+    names = fix_names(r)
+    out = {"remedy": r, "command": remedy_text(r), "fixes": list(r.get("fix") or [])}
     if f.get("error"):
-        return {"fixes": [], "exact": False, "remaining": [f["error"]], "fixed": None}
-    found = bad(f)
-    if not found:
-        return {"fixes": [], "exact": True, "remaining": [], "fixed": None}
-    names = candidate_fixes(f, needed_fixes(release))
+        return {**out, "exact": False, "fixed_state": None, "remaining": [f["error"]], "fixed": None}
     if not names:
-        return {"fixes": [], "exact": False, "remaining": [" ".join(b) for b in found], "fixed": None}
+        left = [" ".join(b) for b in bad(f)]
+        return {**out, "exact": not left, "fixed_state": None, "remaining": left, "fixed": None}
     fixed = family_audit(release, model, gpu, fixes=names)
-    left = bad(fixed)
-    return {"fixes": names, "exact": not left, "remaining": [" ".join(b) for b in left], "fixed": fixed}
+    state = fixed["answer"]["state"]
+    return {**out, "exact": state == "not affected", "fixed_state": state,
+            "remaining": [" ".join(b) for b in bad(fixed)], "fixed": fixed}
 
 
 def fix_sentence(fx: dict) -> str:
+    """What to do, and what the audit of the fixed copy said of it."""
     if fx["fixes"] and fx["exact"]:
-        return f"swa-repro patch --fix {','.join(fx['fixes'])} makes it exact on every driven path (audited again)"
+        return f"{fx['command']}: the audit of the release with it says not affected"
     if fx["fixes"]:
-        return (f"swa-repro patch --fix {','.join(fx['fixes'])} fixes part; still wrong after it: "
+        return (f"{fx['command']}; the audit of the release with it still says {fx['fixed_state']}: "
                 + "; ".join(fx["remaining"][:6]))
+    if fx["remedy"].get("instead"):
+        return fx["remedy"]["instead"]
     if fx["exact"]:
         return "nothing to fix: every driven path is exact and the cap, if any, is applied"
     return "no fix in swa-repro's registry addresses it: " + "; ".join(fx["remaining"][:6])
@@ -167,7 +158,7 @@ def verdict(model: str, gpu: str | None = None, release: str | None = None, *, w
     """The whole answer: release, GPU class (and why), the family's audit, its answer, the fix."""
     model, g, release = check(model, gpu, release)
     f = family_audit(release, model, g.name)
-    out = {"release": release, "gpu": g.name, "gpu_why": g.why, "model": model, "audit": f,
+    out = {"release": release, "gpu": g.name, "gpu_why": g.why, "model": getattr(model, "path", model), "audit": f,
            "answer": f.get("answer") or {"state": "not built", "why": f.get("error")}}
     if with_fix:
         out["fix"] = fix_answer(release, model, g.name, f)
@@ -192,5 +183,5 @@ def lines(v: dict) -> list[str]:
     out.append(f"  ANSWER: {a['state']}" + "".join(f"; {x}" for x in (a.get("flags"), a.get("note")) if x))
     out += [f"    {w}" for w in why[:6]] + ([f"    ... {len(why) - 6} more"] if len(why) > 6 else [])
     if "fix" in v:
-        out.append("  FIX: " + fix_sentence(v["fix"]))
+        out.append("  WHAT TO DO: " + fix_sentence(v["fix"]))  # the audit's words (family_run.render)
     return out

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from swa_repro.core.errors import UsageError
-from swa_repro.notebook.plots import _pct
+from swa_repro.notebook.plots import SMALL, _pct
 from swa_repro.notebook.show import Row, col
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, parse_names, states
@@ -202,8 +202,8 @@ def keys_figure(rows: list[KeyRow], title: str) -> Figure:
         for j, c in enumerate(cells):
             missing = f"\n{c['missing_keys']} missing" if c and c["missing_keys"] else ""
             label = "-" if c is None or not c["queries"] else _pct(grid[i][j]) + missing
-            ax.text(j, i, label, ha="center", va="center", fontsize=8, color="white" if grid[i][j] > 0.55 else "black")
+            ax.text(j, i, label, ha="center", va="center", fontsize=SMALL, color="white" if grid[i][j] > 0.55 else "black")
     ax.set(xticks=range(len(rows)), yticks=(0, 1), yticklabels=("as shipped", "with the fixes"), title=title)
-    ax.set_xticklabels([r.path for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels([r.path for r in rows], rotation=30, ha="right", fontsize=SMALL)
     fig.colorbar(im, ax=ax, label="queries seeing keys\noutside the window", format=PercentFormatter(1.0))
     return fig

@@ -111,20 +111,25 @@ def figure(panels, title: str, zoomed: bool = False):
     """``panels``: ``[[(subtitle, record or None), ...] per figure row]`` -> a figure ~1150 px wide:
     per panel the query position (down) against the key position (right), every category drawn
     from :func:`boxes`; ``zoomed``: each panel shows only where a query sees keys outside its
-    window or misses some (:func:`zoom`)."""
-    import matplotlib.pyplot as plt
+    window or misses some (:func:`zoom`). A ``Figure``, not pyplot's: the inline backend showed a
+    pyplot figure again after ``plots.publish`` showed its PNG (issue #42: every heatmap twice)."""
     from matplotlib.collections import PathCollection
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
+    from swa_repro.notebook.plots import LARGE, MEDIUM, NOTEBOOK_WIDTH_IN, SMALL, wrap
+
     nr, nc = len(panels), max(len(r) for r in panels)
-    fig, axes = plt.subplots(nr, nc, figsize=(11.5, 3.3 * nr + 0.6), squeeze=False, layout="constrained")
+    fig = Figure(figsize=(NOTEBOOK_WIDTH_IN, 3.4 * nr + 0.8), layout="constrained")
+    axes = fig.subplots(nr, nc, squeeze=False)
     for i, row in enumerate(panels):
         for j in range(nc):
             ax = axes[i][j]
             if j >= len(row) or row[j][1] is None or not (row[j][1].get("rows") or {}).get("runs"):
                 ax.set_axis_off()
                 if j < len(row):
-                    ax.text(0.5, 0.5, f"{row[j][0]}\nnot driven", ha="center", va="center", transform=ax.transAxes)
+                    ax.text(0.5, 0.5, wrap(f"{row[j][0]}\nnot driven", 34), ha="center", va="center",
+                            fontsize=SMALL, transform=ax.transAxes)
                 continue
             sub, rec = row[j]
             lines, undefined = rows_of(rec)
@@ -138,13 +143,13 @@ def figure(panels, title: str, zoomed: bool = False):
             x0, x1, y0, y1 = (zoom(bx) if zoomed else None) or (0, max(xs), min(ys), max(ys))
             ax.set_xlim(x0, x1)
             ax.set_ylim(y1, y0)  # the first query at the top, as a mask is drawn
-            ax.set_title(f"{sub}: {rec['verdict']}", fontsize=9)
-            ax.set_xlabel("key position", fontsize=8)
-            ax.set_ylabel("query position", fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.set_title(wrap(f"{sub}: {rec['verdict']}"), fontsize=MEDIUM)
+            ax.set_xlabel("key position", fontsize=MEDIUM)
+            ax.set_ylabel("query position", fontsize=MEDIUM)
+            ax.tick_params(labelsize=SMALL)
     fig.legend(handles=[Patch(color=c, label=t) for t, c in CATEGORIES.values()], loc="outside lower center",
-               ncol=4, fontsize=8, frameon=False)
-    fig.suptitle(title, fontsize=10)
+               ncol=4, fontsize=SMALL, frameon=False)
+    fig.suptitle(wrap(title, 110), fontsize=LARGE)
     return fig
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from swa_repro.core.outputs import write_atomic
+
 # <img ... src="data:image/png;base64,..." ...>: only img tags (the page's CSS has data: URLs too)
 IMG_DATA_RE = re.compile(r'(<img\b[^>]*?\bsrc=")data:image/png;base64,([A-Za-z0-9+/=\s]+)(")')
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -100,7 +102,7 @@ def link_notebook_images(ipynb: Path, fig_dir: Path | None = None) -> list[Path]
             path = known.get(hashlib.sha256(data).hexdigest())
             if path is None:  # an image the notebook did not save itself (e.g. a pyplot inline figure)
                 path = fig_dir / f"{stem}_out{ci:02d}_{k}.png"
-                path.write_bytes(optimize_png(data))
+                write_atomic(path, optimize_png(data))
                 known[hashlib.sha256(data).hexdigest()] = path
             src = Path(_relpath(path, ipynb.parent)).as_posix()
             out["data"] = {"text/html": img_tag(src, path.stem), "text/plain": f"<figure {path.name}>"}
@@ -132,13 +134,13 @@ def link_html_images(page: Path, *, optimize: bool = True) -> list[Path]:
         digest = hashlib.sha256(data).hexdigest()
         if digest not in files:
             path = page.with_name(f"{page.stem}_fig{len(files) + 1:02d}.png")
-            path.write_bytes(optimize_png(data) if optimize else data)
+            write_atomic(path, optimize_png(data) if optimize else data)
             files[digest] = path
         return m.group(1) + html.escape(files[digest].name) + m.group(3)
 
     new = IMG_DATA_RE.sub(repl, text)
     if new != text:
-        page.write_text(new, encoding="utf-8")
+        write_atomic(page, new.encode("utf-8"))
     return list(files.values())
 
 

@@ -99,7 +99,14 @@ def _kind_of(node):
 
 def notebook_parameters(path: Path) -> dict | None:
     """``name -> kind`` of the notebook's cell tagged ``parameters`` (None: it has none), read the way
-    :func:`~swa_repro.notebook.runner.run_one` reads the notebook (jupytext)."""
+    :func:`~swa_repro.notebook.runner.run_one` reads the notebook (jupytext); a percent-format ``.py``
+    without jupytext's 2 s import (:func:`percent_parameters`: a notebook's own check cell calls this)."""
+    found = percent_parameters(path) if Path(path).suffix == ".py" else None
+    return found if found is not None else jupytext_parameters(path)
+
+
+def jupytext_parameters(path: Path) -> dict | None:
+    """:func:`notebook_parameters` as jupytext reads the notebook."""
     import jupytext
 
     for cell in jupytext.read(path).cells:
@@ -136,7 +143,7 @@ def _fixes(value) -> None:
 
 
 def _release(value) -> None:
-    from swa_repro.sglang.provision import MIN_RELEASE, parse  # what provision() refuses in the notebook
+    from swa_repro.sglang.provision import MIN_RELEASE, check_release, parse  # what provision() refuses
 
     try:
         version = parse(value)
@@ -145,6 +152,7 @@ def _release(value) -> None:
     if version < MIN_RELEASE:
         raise UsageError(f"sglang {value} is older than {'.'.join(map(str, MIN_RELEASE))}, the oldest release "
                          "the notebooks drive")
+    check_release(value, "sglang")  # in range but no release (0.5.15.post2): the install fails mid-notebook
 
 
 def _matrix_names(value) -> None:

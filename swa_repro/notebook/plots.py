@@ -11,6 +11,8 @@ pyplot state, safe under Agg and headless papermill.
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm, ListedColormap
@@ -29,6 +31,12 @@ PLOT_CELLS = 128  # per axis in plot_case: >= 2 pixels a cell at FIGURE_DPI, so 
 FIGURE_DPI = 100
 NOTEBOOK_WIDTH_IN = 11.5  # a notebook's output area is ~1100-1150 px wide: figures this wide show 1:1 at FIGURE_DPI
 LABEL_EVERY_CELL = 32  # below this many cells per axis every cell gets a tick label
+# The figures' one text style (issue #42: 7-8 pt ticks and legends were 9-10 px at 1400 px): shown 1:1
+# at FIGURE_DPI, a point is 100/72 px. SMALL (12.5 px): ticks, legends, cell labels; MEDIUM: axis
+# labels, panel titles; LARGE: a figure's title. tests/test_figure_style.py: >= MIN_TEXT_PX, inside.
+MIN_TEXT_PX = 12
+SMALL, MEDIUM, LARGE = 9, 10, 12
+PANEL_CHARS = 40  # a MEDIUM title's line over one of plot_case's three panels a row (~3.3 in)
 
 MASK_STATES = ("not visible", "some keys in block visible", "visible")
 MASK_COLORS = ("#ffffff", "#9ecae1", "#08519c")
@@ -180,6 +188,12 @@ def evidence_label(rec) -> str:
 
 
 # ----------------------------------------------------------------------------- drawing
+def wrap(text: str, width: int = PANEL_CHARS) -> str:
+    """Each line of ``text`` wrapped to ``width`` characters, so a panel's title or note stays over
+    its panel (issue #42: 17 of 02's figures had a recording's title cut at the figure's edge)."""
+    return "\n".join(textwrap.fill(line, width) or line for line in text.split("\n"))
+
+
 def _cmap(colors):
     return ListedColormap(colors), BoundaryNorm(np.arange(len(colors) + 1) - 0.5, len(colors))
 
@@ -195,15 +209,15 @@ def _show(ax, img, colors, n_rows, n_cols, block, xlabel="key position", ylabel=
     for axis, n, b in ((ax.xaxis, n_cols, bc), (ax.yaxis, n_rows, br)):
         if b == 1 and n <= LABEL_EVERY_CELL:
             axis.set_ticks(range(n))
-            axis.set_tick_params(labelsize=7)
+            axis.set_tick_params(labelsize=SMALL)
         else:
             axis.get_major_locator().set_params(integer=True)
     if block == (1, 1) and max(n_rows, n_cols) <= LABEL_EVERY_CELL:  # cell borders, one artist each way
         ax.hlines(np.arange(n_rows + 1) - 0.5, -0.5, n_cols - 0.5, color="#bdbdbd", lw=0.4)
         ax.vlines(np.arange(n_cols + 1) - 0.5, -0.5, n_rows - 0.5, color="#bdbdbd", lw=0.4)
     note = "" if block == (1, 1) else f"\n1 cell = {br}x{bc} (max-pooled)"
-    ax.set_xlabel(xlabel + note, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlabel(xlabel + note, fontsize=MEDIUM)
+    ax.set_ylabel(ylabel, fontsize=MEDIUM)
 
 
 def _kv_start_line(ax, ks: np.ndarray, **kw):
@@ -217,11 +231,11 @@ def _kv_start_line(ax, ks: np.ndarray, **kw):
 def _legend(ax, colors, names, used=None):
     used = range(len(colors)) if used is None else sorted(set(np.unique(used).tolist()))
     ax.legend(handles=[Patch(facecolor=colors[k], edgecolor="#636363", label=names[k]) for k in used],
-              loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, frameon=False, ncol=1)
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=SMALL, frameon=False, ncol=1)
 
 
 def _text_panel(ax, text):
-    ax.text(0.5, 0.5, text, ha="center", va="center", wrap=True, fontsize=8, transform=ax.transAxes)
+    ax.text(0.5, 0.5, wrap(text, 34), ha="center", va="center", fontsize=SMALL, transform=ax.transAxes)
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -252,12 +266,12 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
         lbl = f"req {i}: prefix {r.prefix_len}, extend {qo}"
 
         _show(row[0], reduce_mask(ilo, ihi, kv, block), MASK_COLORS, qo, kv, block)
-        row[0].set_title(f"{lbl}\nintended (window_left={case.window_left})", fontsize=9)
+        row[0].set_title(wrap(f"{lbl}\nintended (window_left={case.window_left})"), fontsize=MEDIUM)
         _legend(row[0], MASK_COLORS, MASK_STATES, [0, 2] if block == (1, 1) else None)
 
         ulo, uhi = r.intervals.lo.min(1), r.intervals.hi.max(1)  # union over heads-in-group
         _show(row[1], reduce_mask(ulo, uhi, kv, block), MASK_COLORS, qo, kv, block)
-        row[1].set_title(f"effective, model{head_tag}\nstatus {r.status}", fontsize=9)
+        row[1].set_title(wrap(f"effective, model{head_tag}\nstatus {r.status}"), fontsize=MEDIUM)
         if plan is not None and len(r.kv_start):
             ks = r.kv_start.tolist()
             vals = f": {ks}" if len(ks) <= 6 else f": {ks[:3]} ... {ks[-1]}"
@@ -266,7 +280,7 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
             if g > 1 and not np.array_equal(row_kv_start(r, plan.cta_tile_q, g), row_kv_start(r, plan.cta_tile_q, g, g - 1)):
                 _kv_start_line(row[1], row_kv_start(r, plan.cta_tile_q, g, g - 1), color="#e6550d", lw=1.0,
                                ls="--", label=f"CTA kv_start, head {g - 1} of group")
-            row[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, frameon=False)
+            row[1].legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), fontsize=SMALL, frameon=False)
 
         diff_src = "model"
         dlo, dhi = r.intervals.lo, r.intervals.hi
@@ -278,19 +292,19 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
             elo, ehi = np.where(empty, big, plo).min(1), np.where(empty, -1, phi).max(1)
             _show(row[2], reduce_mask(elo, ehi, kv, block), MASK_COLORS, qo, kv, block)
             flags = probe_flags(rq)
-            row[2].set_title(f"effective, {evidence_label(recording)}\nstatus {rq.status}"
-                             + (f" ({', '.join(flags)})" if flags else ""), fontsize=9)
+            row[2].set_title(wrap(f"effective, {evidence_label(recording)}\nstatus {rq.status}"
+                                  + (f" ({', '.join(flags)})" if flags else "")), fontsize=MEDIUM)
             dlo, dhi, diff_src = plo, phi, "recording" if getattr(recording, "provenance", None) else "probe"
         else:
             _text_panel(row[2], "no GPU recording of this case\n(model only; run `swa-repro record` on a GPU)")
-            row[2].set_title("effective, real kernel", fontsize=9)
+            row[2].set_title("effective, real kernel", fontsize=MEDIUM)
 
         d = reduce_difference(dlo, dhi, ilo, ihi, kv, block)
         _show(row[3], d, DIFF_COLORS, qo, kv, block)
         undefined = " (status undefined: output not defined by the mask)" if r.status == "undefined" and diff_src == "model" else ""
-        row[3].set_title(f"difference: {diff_src} vs intended{undefined}\n"
-                         f"{int(np.isin(d, (2, 4)).sum())} cells with extra, {int(np.isin(d, (3, 4)).sum())} with missing keys",
-                         fontsize=9)
+        row[3].set_title(wrap(f"difference: {diff_src} vs intended{undefined}\n"
+                              f"{int(np.isin(d, (2, 4)).sum())} cells with extra, {int(np.isin(d, (3, 4)).sum())} "
+                              "with missing keys"), fontsize=MEDIUM)
         if plan is not None and len(r.kv_start) and block[1] <= 2:  # wider cells: the line would hide the band
             _kv_start_line(row[3], row_kv_start(r, plan.cta_tile_q, g), color="#e6550d", lw=1.2)
         _legend(row[3], DIFF_COLORS, DIFF_STATES, d)
@@ -300,7 +314,8 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
             n_tiles = r.tiles.shape[0]
             _show(row[4], t, TILE_COLORS, n_tiles, kv, (block_size(n_tiles, max_cells), bc),
                   ylabel=f"q tile ({plan.cta_tile_q} packed rows)")
-            row[4].set_title(f"CTA tile map ({'split-KV, ' if plan.split_kv else ''}KV loop per q tile)", fontsize=9)
+            row[4].set_title(wrap(f"CTA tile map ({'split-KV, ' if plan.split_kv else ''}KV loop per q tile)"),
+                            fontsize=MEDIUM)
             names = TILE_STATES if plan.use_sliding_window else \
                 (TILE_STATES[0], "computed, element mask (causal only: window compiled out)", TILE_STATES[2])
             _legend(row[4], TILE_COLORS, names)
@@ -308,10 +323,8 @@ def plot_case(case, model_result: ModelResult, recording=None, *, requests=None,
             why = "fa3: per-element mask of the compiled module, no fa2 CTA loop" if res.backend == "fa3" else \
                 "tile map not computed: simulate(case, tiles=True)"
             _text_panel(row[4], why)
-            row[4].set_title("CTA tile map", fontsize=9)
-    import textwrap
-
-    fig.suptitle("\n".join(textwrap.wrap((f"{title}; " if title else "") + case_title(case, res), 120)), fontsize=11)
+            row[4].set_title("CTA tile map", fontsize=MEDIUM)
+    fig.suptitle(wrap((f"{title}; " if title else "") + case_title(case, res), 110), fontsize=LARGE)
     return fig
 
 
@@ -376,7 +389,7 @@ def leak_heatmaps(cells, prompts, prefixes) -> Figure:
         for (i, j), v in np.ndenumerate(grid):
             undefined = at.get((models[i][0], prompts[j], prefix)) is not None and np.isnan(v)
             label = "undefined" if undefined else ("" if np.isnan(v) else _pct(v))
-            ax.text(j, i, label, ha="center", va="center", fontsize=9,
+            ax.text(j, i, label, ha="center", va="center", fontsize=SMALL,
                     color="white" if not np.isnan(v) and v > 0.55 else "black")
         ax.set(xticks=range(len(prompts)), xticklabels=prompts, yticks=range(len(models)),
                yticklabels=[f"{m} (W={w})" for m, w in models], xlabel="prompt length (new tokens)",

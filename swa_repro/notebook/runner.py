@@ -8,7 +8,7 @@ every cell), ``DIR/<name>.html``, and ``DIR/summary.json``. Notebooks save their
 the runner reads both back. Each run of a notebook is one artifact set (``notebook.artifacts``): the
 runner injects a ``run_id``, the notebook records its parameters with it (``artifact_set``), and a
 set with a file of another run fails the notebook; a run without ``run_id`` (the lab) writes its own
-set under ``<output_dir>/interactive/``, never into the runner's.
+set under ``<output_dir>/interactive/``, never into the runner's; unchanged inputs reuse a set (``artifacts.reusable``).
 
 Imports of papermill/jupytext/nbconvert stay inside functions: the kernel side of a notebook
 imports ``announce_mode``/``save_figure`` from here and needs none of them.
@@ -26,12 +26,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from swa_repro.core.cache import cache_root
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir
-from swa_repro.notebook import artifacts
+from swa_repro.core.outputs import atomic_path, untracked_dir, write_atomic
+from swa_repro.notebook import artifacts, run_summary, show
 from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
+from swa_repro.notebook.run_summary import longest_first  # noqa: F401  (where it was)
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
 REPO_DIR = Path(__file__).resolve().parents[2]
@@ -94,13 +96,14 @@ def announce_mode(requested: str, output_dir, notebook: str) -> ModeInfo:
     warnings no reader can act on are not shown (:func:`quiet_third_party`)."""
     one_line_usage_errors()
     quiet_third_party()
+    show.notebook_display()  # pandas: every row and whole cells; long cells wrap
     info = resolve_mode(requested)
     print(f"Mode: {info.mode} ({info.reason})")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rec = {"notebook": notebook, "requested": requested, "python": sys.executable, **info.to_dict(),
            "run_id": artifacts.run_id_for(out)}
-    (out / f"{notebook}.mode.json").write_text(json.dumps(rec, indent=1, default=str) + "\n")
+    write_atomic(out / f"{notebook}.mode.json", (json.dumps(rec, indent=1, default=str) + "\n").encode())
     return info
 
 
@@ -117,7 +120,8 @@ def save_figure(fig, name: str, output_dir) -> Path:
     # A constrained-layout figure already fits its labels and legends: "tight" would only cost a
     # second full draw (~30% of a plot_case save).
     tight = {} if fig.get_layout_engine() is not None else {"bbox_inches": "tight"}
-    fig.savefig(path, dpi=FIGURE_DPI, **tight)
+    with atomic_path(path) as tmp:  # never through a link (core.outputs)
+        fig.savefig(tmp, dpi=FIGURE_DPI, format="png", **tight)
     artifacts.add_figure(path)  # listed, with its sha256, in this run's NN.params.json
     return path
 
@@ -219,6 +223,9 @@ def _nbconvert_data_path() -> None:
 
 
 def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_timeout: int | None) -> dict:
+    key = artifacts.inputs_key(path, mode, params)
+    if (last := artifacts.reusable(path, out, key)) is not None:
+        return last
     import jupytext
     import papermill as pm
     from nbconvert import HTMLExporter
@@ -256,7 +263,7 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
         except Exception as e:
             error = error or f"linking the figures failed: {_error_text(e)}"
         try:
-            html.write_text(HTMLExporter().from_filename(str(ipynb))[0], encoding="utf-8")
+            write_atomic(html, HTMLExporter().from_filename(str(ipynb))[0].encode("utf-8"))
         except Exception as e:
             error = error or f"HTML export failed: {_error_text(e)}"
     seconds = time.perf_counter() - t0
@@ -283,15 +290,8 @@ def run_one(path: Path, out: Path, mode: str, params: dict, kernel: str, cell_ti
         "run_id": run_id, "parameters": record and record.get("parameters"),
         "params": artifacts.params_path(out, name).name if record else None,
         "ipynb": ipynb.name if ipynb.exists() else None, "html": html.name if html.exists() else None,
-        "figures": sorted(p.name for p in out.glob(f"{name}_*.png")),
+        "figures": sorted(p.name for p in out.glob(f"{name}_*.png")), "inputs_key": key,
     }
-
-
-def _progress(r: dict) -> str:
-    checks = ("no checks" if r["checks_passed"] is None
-              else f"checks {r['checks_passed']} ok {r['checks_failed']} failed")
-    line = f"{r['status']:<6} mode={r['mode'] or '?'}  {checks}  {r['seconds']:.1f}s"
-    return line + (f"\n      error: {r['error'].splitlines()[0][:300]}" if r["error"] else "")
 
 
 def default_jobs() -> int:
@@ -300,29 +300,19 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def longest_first(paths: list[Path], out: Path) -> list[int]:
-    """Indices of ``paths`` to start in: longest first by the seconds of the last run into ``out``
-    (its summary.json), so the slowest notebook does not start last; unknown ones keep their place
-    after the known. Only the start order changes, never the results' order."""
-    try:
-        last = {r["notebook"]: float(r["seconds"]) for r in json.loads((out / "summary.json").read_text())["notebooks"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        last = {}
-    return sorted(range(len(paths)), key=lambda i: (paths[i].stem not in last, -last.get(paths[i].stem, 0.0), i))
-
-
-def run_all(paths: list[Path], out: Path, mode: str, params: dict, kernel: str, cell_timeout, jobs: int) -> list[dict]:
+def run_all(paths: list[Path], out: Path, mode: str, params: dict, kernel: str, cell_timeout, jobs: int,
+            order: list[int], done: dict) -> list[dict]:
     """:func:`run_one` for each notebook, ``jobs`` at a time (each in its own kernel process; the
-    notebooks share nothing but ``out``, where each writes only ``<its name>*``). Results in the
-    order of ``paths`` whatever the finishing order; one progress line per notebook as it ends."""
+    notebooks share nothing but ``out``, where each writes only ``<its name>*``), started in ``order``.
+    Results in the order of ``paths`` whatever the finishing order, each also put in ``done`` as it
+    ends (what a Ctrl-C keeps); one progress line per notebook as it ends."""
     n = len(paths)
     if jobs <= 1:
-        results = []
         for i, path in enumerate(paths, 1):
             print(f"[{i}/{n}] {path.stem:<44}", end=" ", flush=True)
-            results.append(run_one(path, out, mode, params, kernel, cell_timeout))
-            print(_progress(results[-1]), flush=True)
-        return results
+            r = done[path.stem] = run_one(path, out, mode, params, kernel, cell_timeout)
+            print(run_summary.progress(r), flush=True)
+        return [done[p.stem] for p in paths]
     import concurrent.futures as cf
 
     import jupytext  # noqa: F401  (imported once here, not raced by the worker threads)
@@ -330,14 +320,19 @@ def run_all(paths: list[Path], out: Path, mode: str, params: dict, kernel: str, 
     import papermill  # noqa: F401
 
     _nbconvert_data_path()
-    order = longest_first(paths, out)
-    with cf.ThreadPoolExecutor(jobs) as pool:  # threads: the work is in the kernels, papermill only waits
+    pool = cf.ThreadPoolExecutor(jobs)  # threads: the work is in the kernels, papermill only waits
+    try:
         futs = {pool.submit(run_one, paths[i], out, mode, params, kernel, cell_timeout): i for i in order}
-        results: list = [None] * n
-        for done, fut in enumerate(cf.as_completed(futs), 1):
-            r = results[futs[fut]] = fut.result()
-            print(f"[{done}/{n}] {r['notebook']:<44} {_progress(r)}", flush=True)
-    return results
+        for k, fut in enumerate(cf.as_completed(futs), 1):
+            r = fut.result()
+            done[r["notebook"]] = r
+            print(f"[{k}/{n}] {r['notebook']:<44} {run_summary.progress(r)}", flush=True)
+    except KeyboardInterrupt:  # no notebook starts after Ctrl-C, and the running ones' kernels end
+        pool.shutdown(wait=False, cancel_futures=True)
+        run_summary.stop_kernels()
+        raise
+    pool.shutdown()
+    return [done[p.stem] for p in paths]
 
 
 def register(sub) -> None:
@@ -358,6 +353,7 @@ def register(sub) -> None:
                    help=f"notebooks run at once, each in its own kernel (default {default_jobs()}: min(2, cores); "
                         f"at most {MAX_JOBS})")
     p.add_argument("--list", action="store_true", help="list the notebooks and exit")
+    p.add_argument("--force", action="store_true", help="let --output be a folder of committed files (docs/live)")
     p.set_defaults(func=main)
 
 
@@ -377,19 +373,24 @@ def main(a) -> int:
         print("\n".join(p.stem for p in paths))
         return 0
     info = resolve_mode(a.mode)  # `--mode live` without CUDA fails here, before any kernel starts
-    out = out_dir(a.output, "--output").resolve()  # a file, or a path under one: one line, nothing run
+    # a file, a path under one, or committed evidence (docs/live, a link to notebooks/): one line, nothing run
+    out = untracked_dir(a.output, "--output", force=a.force).resolve()
     out.mkdir(parents=True, exist_ok=True)
     kernel = ensure_kernel()
+    cache_root()  # a relative $SWA_REPRO_CACHE made absolute for the kernels (their cwd is notebooks/)
     jobs = max(1, min(a.jobs, len(paths)))
     print(f"mode {a.mode} -> {info.mode}: {info.reason}")
     print(f"running {len(paths)} notebook(s) from {nb_dir} -> {out}" + (f", {jobs} at a time" if jobs > 1 else ""),
           flush=True)
-    t0 = time.perf_counter()
-    results = run_all(paths, out, a.mode, params, kernel, a.cell_timeout, jobs)
-    failed = [r["notebook"] for r in results if r["status"] != "ok"]
-    summary = {"mode_requested": a.mode, "mode": info.mode, "mode_reason": info.reason, "parameters": params,
-               "output_dir": str(out), "python": sys.executable, "seconds": round(time.perf_counter() - t0, 2),
-               "ok": not failed, "failed": failed, "notebooks": results}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    t0, order, done, names = time.perf_counter(), run_summary.longest_first(paths, out), {}, [p.stem for p in paths]
+    head = {"mode_requested": a.mode, "mode": info.mode, "mode_reason": info.reason, "parameters": params,
+            "output_dir": str(out), "python": sys.executable}
+    run_summary.write(out, head, [], names, "running")  # before any file of the last run goes
+    try:
+        results = run_all(paths, out, a.mode, params, kernel, a.cell_timeout, jobs, order, done)
+    except KeyboardInterrupt:
+        return run_summary.interrupted(out, head, [done[n] for n in names if n in done], names)
+    failed = run_summary.write(out, {**head, "seconds": round(time.perf_counter() - t0, 2)}, results, names,
+                               "done")["failed"]
     print(f"{len(results) - len(failed)}/{len(results)} notebooks ok; summary: {out / 'summary.json'}")
     return 1 if failed else 0

@@ -27,6 +27,8 @@ import os
 import sys
 from pathlib import Path
 
+from swa_repro.core import outputs
+from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import write_atomic
 
 MANIFEST = ".swa-repro-scratch.json"
@@ -51,6 +53,26 @@ def _manifest(dst: Path) -> dict:
         return {}
     files = doc.get("files") if isinstance(doc, dict) else None
     return {k: v for k, v in files.items() if isinstance(v, str)} if isinstance(files, dict) else {}
+
+
+def check_dst(src, dst) -> None:
+    """``LAB_ROOT`` before anything is copied, one line each: a folder that can be made and written
+    (not a file, not read-only, its record not a folder), and not the checkout or a folder of tracked
+    files, a link to ``notebooks/`` included: only ``LAB_ROOT=notebooks`` itself (the same path as
+    ``LAB_FROM``) opens the tracked notebooks, saying so."""
+    if os.path.abspath(src) == os.path.abspath(dst):
+        return
+    d = outputs.out_dir(dst, "LAB_ROOT")
+    why = outputs.tracked_reason(d)
+    if why:
+        raise UsageError(f"LAB_ROOT {dst}: {why}, so a save would write tracked files; give a git-ignored folder "
+                         f"(the default scratch), or LAB_ROOT={src} to edit the tracked notebooks on purpose")
+    if os.path.isdir(d / MANIFEST) or (os.path.lexists(d / MANIFEST) and not os.path.isfile(d / MANIFEST)):
+        raise UsageError(f"LAB_ROOT {dst}: {d / MANIFEST} is not a file: remove it (make lab writes its record "
+                         "there)")
+    why = outputs.read_only_reason(d) if d.is_dir() else None
+    if why:
+        raise UsageError(f"LAB_ROOT {dst}: {why}; give a folder you can write")
 
 
 def sync(src, dst) -> list[tuple[str, str, str]]:
@@ -122,6 +144,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not Path(a.src).is_dir():
         print(f"make lab: {a.src} is not a folder", file=sys.stderr)
+        return 2
+    try:
+        check_dst(a.src, a.dst)
+    except UsageError as e:
+        print(f"make lab: {e}", file=sys.stderr)
         return 2
     print("\n".join(report(a.src, a.dst, sync(a.src, a.dst))), flush=True)
     return 0

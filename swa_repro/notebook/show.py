@@ -8,6 +8,7 @@ whether an absent value drops the column). :func:`table` / :func:`show` also tak
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
 
 
@@ -65,6 +66,44 @@ def fmt(v) -> str:
     if isinstance(v, (list, tuple)):
         return ",".join(fmt(x) for x in v)
     return "" if v is None else str(v)
+
+
+# pandas in a notebook (issue #42): every row up to MAX_ROWS (its default showed 10 of 68 and "..."),
+# every column, whole cells (it cut them at 50 characters). A table fits the page (one of 15
+# snake_case columns was 1838 px at 1400, measured in Chromium): a header may break after an
+# underscore, a cell of LONG_CELL characters or more anywhere (with a 10em floor), a shorter one never.
+MAX_ROWS = 500
+LONG_CELL = 24
+_HEADER = re.compile(r"(<th[^>]*>)([^<]*)(</th>)")
+_LONG_TD = re.compile(rf"<td>([^<]{{{LONG_CELL},}})</td>")
+
+
+def html_table(df) -> str | None:
+    """``df``'s own HTML (pandas' display options) with its headers breakable after each underscore
+    (``<wbr>``) and each long cell breakable anywhere; what a notebook shows for a DataFrame."""
+    html = df._repr_html_()
+    if html is None:
+        return None
+    head, sep, body = html.partition("</thead>")
+    head = _HEADER.sub(lambda m: m[1] + m[2].replace("_", "_<wbr>") + m[3], head)
+    return head + sep + _LONG_TD.sub(r'<td style="overflow-wrap: anywhere; min-width: 10em">\1</td>', body)
+
+
+def notebook_display() -> None:
+    """pandas shows :data:`MAX_ROWS` rows and whole cells; in IPython a DataFrame is shown through
+    :func:`html_table` (every notebook's first cell: ``runner.announce_mode``)."""
+    import pandas as pd
+
+    for option, value in (("display.max_rows", MAX_ROWS), ("display.max_columns", None),
+                          ("display.max_colwidth", None)):
+        pd.set_option(option, value)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is not None:
+        ip.display_formatter.formatters["text/html"].for_type(pd.DataFrame, html_table)
 
 
 def excerpt(src: str, marker: str, last: bool = False, more: int = 0) -> str:

@@ -56,6 +56,8 @@ def heatmap(df: pd.DataFrame, title: str):
     from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure  # not pyplot: shown once, by plots.publish
 
+    from swa_repro.notebook.plots import MEDIUM, SMALL
+
     cols = [(g, f) for g in df.gpu.unique() for f in df.family.unique()]
     releases = list(df.vllm.unique())
     idx = {(r.vllm, r.gpu, r.family): STATES.index(r.state) for r in df.itertuples()}
@@ -63,12 +65,12 @@ def heatmap(df: pd.DataFrame, title: str):
     fig = Figure(figsize=(1.0 + 0.55 * len(cols), 1.2 + 0.42 * len(releases)), layout="constrained")
     ax = fig.subplots()
     ax.imshow(data, cmap=ListedColormap(COLORS), vmin=0, vmax=len(STATES) - 1, aspect="auto")
-    ax.set_xticks(range(len(cols)), [f"{g} {f}" for g, f in cols], rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(releases)), releases, fontsize=8)
+    ax.set_xticks(range(len(cols)), [f"{g} {f}" for g, f in cols], rotation=60, ha="right", fontsize=SMALL)
+    ax.set_yticks(range(len(releases)), releases, fontsize=SMALL)
     for i, row in enumerate(data):
         for j, s in enumerate(row):
-            ax.text(j, i, "NHARX"[s], ha="center", va="center", fontsize=7)
-    ax.set_title(title + "\nN not affected, H layer != HF, A affected, R refused, X not driven", fontsize=9)
+            ax.text(j, i, "NHARX"[s], ha="center", va="center", fontsize=SMALL)
+    ax.set_title(title + "\nN not affected, H layer != HF, A affected, R refused, X not driven", fontsize=MEDIUM)
     return fig
 
 

@@ -153,8 +153,10 @@ def selected_cases(text: str | None) -> list[str]:
         return []
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = sorted(set(names) - {c.name for c in MATRIX})
-    if unknown or not names:
-        what = f": unknown case(s) {', '.join(unknown)}" if unknown else " selects no case"
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if unknown or not names or twice:
+        what = (f": unknown case(s) {', '.join(unknown)}" if unknown else
+                f" names {', '.join(twice)} more than once (give each once)" if twice else " selects no case")
         raise UsageError(f"--cases{what}: choose from {', '.join(c.name for c in MATRIX)}")
     return names
 
@@ -164,7 +166,7 @@ def main(a) -> int:
         from swa_repro.sglang import kit
 
         return kit.main(a)
-    if a.sglang or a.fix is not None:
+    if a.sglang is not None or a.fix is not None:  # --sglang "" too: it ran the installed release's matrix
         raise UsageError("--sglang/--fix go with --kit-only (the matrix drives the installed "
                          f"{', '.join(HARNESS_RELEASES)}); for other releases use `swa-repro audit --sglang`")
     names = selected_cases(a.cases)

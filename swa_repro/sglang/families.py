@@ -93,6 +93,12 @@ class SmallConfig:
     num_qo_heads: int
     num_kv_heads: int
     cap: float  # attn_logit_softcapping, 0 none
+    hf_class: str = ""  # the config class read (a checkpoint's; a family's is model_configs.MODELS')
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SmallConfig:
+        """Back from ``dataclasses.asdict`` (the audit's child gets a checkpoint's as JSON)."""
+        return cls(**{**d, "kinds": tuple(d["kinds"])})
 
     @property
     def intended_window(self) -> int:
@@ -151,7 +157,8 @@ def check_args(family: str | None, gpu: str | None) -> tuple[list[str], GpuClass
         raise UsageError(f"--model selects no family; choose from {', '.join(FAMILIES)} or all")
     bad = [x for x in names if x != "all" and x not in FAMILIES]
     if bad:
-        raise UsageError(f"--model {bad[0]!r}: unknown family; choose from {', '.join(FAMILIES)} or all")
+        raise UsageError(f"--model {bad[0]!r}: unknown family; choose from {', '.join(FAMILIES)} or all, or give a "
+                         "checkpoint's config.json or the folder holding it")
     return (list(FAMILIES) if "all" in names else names), GPU_CLASSES[gpu or DEFAULT_GPU]
 
 

@@ -29,14 +29,15 @@ def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running i
     from swa_repro.sglang.provision import provision
 
     overlay, info = provision(version)
-    how = "cached" if info["cached"] else f"installed in {info['install_seconds']} s"
-    note(f"sglang {version}: overlay {overlay} ({how}); {doing} in a subprocess "
-         "(the first import of a release compiles it: a minute or more)")
-    fixed = None
-    if fixes:
+    shipped, fixed = overlay, None
+    if fixes:  # first: a fix set it refuses (one that changes nothing) is its one line, no note before it
         from swa_repro.sglang.fix.overlay import fixed_overlay
 
-        overlay, fixed = fixed_overlay(version, fixes, overlay)
+        overlay, fixed = fixed_overlay(version, fixes, shipped)
+    how = "cached" if info["cached"] else f"installed in {info['install_seconds']} s"
+    note(f"sglang {version}: overlay {shipped} ({how}); {doing} in a subprocess "
+         "(the first import of a release compiles it: a minute or more)")
+    if fixes:
         note(f"sglang {version}: with --fix {','.join(fixes)} ({overlay})")
     return overlay, info, fixed
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_file
+from swa_repro.core.outputs import atomic_path, out_file, write_atomic
 from swa_repro.evidence.recordings import provenance
 
 RECORDED_METHODS = ("plan", "begin_forward", "forward", "forward_return_lse", "run", "run_return_lse")
@@ -120,7 +120,8 @@ class Trace:
         if path.suffix != ".pt":
             raise ValueError(f"a trace is saved as .pt; got {str(path)!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"format": FORMAT, "meta": encode(self.meta), "calls": [asdict(c) for c in self.calls]}, path)
+        with atomic_path(path) as tmp:  # never through a link (core.outputs)
+            torch.save({"format": FORMAT, "meta": encode(self.meta), "calls": [asdict(c) for c in self.calls]}, tmp)
         return path
 
     @classmethod
@@ -329,7 +330,7 @@ def main(a) -> int:
                       f"{'ok' if r.ok else 'BAD: ' + r.why}" + (f" raised {r.replay_error}" if r.replay_error else ""))
     sys.stdout.flush()
     if a.out:  # GPU evidence: the reports with where and how they were made
-        Path(a.out).write_text(json.dumps({"provenance": provenance(), "traces": docs}, indent=1) + "\n")
+        write_atomic(a.out, (json.dumps({"provenance": provenance(), "traces": docs}, indent=1) + "\n").encode())
     return 1 if bad else 0
 
 

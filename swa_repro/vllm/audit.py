@@ -5,7 +5,8 @@ release in a child forked from the warm server (``sglang.overlay_run.run_module`
 once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
 families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
 what the layer asks for and what each FlashInfer kernel is told, with the cell's verdict
-(``verdict.cell``).
+(``verdict.cell``), in short lines with what to do (``verdict.answer_lines``). Exit status: 0 not affected or
+refused, 1 a finding or a cell not driven (``core.exit_status``, ``--fail-on``), 2 bad input.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.exit_status import exit_status
 from swa_repro.sglang import families as sf
 from swa_repro.vllm import verdict as vv
 from swa_repro.vllm.families import FAMILIES
@@ -158,8 +160,7 @@ def render(doc: dict, version: str, gpu: sf.GpuClass) -> list[str]:
         for k in r["kernels"]:
             verdict = "OK" if not k["differs"] else "DIFFERS: " + "; ".join(k["differs"])
             lines.append(f"          {k['kernel']}.{k['how']} told {_fmt(k['told'])}  {verdict}")
-    lines.append(f"  verdict: {cell['state']}" + (f" ({'; '.join(cell['why'])})" if cell["why"] else ""))
-    return lines
+    return lines + vv.answer_lines(cell, pl, version.split(" ")[0], gpu.name, fixed=" with --fix " in version)
 
 
 def main(a) -> int:
@@ -188,9 +189,10 @@ def main(a) -> int:
     doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix)
     live = run_live(a.vllm, families, gpus, mode=mode, fix=fix, paths=a.paths, budget=a.live_budget,
                     note=note) if mode else None
+    status = exit_status(cell_states(doc, families, gpus), a.fail_on)
     if a.json:
         print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache"), "live": live}, default=str))
-        return undriven(doc, families, gpus)
+        return status
     for g in gpus:
         for f in families:
             d = doc["audits"][arch(g)][f]
@@ -202,22 +204,21 @@ def main(a) -> int:
         for g, d in live.items():
             print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
     print(f"(child {seconds} s, cache {how.get('cache')})")
-    return undriven(doc, families, gpus)
+    return status
 
 
-def undriven(doc: dict, families: list[str], gpus: list[sf.GpuClass]) -> int:
-    """Exit status 1 (one stderr line each) for a cell with no driven path behind it ("not driven",
-    ``verdict.cell``): no verdict is given there (issue #43); else 0."""
-    bad = []
+def cell_states(doc: dict, families: list[str], gpus: list[sf.GpuClass]) -> list[str]:
+    """Every asked cell's answer state (``verdict.cell``) for ``core.exit_status``; a quantized cache's
+    finding is one only with a flag (``--kv-cache-dtype``)."""
+    out = []
     for g in gpus:
         for f in families:
             d = doc["audits"][arch(g)][f]
-            d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
-            if vv.cell(d)["state"] == "not driven":
-                bad.append(f"{f} on {g.name}")
-    for x in bad:
-        print(f"audit incomplete: {x}: not driven, no verdict", file=sys.stderr)
-    return 1 if bad else 0
+            c = vv.cell({**d, "family": d.get("family") or next(x for x in doc["families"] if x["family"] == f)})
+            out.append(c["state"])
+            out += ["only with flags" if x["state"] in ("affected", "layer != HF") else x["state"]
+                    for x in c.get("cache_dtypes", {}).values()]
+    return out
 
 
 def live_paths(paths: str | None) -> list[str]:

@@ -17,18 +17,24 @@ def register(sub) -> None:
     p.add_argument("--diff", action="store_true", help="with --vllm X --fix cap-route: print the fix as a unified "
                    "diff against release X's flashinfer.py (the upstream diff) instead of auditing")
     sglang_func = p.get_default("func")
+    from swa_repro.vllm import audit_args
+
+    defaults = {k: p.get_default(k) for k in audit_args.DEFAULTED}
+    p.set_defaults(**dict.fromkeys(defaults))  # None: not typed (audit_args.restore puts the default back)
 
     def func(a):
+        given = audit_args.restore(a, defaults)
+        if a.vllm is not None and a.sglang:
+            from swa_repro.core.errors import UsageError
+
+            raise UsageError("--vllm and --sglang: audit one project at a time")
+        audit_args.check(a, given)  # every flag against the mode, both projects, before any work
         if a.vllm is None:
             if a.diff:
                 from swa_repro.core.errors import UsageError
 
                 raise UsageError("--diff goes with --vllm X --fix cap-route")
             return sglang_func(a)
-        if a.sglang:
-            from swa_repro.core.errors import UsageError
-
-            raise UsageError("--vllm and --sglang: audit one project at a time")
         from swa_repro.vllm import audit
 
         return audit.main(a)

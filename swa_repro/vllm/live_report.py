@@ -14,6 +14,8 @@ import lzma
 import sys
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
+
 
 def load(path) -> dict:
     p = Path(path)
@@ -112,14 +114,14 @@ def main(argv=None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     if args[:1] == ["--summary"]:
         for call in map(Path, args[1:]):
-            (call / "SUMMARY.md").write_text("\n".join(summary(call)) + "\n")
+            write_atomic(call / "SUMMARY.md", ("\n".join(summary(call)) + "\n").encode())  # never through a link
             print(call / "SUMMARY.md")
         return 0
     if args[:1] == ["--merge"]:
         if len(args) < 3:
             print("usage: python -m swa_repro.vllm.live_report --merge OUT.json FILE...", file=sys.stderr)
             return 2
-        Path(args[1]).write_text(json.dumps(merge([load(f) for f in args[2:]])))
+        write_atomic(args[1], json.dumps(merge([load(f) for f in args[2:]])).encode())
         return 0
     docs = {Path(f).name.split(".")[0]: load(f) for f in args}
     print("\n".join(render(docs)))

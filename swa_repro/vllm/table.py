@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 
-from swa_repro.core.outputs import write_atomic
+from swa_repro.core.outputs import keep_fuller, out_dir, write_atomic
 from swa_repro.sglang import families as sf
 from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 from swa_repro.vllm import verdict as vv
@@ -89,7 +89,7 @@ def markdown(t: dict, families, gpus) -> str:
              "kernels get what the layer asks, but the layer asks another window than transformers' mask), "
              "refused (the release will not serve it with FlashInfer on that GPU class; its reason), not "
              "affected, not driven. Where FlashInfer is not the default backend, a cell applies with "
-             "`--attention-config.backend FLASHINFER`. A cell is the default KV cache; the quantized caches "
+             f"`{vv.FLASHINFER_FLAG}`. A cell is the default KV cache; the quantized caches "
              "have their own section.", ""]
     for g in gpus:
         lines += [f"## {g.name} ({g.cards})", "", "| vLLM | default backend | " + " | ".join(families) + " |",
@@ -190,11 +190,18 @@ def dcp_lines(t: dict, families, gpus) -> list[str]:
     return out + [""]
 
 
+def _cover(doc: dict) -> dict:
+    """What a table holds (``core.outputs.keep_fuller``: a subset never replaces it)."""
+    return {"releases": list(doc["releases"]), "families": doc["families"], "gpus": doc["gpus"]}
+
+
 def main(a) -> int:
     from swa_repro.core.errors import UsageError
     from swa_repro.vllm.provision import check_release
 
     versions = list(TABLE_RELEASES) if a.vllm == "table" else [x.strip() for x in a.vllm.split(",") if x.strip()]
+    if not versions:  # an empty table would be written, having audited nothing
+        raise UsageError(f"--vllm {a.vllm!r} selects no release: give VERSION[,..] or 'table'")
     for v in versions:
         check_release(v)
     families = list(FAMILIES) if a.model in (None, "all") else a.model.split(",")
@@ -210,6 +217,10 @@ def main(a) -> int:
         from swa_repro.vllm import fix as vfix
 
         fix = vfix.check(a.fix)
+    out = a.out / "fixed" if fix and a.out == TABLE_DIR else a.out
+    out_dir(out, "--out")  # a file, or read-only: one line before any release is audited (as sglang's table)
+    keep_fuller(out / f"{NAME}.json", {"releases": versions, "families": families, "gpus": gnames}, _cover,
+                force=getattr(a, "force", False))
     command = (f"swa-repro audit --release-table --vllm {a.vllm} --model {a.model or 'all'} "
                f"--gpu {','.join(gnames)}" + (f" --fix {fix}" if fix else ""))
     t = build(versions, families, gpus, note=lambda s: print(s, file=sys.stderr), fix=fix)
@@ -220,7 +231,6 @@ def main(a) -> int:
                    "from the overlay; FlashInfer replaced by recording stand-ins (CPU)")
     prov["timings_s"] = t.pop("timings_s")
     t = {"provenance": prov, "families": families, "gpus": gnames, "fix": fix, **t}
-    out = a.out / "fixed" if fix and a.out == TABLE_DIR else a.out
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / f"{NAME}.json", (json.dumps(t, indent=1, default=str) + "\n").encode())
     write_atomic(out / f"{NAME}.md", markdown(t, families, gpus).encode())

@@ -110,3 +110,43 @@ def default_text(pl: dict) -> str:
     unchecked = "" if pl.get("default_checked") else " (first in order; its validity not checked: needs compiled code)"
     rank = pl["order"].index("FLASHINFER") + 1 if "FLASHINFER" in pl["order"] else None
     return f"{d}{unchecked}; FlashInfer is #{rank} of {' > '.join(pl['order'])}"
+
+
+# ----------------------------------------------------------------------------- the answer as a user reads it
+FLASHINFER_FLAG = "--attention-config.backend FLASHINFER"  # what picks FlashInfer (docs/audit/vllm-releases.md)
+SHOWN = 6  # the why lines printed; the rest counted
+
+
+def remedy(c: dict, version: str) -> list[str]:
+    """What to do about a cell, a line each: one whose only findings are the soft cap a kernel is not
+    told gets ``--fix cap-route`` (``vllm.fix``; ``docs/audit/fixed/vllm-releases.md``: with it every such
+    cell of the table is not affected) and the audit that checks it; ``layer != HF`` (the model file
+    asks another window) has no fix here."""
+    if c["state"] == "affected" and c["why"] and all("logits_soft_cap" in w for w in c["why"]):
+        return ["swa-repro patch apply --vllm --fix cap-route --in-place",
+                "(the installed vLLM's file, a backup kept; `patch diff --vllm` shows the edit first)",
+                f"check it: swa-repro audit --vllm {version} --fix cap-route"]
+    if c["state"] == "layer != HF":
+        return [("no fix in swa-repro: vLLM's model file asks another window than transformers' mask, on every "
+                 "backend (docs/audit/vllm-releases.md)")]
+    if c["state"] == "affected":
+        return ["no fix in swa-repro for this finding: the lines above are what to report upstream"]
+    return []
+
+
+def answer_lines(c: dict, pl: dict, version: str, gpu: str, fixed: bool = False) -> list[str]:
+    """The cell's answer in short lines: the state, its reasons one a line (the first :data:`SHOWN`), the
+    quantized caches' answers, whether FlashInfer is the default backend on ``gpu`` (else the answer holds
+    only with :data:`FLASHINFER_FLAG`), and what to do."""
+    out = [f"  ANSWER: {c['state']}"] + [f"    {w}" for w in c["why"][:SHOWN]]
+    if len(c["why"]) > SHOWN:
+        out.append(f"    ... {len(c['why']) - SHOWN} more (--json has them all)")
+    if c.get("cache_dtypes"):
+        out.append("  with --kv-cache-dtype: " + "; ".join(f"{kv} {x['state']}" for kv, x in c["cache_dtypes"].items()))
+    default = (pl or {}).get("default")
+    if c["state"] not in ("refused", "not driven") and default != "FLASHINFER":
+        out += [f"  NOTE: FlashInfer is not vLLM {version}'s default backend on {gpu} ("
+                + (f"{default} is" if default else "the default is unknown") + "):",
+                f"        this answer holds only for a server started with {FLASHINFER_FLAG}"]
+    todo = [] if fixed else remedy(c, version)
+    return out + [f"  {'WHAT TO DO:' if i == 0 else '           '} {t}" for i, t in enumerate(todo)]

@@ -8,8 +8,12 @@
   in-process); their header starts ``WHAT-IF`` and their JSON carries ``"what_if"``.
 * ``--release-table``: every release in ``--releases``, one subprocess each ->
   ``releases.md`` + ``releases.json`` (``audit.table``).
-* ``--sglang X --model FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: the family's own layers, built by
-  release X's model code, at the family's real window (``audit.family_run``).
+* ``--sglang X --model PATH|FAMILY[,..]|all [--gpu sm80|sm90|sm100]``: a checkpoint's config.json
+  (or its folder; ``sglang.checkpoint``) or a family, its own layers built by release X's model code
+  at its real window (``audit.family_run``).
+
+Exit status (CI; ``core.exit_status``, ``--fail-on any|default|never``): 0 not affected, 1 a finding or
+an answer not given (not driven, not built, unknown), 2 bad input.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.exit_status import exit_status
+from swa_repro.core.outputs import keep_fuller, out_dir
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
@@ -55,12 +60,17 @@ def register(sub) -> None:
                    "+ releases.json")
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
     p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
+    p.add_argument("--force", action="store_true", help="with --release-table: replace a table at --out that "
+                   "covers releases, families or GPU classes this one does not (the committed full table)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
-    p.add_argument("--model", metavar="FAMILY[,FAMILY]|all", help="with --sglang: the family's own attention layers, "
-                   "built by that release's model code from a small config (transformers' defaults), at the "
-                   "family's real window; all = every family the release serves")
+    p.add_argument("--model", metavar="PATH|FAMILY[,FAMILY]|all", help="with --sglang: a checkpoint's config.json "
+                   "(or its folder), its own values built by that release's model code, at its real window; or a "
+                   "family (transformers' defaults); all = every family the release serves")
     p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class the backend is built "
                    "for (default sm90)")
+    from swa_repro.core.exit_status import add_argument
+
+    add_argument(p)
     p.set_defaults(func=main, what_if=None)
 
 
@@ -119,7 +129,23 @@ def main(a) -> int:
         for x in bad:
             print(f"  {x}", file=sys.stderr)
         return 1
-    return 0
+    return exit_status([s for cl in doc["classes"] for s in class_states(cl, paths)], a.fail_on)
+
+
+SPEC_CLASSES = ("dflash_verify_window", "eagle_verify_window")  # only a server with speculative decoding
+
+
+def class_states(classes: dict, paths=None) -> list[str]:
+    """The plain audit's finding classes (``table.cell``) as answer states for ``core.exit_status``: a
+    class that holds is a finding (on a verify path only: speculative decoding), fixed or absent is
+    none, not driven is an answer the audit could not give. With ``--paths``, only the classes of
+    those paths are asked."""
+    def state(k, c):
+        if c["state"] == "holds":
+            return "only with speculative decoding" if k in SPEC_CLASSES else "affected on the default path"
+        return {"fixed": "not affected", "absent": "not affected"}.get(c["state"], c["state"])
+
+    return [state(k, c) for k, c in classes.items() if paths is None or set(paths) & set(at.CLASSES[k].paths)]
 
 
 def _fixes(a):
@@ -202,26 +228,26 @@ def key_rows(r: dict) -> list[str]:
 
 def _families(a) -> int:
     """``--model`` (and ``--gpu``): names checked, then the release; one line for each misuse."""
-    from swa_repro.sglang import families
+    from swa_repro.sglang import checkpoint
     from swa_repro.sglang.audit import family_run
 
     if a.model is None:
         raise UsageError("--gpu goes with --model FAMILY: the GPU class of a family's audit")
-    families.check_args(a.model, a.gpu)
+    model = checkpoint.model_arg(a.model, a.gpu)  # the family names, or the user's config.json read
     if not a.sglang:
         raise UsageError("--model audits a family on a release's own code: add --sglang VERSION (e.g. 0.5.23)")
     if a.release_table or a.what_if or a.paths or a.mode == "live":
         raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
                          "--mode live")
     provision.parse(a.sglang)
-    doc = family_run.audit_families(a.sglang, a.model, a.gpu, fixes=_fixes(a),
+    doc = family_run.audit_families(a.sglang, a.model if isinstance(model, list) else model, a.gpu, fixes=_fixes(a),
                                     note=lambda s: print(s, file=sys.stderr))
     print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
     sys.stdout.flush()
     bad = family_run.incomplete(doc)
     for x in ["audit incomplete: not everything the release has was driven:"] + bad if bad else []:
         print(f"  {x}" if x[0] != "a" else x, file=sys.stderr)
-    return 1 if bad else 0
+    return 1 if bad else exit_status([f["answer"]["state"] for f in doc["families"]], a.fail_on)
 
 
 def _family_table(a) -> int:
@@ -241,6 +267,7 @@ def _family_table(a) -> int:
     for v in versions:
         if provision.parse(v) < provision.MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    keep_fuller(a.out / "families.json", {"releases": versions, "gpus": gpus}, _family_cover, force=a.force)
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
     from swa_repro.sglang.audit.family_fix import FIXED_RELEASE
 
@@ -249,6 +276,15 @@ def _family_table(a) -> int:
     md, js = family_table.write(table, a.out)
     print(f"wrote {md} and {js}")
     return 0
+
+
+def _release_cover(doc: dict) -> dict:
+    """What a release table holds (``core.outputs.keep_fuller``: a subset never replaces it)."""
+    return {"releases": [r["sglang"] for r in doc["rows"]], "fixes": doc.get("fixes") or []}
+
+
+def _family_cover(doc: dict) -> dict:
+    return {"releases": [r["sglang"] for r in doc["rows"]], "gpus": doc["gpus"]}
 
 
 def _table(a) -> int:
@@ -265,6 +301,7 @@ def _table(a) -> int:
     for v in versions:  # every release checked before any is installed
         if provision.parse(v) < provision.MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
+    keep_fuller(a.out / "releases.json", {"releases": versions, "fixes": fixes or []}, _release_cover, force=a.force)
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions) + (f" --fix {a.fix}" if fixes else "")
     table = at.build_table(versions, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
                            fixes=fixes)

@@ -295,12 +295,12 @@ def incomplete(doc: dict) -> list[str]:
 
 def header(release: dict, what_if: str | None, origin: str = "installed") -> str:
     """The first line of every audit: which release, where its source is, what state it is in."""
-    state = release["state"]
-    note = {"unfixed": " (#31501 not applied)", "fixed": " (#31501 applied)"}.get(state, "")
-    line = f"sglang {release['sglang']} ({origin}, {release['backend_file']}): backend {state}{note}"
+    from swa_repro.sglang.patch.classify import state_text
+
+    line = f"sglang {release['sglang']} ({origin}, {release['backend_file']}): backend {state_text(release['state'])}"
     if release.get("fixes"):
         fx = release["fixes"]
-        line = (f"FIXED COPY: {line}; with `swa-repro patch --fix {','.join(fx['fixes'])}` applied to a copy "
+        line = (f"PATCHED COPY: {line}; with `swa-repro patch --fix {','.join(fx['fixes'])}` applied to a copy "
                 f"(sha256 {fx['original_sha256'][:12]} -> {fx['fixed_sha256'][:12]}), not as it ships")
     return f"WHAT-IF: {line}; audited with {WHAT_IF_TEXT[what_if]}, not as it ships" if what_if else line
 

@@ -276,15 +276,16 @@ def layers_of(built, live: bool = False) -> list[FamilyLayer]:
     return out
 
 
-def audit_family(family: str, gpus, paths=None, jobs: list | None = None) -> dict:
+def audit_family(family: str, gpus, paths=None, jobs: list | None = None, small=None) -> dict:
     """Build ``family`` with the importable release once and drive every path x layer kind once
     per distinct platform switch (``gpu_env``: sm100 or not; sm80 and sm90 share the calls, which
     each GPU class then resolves to its own FlashInfer backend): ``{gpu name: document}``.
     ``jobs``: a list, to which each GPU class's driven records are queued (``audit.family_live.Job``)
     to be run on a kernel and judged against the float64 reference at the window and cap the family's
-    config intends (``family_live.run_jobs``, which fills in each record's ``live``)."""
+    config intends (``family_live.run_jobs``, which fills in each record's ``live``). ``small``: a
+    checkpoint's config (``checkpoint.small_config``: the user's values) instead of the family's."""
     t0 = time.monotonic()
-    small = small_config(family)
+    small = small or small_config(family)
     built = fbuild.build(small, context_length(small.sliding_window or 0))
     t_build = time.monotonic() - t0
     layers = layers_of(built, live=jobs is not None)
@@ -317,7 +318,8 @@ def audit_family(family: str, gpus, paths=None, jobs: list | None = None) -> dic
 
 def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dict:
     return {"family": family, "gpu": {"name": gpu.name, "cards": gpu.cards},
-            "config": {"hf_class": mc_name(family), "sliding_window": small.sliding_window, "head_dim": small.head_dim,
+            "config": {"hf_class": small.hf_class or mc_name(family), "sliding_window": small.sliding_window,
+                       "head_dim": small.head_dim,
                        "num_qo_heads": small.num_qo_heads, "num_kv_heads": small.num_kv_heads, "cap": small.cap,
                        "layers_built": len(small.kinds), "layers_published": small.full_layers,
                        "kinds": list(small.kinds)},

@@ -158,6 +158,21 @@ def config_folder(small: SmallConfig) -> str:
     return folder
 
 
+def plain_config_class(config: dict) -> str:
+    """A checkpoint whose ``model_type`` neither transformers nor the release registers (a
+    remote-code model, its ``auto_map`` dropped by ``checkpoint.small_config``) is read by the
+    release's ``ModelConfig`` through a plain ``PretrainedConfig`` subclass registered for that type
+    with ``AutoConfig`` (its values are the file's, as ``checkpoint.config_object`` read them)."""
+    from transformers import AutoConfig, PretrainedConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    mt = config.get("model_type")
+    if not isinstance(mt, str) or not mt or mt in CONFIG_MAPPING:
+        return "registered"
+    AutoConfig.register(mt, type(f"Plain_{mt}_Config", (PretrainedConfig,), {"model_type": mt}))
+    return f"plain PretrainedConfig registered for model_type {mt!r}"
+
+
 def model_config(folder: str, context_length: int):
     """The release's ``ModelConfig`` read from the small config's ``config.json`` (offline). A
     published default shorter than the audit's batches (Exaone4Config: 2048 positions) is extended
@@ -241,6 +256,7 @@ def build(small: SmallConfig, context_length: int) -> Built:
     vllm_placeholder()
     single_rank()
     folder = config_folder(small)
+    plain_config_class(small.config)
     server_args(folder)
     mc = model_config(folder, context_length)
     dp_attention(mc, folder)

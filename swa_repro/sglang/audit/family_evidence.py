@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
+
 ROOT = Path(__file__).resolve().parents[3] / "recordings" / "family-live"
 SITES = ("shipped", "fixed")
 
@@ -184,7 +186,7 @@ def render(call: Path) -> list[str]:
 
 def main(argv=None) -> int:
     for call in calls():
-        (call / "SUMMARY.md").write_text("\n".join(render(call)) + "\n")
+        write_atomic(call / "SUMMARY.md", ("\n".join(render(call)) + "\n").encode())  # never through a link
         print(call / "SUMMARY.md")
     return 0
 

@@ -26,10 +26,12 @@ FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a fami
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
 HYBRID = "unknown (hybrid SWA pool)"  # family_run.answer: served on the hybrid SWA KV pool, not modelled
 FIXED_RELEASE = "0.5.23"
+FIRST_FIXABLE = "0.5.14"  # the fixes are written against 0.5.14-0.5.23's files (fix/__init__.py, fix.family_fixes)
 
 
-def remedy(family: str, cell: dict, gpu: str) -> dict:
-    """``{"fix": [names] | None, "instead": text | None}`` for one cell."""
+def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dict:
+    """``{"fix": [names] | None, "instead": text | None}`` for one cell (of ``release``, where known: an
+    affected cell of a release older than the fixes is told to upgrade, not given fixes that do not apply)."""
     state = cell["state"]
     if state == "flashinfer refused":
         be = cell.get("default_backend")
@@ -51,12 +53,30 @@ def remedy(family: str, cell: dict, gpu: str) -> dict:
                 f"does not model; with --disable-hybrid-swa-memory it takes the pool the audit drove{then}"}
     if state not in AFFECTED:
         return {"fix": None, "instead": None}
+    if release is not None and _before_fixes(release):
+        return {"fix": None, "instead": f"no swa-repro fix for sglang {release}: its fixes are written against "
+                f"{FIRST_FIXABLE}-{FIXED_RELEASE}'s files; upgrade and ask again: swa-repro audit --sglang "
+                f"{FIXED_RELEASE} --model {family} --gpu {gpu}"}
     names = ["all"]
     if FAMILY_FIX.get(family):
         names.append(FAMILY_FIX[family])
     if gpu == "sm100":
         names.append("sm100_no_cutlass_window")
     return {"fix": names, "instead": None}
+
+
+def _before_fixes(release: str) -> bool:
+    from swa_repro.sglang.provision import parse
+
+    return parse(release) < parse(FIRST_FIXABLE)
+
+
+def fix_names(r: dict) -> tuple[str, ...]:
+    """A remedy's fixes as ``patch --fix`` and ``audit --fix`` apply them (``fix.parse_names``; ``all``
+    beside the names it includes is ``all``); empty where the remedy is no fix."""
+    from swa_repro.sglang.fix import parse_names
+
+    return parse_names(",".join(r["fix"])) if r.get("fix") else ()
 
 
 def remedy_text(r: dict) -> str:

@@ -15,13 +15,17 @@ a family the release cannot build is recorded with why).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
 from swa_repro.sglang.audit.family_fix import HYBRID
+from swa_repro.sglang.checkpoint import Checkpoint
 from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
     overlay_for, run_child
 
@@ -35,36 +39,44 @@ NOT_DRIVEN = "not driven"  # an answer with no driven run behind it: never "not 
 MODULE = "swa_repro.sglang.audit.family_run"
 
 
-def audit_families(version: str, family: str, gpu: str | None, *, fixes=None, note=print) -> dict:
-    """Audit ``family`` (comma-separated, or ``all``) of release ``version`` on ``gpu``; ``fixes``:
-    with these ``swa-repro patch --fix`` fixes applied to a copy of its overlay (``fix.overlay``)."""
-    names, gclass = fam.check_args(family, gpu)
+def audit_families(version: str, family, gpu: str | None, *, fixes=None, note=print) -> dict:
+    """Audit ``family`` (comma-separated, or ``all``; or a ``checkpoint.Checkpoint``, the user's
+    config.json) of release ``version`` on ``gpu``; ``fixes``: with these ``swa-repro patch --fix``
+    fixes applied to a copy of its overlay (``fix.overlay``)."""
+    gclass = fam.check_args("all" if isinstance(family, Checkpoint) else family, gpu)[1]
     return audit_release(version, family, [gclass.name], fixes=fixes, note=note)[gclass.name]
 
 
-def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, note=print) -> dict:
+def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=print) -> dict:
     """``{gpu: document}`` for every GPU class in ``gpus``, from one child for the release (one
     import of its sglang, each family built once, driven once per platform switch). Each (family,
     GPU class) is cached on its own (``core.cache.cached_cells``): a later audit of fewer or other
-    cells of the same release reuses those made, and computes only the missing ones."""
+    cells of the same release reuses those made, and computes only the missing ones. ``family``: a
+    ``checkpoint.Checkpoint`` audits the user's values (checked against the release's model file
+    before the child: ``checkpoint.check_release``), its cells keyed on the small config too."""
     from swa_repro.core.cache import cached_cells
     from swa_repro.sglang import provision
 
-    names, _ = fam.check_args(family, gpus[0] if gpus else None)
+    ck = family if isinstance(family, Checkpoint) else None
+    names = [ck.family] if ck else fam.check_args(family, gpus[0] if gpus else None)[0]
     for g in gpus:
-        fam.check_args(family, g)
+        fam.check_args("all" if ck else family, g)
     if provision.parse(version) < provision.MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
     said: list[str] = []  # the overlay's progress lines wait: a family the release lacks is the only line
     overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}")
-    names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
+    if ck:
+        small_args, key = checkpoint_args(ck, version, overlay)
+    else:
+        names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
+        small_args, key = [], {}
     for line in said:
         note(line)
-    cells = [{"family": f, "gpu": g} for g in gpus for f in names]
+    cells = [{"family": f, "gpu": g, **key} for g in gpus for f in names]
 
     def compute(missing):
         fs, gs = list(dict.fromkeys(c["family"] for c in missing)), list(dict.fromkeys(c["gpu"] for c in missing))
-        doc, secs, _ = run_child(MODULE, overlay, ["--families", ",".join(fs), "--gpus", ",".join(gs)],
+        doc, secs, _ = run_child(MODULE, overlay, ["--families", ",".join(fs), "--gpus", ",".join(gs), *small_args],
                                  f"auditing sglang {version}", cache=False)
         rel = {**doc["release"], "child_seconds": secs}
         return [{"release": rel, "family": next(x for x in doc["by_gpu"][c["gpu"]] if x["family"] == c["family"])}
@@ -72,7 +84,7 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
 
     docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
                              valid=whole_cell) if cells else ([], {})
-    serving = _serving(overlay, version)
+    serving = _serving(overlay, version, ck.architecture if ck else None)
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
 
@@ -85,9 +97,11 @@ def audit_release(version: str, family: str, gpus: list[str], *, fixes=None, not
         for f in fams:
             f["serving"] = serving.get(f["family"])
             f["answer"] = answer(f, g)
-            f["remedy"] = remedy(f["family"], cell_of(f), g) if f["answer"]["state"] != NOT_DRIVEN else \
+            f["remedy"] = remedy(f["family"], cell_of(f), g, version) if f["answer"]["state"] != NOT_DRIVEN else \
                 {"fix": None, "instead": "no verdict: no path was driven; audit it again (SWA_REPRO_NO_CACHE=1 "
                  "recomputes it without the cache)"}
+            if ck:
+                f["checkpoint"] = ckpt.record(ck)
         out[g] = {"release": rel, "gpu": g, "families": fams}
     return out
 
@@ -102,15 +116,28 @@ def whole_cell(doc) -> bool:
                                                                             and f["paths"]))
 
 
-def _serving(overlay: Path, version: str) -> dict:
-    """family -> the release's server facts (``serving_path``), for the families it reads."""
+def checkpoint_args(ck: Checkpoint, version: str, overlay: Path) -> tuple[list[str], dict]:
+    """The child's ``--small`` (the user's config cut to a few layers) and the cells' extra key part;
+    one line first for what the release cannot build (``checkpoint.check_release``)."""
+    from dataclasses import asdict
+
+    ckpt.check_release(ck, version, overlay)
+    small = json.dumps(asdict(ckpt.small_config(ck)), sort_keys=True, default=str)
+    return ["--small", small], {"config": hashlib.sha256(small.encode()).hexdigest()[:16]}
+
+
+def _serving(overlay: Path, version: str, arch: str | None = None) -> dict:
+    """family -> the release's server facts (``serving_path``), for the families it reads (``arch``:
+    a checkpoint's architecture, whichever family the release's rules file it under)."""
     from dataclasses import asdict
 
     from swa_repro.sglang import serving_path
 
     out = {}
     for fp in serving_path.analyze_release(overlay / "sglang", version):
-        if fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
+        if arch is not None and fp.architecture == arch:
+            out[next((f for f, (_, _, a) in fam.mc.MODELS.items() if a == arch), arch)] = asdict(fp)
+        elif fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
             out[fp.family] = asdict(fp)
     return out
 
@@ -197,9 +224,11 @@ def torch_cuda() -> bool:
 
 
 def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live: str | None = None,
-          live_budget_s: float | None = None) -> dict:
+          live_budget_s: float | None = None, small: dict | None = None) -> dict:
     """``live_budget_s``: seconds from the child's start after which no more calls are run live
-    (each is said not run), so a GPU step that runs out of time still writes what it ran."""
+    (each is said not run), so a GPU step that runs out of time still writes what it ran. ``small``:
+    a checkpoint's small config (``checkpoint.small_config`` as a dict), built instead of the family's
+    published defaults."""
     t0 = time.monotonic()
     deadline = None if live_budget_s is None else t0 + live_budget_s
     import_release(overlay)
@@ -218,7 +247,8 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     jobs = None if executor is None else []  # every family's driven calls, run live after all are driven
     for name in families:
         try:
-            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs)
+            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs,
+                                             small=fam.SmallConfig.from_dict(small) if small else None)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 
@@ -253,9 +283,10 @@ def main(argv=None) -> int:
     p.add_argument("--paths", help="comma-separated audit paths (default: all)")
     p.add_argument("--live", choices=("cuda", "model"), help="also run each driven call (see executor_of)")
     p.add_argument("--live-budget-s", type=float, help="run no call live after this many seconds (said not run)")
+    p.add_argument("--small", type=json.loads, help="a checkpoint's small config as JSON (instead of the family's)")
     return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(","),
                                                   a.paths.split(",") if a.paths else None, a.live,
-                                                  a.live_budget_s), argv)
+                                                  a.live_budget_s, a.small), argv)
 
 
 if __name__ == "__main__":
@@ -273,14 +304,23 @@ def render(doc: dict) -> list[str]:
     path the key verdict at the real window, the cap and the backends, then the answer."""
     rel = doc["release"]
     fx = rel.get("fixes")
-    out = [("FIXED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
-           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {rel['state']}; GPU class {doc['gpu']} "
+    from swa_repro.sglang.patch.classify import state_text
+
+    out = [("PATCHED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
+           + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {state_text(rel['state'])}; "
+           f"GPU class {doc['gpu']} "
            f"({fam.GPU_CLASSES[doc['gpu']].cards})"]
     for f in doc["families"]:
         if f.get("error"):
             out += [f"{f['family']}: not built: {f['error']}", ""]
             continue
         c, b = f["config"], f["build"]
+        if f.get("checkpoint"):
+            ck = f["checkpoint"]
+            mine = [k for k, v in ck["values"].items() if v["from"] == "user"]
+            out.append(f"checkpoint {ck['path']}: {ck['architecture']} read with {ck['config_class']}; from the file: "
+                       f"{', '.join(mine) or 'none of the attention keys'}; {len(ck['keys_from_default'])} keys "
+                       "from the class defaults")
         out.append(f"{f['family']}: transformers {c['hf_class']}() window {c['sliding_window']} (HF, inclusive), "
                    f"head_dim {c['head_dim']}, heads {c['num_qo_heads']}/{c['num_kv_heads']}, cap {c['cap']:g}; "
                    f"{c['layers_built']} of {c['layers_published']} layers built by {b['model_class']} ({b['model_file']})")

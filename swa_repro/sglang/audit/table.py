@@ -306,15 +306,17 @@ def installed_summary() -> dict:
 def summary_lines(s: dict) -> list[str]:
     if "error" in s:
         return [f"findings    {s['error']}"]
-    note = {"unfixed": " (#31501 not applied)", "fixed": " (#31501 applied)"}.get(s["state"], "")
-    lines = [f"backend     {s['state']}{note}  ({s['backend_file']})"]
+    from swa_repro.sglang.patch.classify import state_text
+
+    lines = [f"backend     {state_text(s['state'])}  ({s['backend_file']})"]
     if s["classes"] is None:
         return lines + [f"findings    sglang {s['sglang']} has no row in docs/audit/releases.md; derive them: "
                         "`swa-repro audit`"]
     lines.append(f"findings    sglang {s['sglang']}, from docs/audit/releases.md; re-derive: `swa-repro audit`")
     if s["state"] != s["table_row_state"]:
-        lines.append(f"            (the row is for the file as released, {s['table_row_state']}; this one is "
-                     f"{s['state']}: run `swa-repro audit` for what it does now)")
+        said = {"fixed": "with PR #31501", "unfixed": "without PR #31501"}
+        lines.append(f"            (the row is for the file as released, {said.get(s['table_row_state'], '?')}; this "
+                     f"one is {said.get(s['state'], s['state'])}: run `swa-repro audit` for what it does now)")
     for c in s["classes"].values():
         lines.append(f"  {c['title']:<30} {AFFECTED[c['state']]:<28} `{c['command']}`")
     return lines

@@ -38,15 +38,17 @@ def by_file(names) -> dict[str, tuple]:
 
 
 def parse_names(text: str) -> tuple[str, ...]:
-    """``all`` or comma-separated names -> names in application order, each with what it requires."""
+    """``all`` or comma-separated names -> names in application order, each with what it requires.
+    ``all`` beside names (``all,commandr_window_hook``, as the audit's remedy spells out what ``all``
+    includes) is ``all``: every name is in it; an unknown name beside it is still one line."""
     names = [x.strip() for x in (text or "").split(",") if x.strip()]
     if not names:
         raise UsageError(f"--fix selects no fix: give all or some of {','.join(ALL)}")
-    if names == ["all"]:
-        return ALL
-    bad = [n for n in names if n not in FIXES]
+    bad = [n for n in names if n not in FIXES and n != "all"]
     if bad:
-        raise UsageError(f"--fix: unknown {', '.join(bad)}; choose all or from {', '.join(ALL)}")
+        raise UsageError(f"--fix: unknown {', '.join(bad)}; choose all (every fix) or from {', '.join(ALL)}")
+    if "all" in names:
+        return ALL
     want = set(names)
     for n in names:
         want |= set(FIXES[n].requires)

@@ -36,6 +36,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
+
 KIT = "sglang/test/kits/attention_unittest"
 DENSE = f"{KIT}/attention_methods/dense_attention.py"
 VERIFY = f"{KIT}/runner_modes/speculative_target_verify_runner.py"
@@ -301,7 +303,7 @@ def write(out: Path, overlay: Path | None = None) -> list[Path]:
     written = []
     for name, d in diffs(read(overlay)).items():
         p = out / f"{name}.diff"
-        p.write_text(d)
+        write_atomic(p, d.encode())  # never through a link
         written.append(p)
     return written
 

@@ -67,6 +67,7 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
     made = intact(dst)
     if made is not None:
+        _refuse_unchanged(version, names, _changed(made))
         return dst, made
     partial = dst.with_name(f".{dst.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -86,6 +87,7 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
 
                 raise PatchError(f"--fix {','.join(ns)}: sglang {version} has no {rel}; nothing was written")
             others[rel] = (path.read_bytes(), apply_fixes(path.read_text(), ns, rel).encode())
+    _refuse_unchanged(version, names, fixed != original or any(old != new for old, new in others.values()))
     shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     for rel, data in [(str(REL_PATH), fixed)] + [(r, new) for r, (_, new) in others.items()]:
@@ -101,3 +103,24 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     shutil.rmtree(dst, ignore_errors=True)
     partial.rename(dst)
     return dst, info
+
+
+def _changed(info: dict) -> bool:
+    """Whether a fixed overlay's marker records any file whose bytes the fixes changed."""
+    files = [info] + list(info.get("files", {}).values())
+    return any(f["original_sha256"] != f["fixed_sha256"] for f in files)
+
+
+def _refuse_unchanged(version: str, names, changed: bool) -> None:
+    """A fix set that changes no file of the release (``ragged_prefix_full_layers`` on 0.5.21+, which
+    plan the full layers' prefix themselves) would give a copy equal to the release labelled "FIXED
+    COPY": one line, exit 2, as a fix whose file the release lacks is (``PatchError``), before any copy."""
+    if changed:
+        return
+    from swa_repro.sglang.patch.classify import PatchError
+
+    one = len(names) == 1
+    raise PatchError(f"--fix {','.join(names)} changes nothing in sglang {version}: its code already has "
+                     f"{'this fix (it reads' if one else 'these fixes (each reads'} applied), so a fixed copy would be the "
+                     "release as it ships: drop --fix, or name a fix the release needs (`swa-repro patch status "
+                     "--fix all` on its file)")

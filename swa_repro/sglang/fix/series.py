@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, apply_fixes, states
 
 AUTHOR = "swa-repro <swa-repro@users.noreply.github.com>"
@@ -91,7 +92,7 @@ def write_series(out, commits: list[Commit]) -> list:
     written = []
     for k, (name, c) in enumerate(zip(names, commits), 1):
         p = out / name
-        p.write_text(patch_text(c, k, len(commits)))
+        write_atomic(p, patch_text(c, k, len(commits)).encode())  # never through a link
         written.append(p)
-    (out / "series").write_text("".join(f"{n}\n" for n in names))
+    write_atomic(out / "series", "".join(f"{n}\n" for n in names).encode())
     return written + [out / "series"]

@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix import FIXES, ORDER, parse_names, states
 from swa_repro.sglang.fix.alternatives import ALTERNATIVES
@@ -330,7 +331,7 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
         if d is None:
             p.unlink(missing_ok=True)
             continue
-        p.write_text(d)
+        write_atomic(p, d.encode())  # never through a link
         written.append(p)
     from swa_repro.sglang.fix import kit_edits
 
@@ -345,12 +346,12 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     from swa_repro.sglang.fix import FAMILY_ORDER
 
     family = tuple(n for n in fix_names(texts) if n in FAMILY_ORDER)
-    md.write_text(readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
+    write_atomic(md, readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),
                          load_live(LIVE / "audit-live-after.json.xz"),
                          regress.read_text() if regress.is_file() else None,
                          json.loads(kit.read_text()) if kit.is_file() else None,
                          live_diff=live_diff.read_text() if live_diff.is_file() else None,
-                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family))
+                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family).encode())
     return written + [md]
 
 

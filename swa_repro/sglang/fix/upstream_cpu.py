@@ -28,6 +28,7 @@ from unittest import mock
 
 import torch
 
+from swa_repro.core.outputs import write_atomic
 from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
 from swa_repro.sglang import bytecode
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-    out.write_text(json.dumps({f.name: run_cases(f) for f in test_files}, indent=1))
+    write_atomic(out, json.dumps({f.name: run_cases(f) for f in test_files}, indent=1).encode())
     return 0
 
 

@@ -15,6 +15,7 @@ import difflib
 import json
 from pathlib import Path
 
+from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER, FIXES, apply_fixes, states
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
 from swa_repro.sglang.fix.upstream_refs import upstream_section
@@ -174,10 +175,10 @@ def write(out: Path, note=print) -> list[Path]:
         if not d:  # the release has it
             p.unlink(missing_ok=True)
             continue
-        p.write_text(d)
+        write_atomic(p, d.encode())  # never through a link
         written.append(p)
     md = out / "families.md"
-    md.write_text(readme(texts, shipped, fixed))
+    write_atomic(md, readme(texts, shipped, fixed).encode())
     return written + [md]
 
 

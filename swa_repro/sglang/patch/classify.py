@@ -17,6 +17,18 @@ MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 REL_PATH = Path("srt/layers/attention/flashinfer_backend.py")  # under the sglang package
 CLASS, USW, CBF = "FlashInferIndicesUpdaterPrefill", "update_sliding_window", "call_begin_forward"
 OTHER = {"unfixed": "fixed", "fixed": "unfixed"}
+# What a state means, as the audit's and doctor's first lines say it: "fixed" is PR #31501's paged
+# path only (the window on extend_paged), never the backend, whose other paths may still drop a
+# window or the cap (issue #42: 0.5.23's gemma2 read "backend fixed" above "affected on the default path").
+STATE_TEXT = {"fixed": "PR #31501 applied (the window on the paged-only prefill, extend_paged, only; "
+                       "the other paths and the soft cap are audited on their own)",
+              "unfixed": "PR #31501 not applied (the paged-only prefill, extend_paged, plans no window; "
+                         "the other paths and the soft cap are audited on their own)"}
+
+
+def state_text(state: str) -> str:
+    """``backend <this>``: what :func:`classify`'s state covers, in words (:data:`STATE_TEXT`)."""
+    return STATE_TEXT.get(state, f"{state} (PR #31501's structure not recognised)")
 
 
 @functools.lru_cache(maxsize=32)

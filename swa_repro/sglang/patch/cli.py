@@ -103,7 +103,7 @@ def _target_file(text: str | None, names) -> str:
     if not names:
         return fix.BACKEND
     groups = fix.by_file(names)
-    if [x.strip() for x in text.split(",")] == ["all"] or len(groups) == 1:
+    if "all" in [x.strip() for x in text.split(",")] or len(groups) == 1:
         return next(iter(groups)) if len(groups) == 1 else fix.BACKEND
     raise UsageError("--fix " + text + ": these fixes edit different files (" + "; ".join(
         f"{', '.join(ns)}: {f}" for f, ns in groups.items()) + "); run one `swa-repro patch` per file")

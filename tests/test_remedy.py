@@ -1,0 +1,296 @@
+"""Issue #42: one remedy, decided by the audit (``sglang.audit.family_fix.remedy``) and used by ``doctor
+--model`` and notebook 07 (``notebook.family_answer``), confirmed by the audit of the release with it; the
+exit status for CI (``core.exit_status``); the first lines that never say "fixed" for a backend still
+affected; the vLLM audit's answer in short lines with what to do; ``--fix all,NAME``; ``--help``'s purpose.
+
+The sweep reads the committed family table (``docs/audit/families.json``: every family x GPU class x
+release, and 0.5.23 with ``--fix all``) and, for 0.5.20 and 0.5.23, the audits of one child per release
+(shipped, and with the remedy's fixes), content-cached: never one audit per cell."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from swa_repro.cli import main
+from swa_repro.core.exit_status import FAIL_ON, exit_status
+from swa_repro.notebook import family_answer as FA
+from swa_repro.sglang import families as fam
+from swa_repro.sglang.audit.family_fix import HYBRID, fix_names, remedy, remedy_text
+from swa_repro.sglang.fix import ALL, parse_names
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = json.loads((REPO / "docs" / "audit" / "families.json").read_text())
+SWEPT = ("0.5.20", "0.5.23")
+
+
+def _cells(releases=None):
+    return [(r["sglang"], r["gpu"], f, c) for r in TABLE["rows"] if releases is None or r["sglang"] in releases
+            for f, c in r["cells"].items()]
+
+
+# ----------------------------------------------------------------------------- --fix all beside names
+def test_fix_all_beside_the_names_it_includes_is_all():
+    """The audit's remedy spells out what ``all`` includes; that spelling is a valid ``--fix``."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.patch.cli import _target_file
+
+    assert parse_names("all,commandr_window_hook,sm100_no_cutlass_window") == ALL
+    assert fix_names({"fix": ["all", "commandr_window_hook"]}) == ALL and fix_names({"fix": None}) == ()
+    assert _target_file("all,commandr_window_hook", ALL) == "srt/layers/attention/flashinfer_backend.py"
+    with pytest.raises(UsageError, match=r"unknown bogus; choose all \(every fix\) or from"):
+        parse_names("all,bogus")
+
+
+# ----------------------------------------------------------------------------- the exit status
+@pytest.mark.parametrize("state, any_, default, never", [
+    ("not affected", 0, 0, 0), ("flashinfer refused", 0, 0, 0), ("refused", 0, 0, 0),
+    ("affected on the default path", 1, 1, 0), ("affected", 1, 1, 0), ("layer != HF", 1, 1, 0),
+    ("only with flags", 1, 0, 0), ("only with speculative decoding", 1, 0, 0),
+    ("not driven", 1, 1, 1), ("not built", 1, 1, 1), ("unknown (not driven)", 1, 1, 1), (HYBRID, 1, 1, 1),
+    ("a state added later", 1, 1, 1),
+])
+def test_exit_status_of_each_state(state, any_, default, never):
+    assert [exit_status([state], f) for f in FAIL_ON] == [any_, default, never]
+    assert exit_status(["not affected", state]) == any_ and exit_status([]) == 0
+
+
+def test_every_state_the_table_has_is_placed():
+    """A committed cell's state is one the exit status knows (an unknown one would fail every run)."""
+    from swa_repro.core.exit_status import DEFAULT_PATH, OK, OTHER_PATHS
+
+    known = OK | DEFAULT_PATH | OTHER_PATHS | {"not built", "unknown (not driven)", HYBRID}
+    assert {c["state"] for *_, c in _cells()} <= known
+
+
+def test_help_says_what_the_tool_is_for(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    first = text.split("\n\n")[1].replace("\n", " ")  # the line after usage
+    assert first.startswith("Finds and fixes sliding-window and soft-cap attention errors in sglang's and vLLM's "
+                            "FlashInfer backends") and "exit status: 0 not affected, 1 affected" in text.replace("\n", " ")
+
+
+# ----------------------------------------------------------------------------- one remedy: the committed table
+def _fake_family(family, cell, gpu):
+    """What ``family_run.audit_release`` gives ``family_answer`` for a cell: its answer and the audit's remedy."""
+    return {"family": family, "answer": {"state": cell["state"]}, "paths": [], "remedy": remedy(family, cell, gpu)}
+
+
+@pytest.mark.parametrize("gpu, family, cell", [(g, f, c) for v, g, f, c in _cells(("0.5.23",))],
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_doctor_and_notebook_take_the_audits_remedy_and_it_is_confirmed(gpu, family, cell, monkeypatch):
+    """0.5.23 from the committed table alone: ``fix_answer`` (doctor --model, notebook 07) recommends the
+    audit's remedy, audits the release with exactly its fixes, and the committed ``--fix all`` table
+    (the audit with them) says not affected wherever the remedy is a fix."""
+    fixed_cells = TABLE["fixed"]["cells"][gpu]
+    asked = []
+
+    def audited(release, model, g, fixes=None):
+        asked.append(tuple(fixes))
+        return {"family": model, "answer": {"state": fixed_cells[model]["state"]}, "paths": []}
+
+    monkeypatch.setattr(FA, "family_audit", audited)
+    r = remedy(family, cell, gpu)
+    fx = FA.fix_answer("0.5.23", family, gpu, _fake_family(family, cell, gpu))
+    assert fx["remedy"] == r and fx["command"] == remedy_text(r)
+    assert FA.fix_sentence(fx).startswith(remedy_text(r) if r["fix"] else r["instead"] or "nothing to fix")
+    if r["fix"]:
+        assert asked == [ALL] == [fix_names(r)] and TABLE["fixed"]["command"].endswith("--fix all")
+        assert fx["exact"] and fx["fixed_state"] == "not affected", (family, gpu, fx)
+        assert ("commandr_window_hook" in r["fix"]) == (family == "cohere2") and \
+            ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
+    else:
+        assert asked == [] and (cell["state"] == "not affected" or r["instead"]), (family, gpu, r)
+
+
+def test_cohere2_on_sm100_gets_the_family_and_gpu_fixes(monkeypatch):
+    """Issue #42 item 1: the old picker (``candidate_fixes``, from the backend file's fix states) never
+    added the model file's or the GPU class's fixes; the audit's remedy names them, and the release is
+    audited again with them."""
+    row = next(r for r in TABLE["rows"] if r["sglang"] == "0.5.20" and r["gpu"] == "sm100")
+    cell = row["cells"]["cohere2"]
+    asked = []
+    monkeypatch.setattr(FA, "family_audit", lambda *a, fixes=None: asked.append(fixes) or {
+        "answer": {"state": "not affected"}, "paths": []})
+    fx = FA.fix_answer("0.5.20", "cohere2", "sm100", {**_fake_family("cohere2", cell, "sm100"),
+                                                      "paths": [{"status": "driven", "kind": "sliding", "path": "decode",
+                                                                 "verdict": "extra", "cap": "none"}]})
+    assert fx["fixes"] == ["all", "commandr_window_hook", "sm100_no_cutlass_window"] and asked == [ALL]
+    assert FA.fix_sentence(fx) == ("swa-repro patch --fix all (it includes commandr_window_hook, "
+                                   "sm100_no_cutlass_window): the audit of the release with it says not affected")
+    assert not hasattr(FA, "candidate_fixes") and not hasattr(FA, "needed_fixes")  # no second decider
+
+
+@pytest.mark.parametrize("release, gpu, family, cell", [x for x in _cells() if x[3]["state"] in (
+    "affected on the default path", "only with flags", "only with speculative decoding")],
+    ids=lambda x: x if isinstance(x, str) else "")
+def test_every_affected_cell_of_the_table_gets_fixes_that_apply_or_is_told_to_upgrade(release, gpu, family, cell):
+    """The fixes are written against 0.5.14-0.5.23's files (``fix``); an older release's remedy was
+    ``patch --fix all``, which refuses its file: it is told to upgrade instead, with the command to ask."""
+    from swa_repro.sglang.provision import parse
+
+    r = remedy(family, cell, gpu, release)
+    if cell["layer_window"].get("sliding") == -1:  # the model file's: no fix in any release
+        assert r == remedy(family, cell, gpu) and r["fix"] is None and "--context-length" in r["instead"]
+    elif parse(release) < parse("0.5.14"):
+        assert r["fix"] is None and r["instead"].startswith(f"no swa-repro fix for sglang {release}: ")
+        assert r["instead"].endswith(f"swa-repro audit --sglang 0.5.23 --model {family} --gpu {gpu}")
+    else:
+        assert r == remedy(family, cell, gpu) and fix_names(r) == ALL
+
+
+# ----------------------------------------------------------------------------- the sweep: 0.5.20 and 0.5.23
+@pytest.fixture(scope="module")
+def audits():
+    """``{(release, fixed): {gpu: document}}``: one child per release for every family and GPU class,
+    shipped and with ``--fix all`` (content-cached cells: a warm cache reads them)."""
+    from conftest import release_overlay
+
+    from swa_repro.sglang.audit.family_run import audit_release
+
+    out = {}
+    for v in SWEPT:
+        release_overlay(v)
+        for fixes in (None, ALL):
+            out[v, fixes is not None] = audit_release(v, "all", list(TABLE["gpus"]), fixes=fixes, note=lambda s: None)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", SWEPT)
+def test_sweep_doctor_notebook_and_audit_give_one_remedy_the_audit_confirms(release, audits, monkeypatch):
+    """Every family x GPU class of ``release``: the audit's remedy (as ``audit --model`` stores and
+    prints it) is the committed table's, doctor's answer (``family_answer.verdict``, notebook 07's
+    functions) names the same, and the audit of the release with its fixes says not affected."""
+    docs = {fixed: {g: {f["family"]: f for f in d["families"]} for g, d in audits[release, fixed].items()}
+            for fixed in (False, True)}
+    monkeypatch.setattr(FA, "family_audit", lambda v, model, g, fixes=None: {
+        **docs[bool(fixes)][g][model], "release": {}, "gpu": g})
+    committed = {(r["gpu"], f): c for r in TABLE["rows"] if r["sglang"] == release for f, c in r["cells"].items()}
+    seen = 0
+    for g in TABLE["gpus"]:
+        for family, f in docs[False][g].items():
+            r = f["remedy"]
+            assert r == remedy(family, committed[g, family], g, release), (release, g, family)
+            v = FA.verdict(family, g, release)
+            fx = v["fix"]
+            assert fx["remedy"] == r and fx["command"] == remedy_text(r)
+            assert exit_status([v["answer"]["state"]]) == (v["answer"]["state"] != "not affected"
+                                                          and v["answer"]["state"] != "flashinfer refused")
+            if r["fix"]:
+                assert fix_names(r) == ALL and fx["fixed_state"] == "not affected" and fx["exact"], (g, family, fx)
+                seen += 1
+            else:
+                assert r["instead"] or f["answer"]["state"] == "not affected", (g, family)
+    assert seen >= 3 * len(TABLE["gpus"])  # gemma2, gemma3, cohere2 on every class
+
+
+@pytest.mark.slow
+def test_doctor_model_cohere2_sm100_recommends_the_audits_remedy_and_exits_1(monkeypatch, capfd, audits):
+    """``doctor --model cohere2 --gpu sm100`` on an installed 0.5.20: the audit's remedy, confirmed, and
+    exit 1 (affected as shipped); ``--fail-on never``: 0."""
+    from swa_repro.core import mode
+    from swa_repro.notebook import doctor
+
+    real = mode.dist_version
+    monkeypatch.setattr(mode, "dist_version", lambda d: "0.5.20" if d == "sglang" else real(d))
+    monkeypatch.setattr(doctor, "doctor_report", dict)
+    monkeypatch.setattr(doctor, "_print_report", lambda r: None)
+    capfd.readouterr()
+    assert main(["doctor", "--model", "cohere2", "--gpu", "sm100"]) == 1
+    out = capfd.readouterr().out
+    assert "ANSWER: affected on the default path" in out
+    assert ("WHAT TO DO: swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit "
+            "of the release with it says not affected") in out
+    assert main(["doctor", "--model", "cohere2", "--gpu", "sm100", "--fail-on", "never"]) == 0
+
+
+@pytest.mark.slow
+def test_audit_exit_status_and_first_line(capfd, audits):
+    """Issue #42's checks: ``audit --sglang 0.5.23 --model gemma2`` exits 1 and its first line does not
+    say "backend fixed"; with the remedy's fixes (``all`` beside names) cohere2 on sm100 exits 0."""
+    capfd.readouterr()
+    assert main(["audit", "--sglang", "0.5.23", "--model", "gemma2"]) == 1
+    out = capfd.readouterr().out
+    first = out.splitlines()[0]
+    assert "backend fixed" not in out and "backend PR #31501 applied (the window on the paged-only prefill" in first
+    assert "ANSWER: affected on the default path" in out and "WHAT TO DO: swa-repro patch --fix all" in out
+    assert main(["audit", "--sglang", "0.5.23", "--model", "gemma2", "--fail-on", "never"]) == 0
+    capfd.readouterr()
+    assert main(["audit", "--sglang", "0.5.20", "--model", "cohere2", "--gpu", "sm100", "--fix",
+                 "all,commandr_window_hook,sm100_no_cutlass_window"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("PATCHED COPY (swa-repro patch --fix ") and "ANSWER: not affected" in out
+
+
+@pytest.mark.slow
+def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path, audits):
+    """Notebook 07 with cohere2 on sm100, 0.5.20: the audit's remedy, its check passing (the issue's
+    Run All ended in an AssertionError)."""
+    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+
+    params = {"model": "cohere2", "gpu": "sm100", "sglang_release": "0.5.20"}
+    r = run_one(NOTEBOOKS_DIR / "07_my_model_my_gpu.py", tmp_path, "model", params, ensure_kernel(), 900)
+    assert r["status"] == "ok" and r["checks_failed"] == 0, r.get("error")
+    html = (tmp_path / "07_my_model_my_gpu.html").read_text()
+    assert ("swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit of "
+            "the release with it says not affected") in html
+
+
+# ----------------------------------------------------------------------------- the vLLM audit's answer
+def _vllm_doc(capped=True, default="FLASH_ATTN", error=None):
+    """One cell as ``vllm.drive`` documents it: gemma2, the prefill on the planned wrapper, every decode
+    on XQA, told no soft cap where ``capped``."""
+    fam = {"family": "gemma2", "hf_sliding_window": 4096, "hf_cap": 50.0, "head_dim": 256, "how": "Gemma2Config",
+           "sources": {"window": "vllm/model_executor/models/gemma2.py:156"},
+           "layers": {"full": {"hf_window_left": -1}, "sliding": {"hf_window_left": 4095}}}
+    rows = []
+    for layer, w in (("full", -1), ("sliding", 4095)):
+        for path in ("prefill", "decode", "mixed", "cuda_graph_decode", "spec_decode"):
+            asked = {"window_left": w, "logits_soft_cap": 50.0, "sm_scale": 0.0625, "sinks": False}
+            direct = path != "prefill"
+            rows.append({"layer": layer, "path": path, "asked": asked, "kernels": [{
+                "kernel": "xqa_batch_decode_with_kv_cache" if direct else "BatchPrefillWithPagedKVCacheWrapper",
+                "how": "call" if direct else "run", "told": {**asked, "logits_soft_cap": 0.0 if direct else 50.0},
+                "differs": ["logits_soft_cap 50.0 asked, not passed told"] if direct and capped else []}]})
+    pl = {"order": ["FLASH_ATTN", "FLASHINFER", "TRITON_ATTN"], "default": default, "default_checked": False,
+          "flashinfer_valid": True, "flashinfer_reasons": [], "source": "vllm/platforms/cuda.py:80"}
+    return {"family": fam, "rows": rows, "platform": pl, "kv_cache_layout": "LBNHC",
+            "backend_file": "/o/vllm/v1/attention/backends/flashinfer.py", **({"error": error} if error else {})}
+
+
+def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
+    """Issue #42 item 7: the verdict was one ~1,000-character line, named no remedy, and did not say
+    that FlashInfer is not vLLM's default on sm90."""
+    from swa_repro.vllm.audit import render
+    from swa_repro.vllm.verdict import FLASHINFER_FLAG
+
+    lines = render(_vllm_doc(), "0.34.0", fam.GPU_CLASSES["sm90"])
+    answer = lines[next(i for i, ln in enumerate(lines) if ln.startswith("  ANSWER: ")):]
+    assert answer[0] == "  ANSWER: affected" and max(map(len, answer)) <= 120, max(answer, key=len)
+    assert "    ... 2 more (--json has them all)" in answer  # 8 findings, 6 shown
+    assert "  NOTE: FlashInfer is not vLLM 0.34.0's default backend on sm90 (FLASH_ATTN is):" in answer
+    assert f"        this answer holds only for a server started with {FLASHINFER_FLAG}" in answer
+    todo = answer[answer.index(next(ln for ln in answer if ln.startswith("  WHAT TO DO: "))):]
+    assert todo[0] == "  WHAT TO DO: swa-repro patch apply --vllm --fix cap-route --in-place"
+    assert todo[2] == "              check it: swa-repro audit --vllm 0.34.0 --fix cap-route"
+    fixed = render(_vllm_doc(capped=False, default="FLASHINFER"), "0.34.0 with --fix cap-route", fam.GPU_CLASSES["sm100"])
+    assert "  ANSWER: not affected" in fixed and not any("WHAT TO DO" in ln or "not vLLM" in ln for ln in fixed)
+
+
+@pytest.mark.parametrize("doc, fail_on, rc", [
+    (_vllm_doc(), "any", 1), (_vllm_doc(), "default", 1), (_vllm_doc(), "never", 0),
+    (_vllm_doc(capped=False), "any", 0), (_vllm_doc(error="RuntimeError: no driver"), "never", 1),
+])
+def test_vllm_audit_exit_status(doc, fail_on, rc, monkeypatch, capsys):
+    from swa_repro.vllm import audit
+
+    monkeypatch.setattr(audit, "run_release", lambda *a, **k: (
+        {"audits": {"9.0": {"gemma2": doc}}, "families": [doc["family"]]}, 0.1, {"cache": "hit"}))
+    monkeypatch.setattr(audit, "live_mode", lambda m: None)
+    assert main(["audit", "--vllm", "0.34.0", "--fail-on", fail_on]) == rc
+    assert main(["audit", "--vllm", "0.34.0", "--fail-on", fail_on, "--json"]) == rc
