@@ -392,8 +392,11 @@ def test_a_damaged_fixed_sglang_overlay_is_made_again(tmp_path):
     fake_overlay(tmp_path, "sglang", "0.5.99", {"sglang/__init__.py": "", "sglang/b.py": "original\n",
                                                  "sglang/srt/models/gemma2.py": GEMMA}, {})
     (tmp_path / "sglang/b.py").write_text(fixed)
-    (tmp_path / fo.MARKER).write_text(json.dumps({"file": "sglang/b.py",
-                                                  "fixed_sha256": hashlib.sha256(fixed.encode()).hexdigest()}))
+    marker = {"file": "sglang/b.py", "original_sha256": hashlib.sha256(b"original\n").hexdigest(),
+              "fixed_sha256": hashlib.sha256(fixed.encode()).hexdigest()}
+    (tmp_path / fo.MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "original_sha256"}))
+    assert fo.intact(tmp_path) is None  # a marker without its keys is no marker
+    (tmp_path / fo.MARKER).write_text(json.dumps(marker))
     assert fo.intact(tmp_path) is not None
     (tmp_path / "sglang/srt/models/gemma2.py").write_text("")
     assert fo.intact(tmp_path) is None

@@ -49,13 +49,11 @@ def intact(dst: Path) -> dict | None:
     from swa_repro.sglang.record import damaged, marker
 
     info = marker(dst / MARKER)
-    if info is None or "file" not in info:
-        return None
-    replaced = {info["file"]: info.get("fixed_sha256", ""),
-                **{rel: v.get("fixed_sha256", "") for rel, v in (info.get("files") or {}).items()}}
     try:
+        files = {info["file"]: info, **(info.get("files") or {})}
+        replaced = {rel: v["fixed_sha256"] for rel, v in files.items() if v["original_sha256"]}
         return None if damaged(dst, "sglang-*.dist-info", replaced=replaced) else info
-    except ValueError:  # a fixed_sha256 that is no hex digest: a damaged marker
+    except (TypeError, KeyError, AttributeError, ValueError):  # a marker without its keys, a sha256 no hex digest
         return None
 
 
