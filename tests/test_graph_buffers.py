@@ -125,3 +125,35 @@ def test_graph_mode_refuses_a_mask_without_a_buffer_and_eager_forgets_it():
     r.plan(torch.tensor([0, QO]), torch.tensor([0, KV]), 1, 1, 4, custom_mask=_mask(True))
     r.plan(torch.tensor([0, QO]), torch.tensor([0, KV]), 1, 1, 4)
     assert r._custom_mask_buf is not None  # the ragged wrapper keeps it (prefill.py:3021-3030)
+
+
+def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_run_read():
+    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.keys.pairs`` judges
+    the forward on it and ``audit.live`` re-plans a fresh wrapper with it (the fresh one shares no
+    buffer): wrapper 0 planned its own mask, its run read wrapper 1's."""
+    import types
+
+    from swa_repro.sglang.audit import keys as ak
+    from swa_repro.sglang.audit import live
+    from swa_repro.sglang.trace import Trace, record_class
+
+    trace = Trace()
+    make = record_class(PagedStandIn, trace, "BatchPrefillWithPagedKVCacheWrapper")
+    w0, w1 = _wrappers(make, graph=True)
+    _plan(w0, _mask(keep_last=False))
+    _plan(w1, _mask(keep_last=True))
+    w0.forward(torch.zeros(QO, 1, 4), torch.zeros(KV, 2, 1, 4), causal=True)
+    run = types.SimpleNamespace(trace=trace, graph_stage=dict.fromkeys(range(len(trace.calls)), "capture"))
+    (p,) = ak.pairs(run)
+    assert torch.equal(trace.calls[p.plan[0]].kwargs["custom_mask"], _mask(keep_last=False))  # what it planned
+    assert torch.equal(p.plan[1]["custom_mask"], _mask(keep_last=True))  # what its run read
+
+    made = []
+
+    class Spy(PagedStandIn):
+        def _plan(self, a):
+            super()._plan(a)
+            made.append(a.custom_mask)
+
+    live._execute(lambda cls: Spy, trace, p, "cpu", {})
+    assert len(made) == 1 and torch.equal(made[0], _mask(keep_last=True))
