@@ -305,7 +305,8 @@ def test_commit(out: Path):
             "their index in the flattened draft, not their position in the tree. Adds cases past the "
             "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
             "per-element DFlash expectation, the tree-position window, and a regression "
-            "test of every plan path for window, cap and window+cap layers, EAGLE and DFlash verify.")
+            "test of every plan path for window, cap and window+cap layers, EAGLE, NGRAM, Frozen-KV MTP and "
+            "DFlash verify, the tree verifies eager and under CUDA graphs.")
     import textwrap
 
     return Commit("test_plan_time_params", "[FlashInfer] test: plan-time window and soft cap in the attention kit",
