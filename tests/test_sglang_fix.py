@@ -38,7 +38,7 @@ WHERE = {  # the functions each fix may change
     "ragged_prefix_window": RAGGED,
     "eagle_verify_window": {f"{P}.update_sliding_window", f"{P}.call_begin_forward", f"{B}.forward_extend",
                             "_plans_window", "_is_spec_tree_verify", "_spec_verify_window_left",
-                            "_spec_tree_mask_in_window"},
+                            "_spec_tree_mask_in_window", f"{B}.init_cuda_graph_state", f"{B}._create_prefill_wrappers"},
     "dflash_verify_window": {f"{P}.update_sliding_window", "_plans_window"},
     "soft_cap_prefill": {"_plan_logits_soft_cap", f"{P}.__init__", f"{P}.call_begin_forward",
                          f"{B}.forward_extend", CAP_CHECK},

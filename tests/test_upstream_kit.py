@@ -170,8 +170,9 @@ def _run(overlay: Path, files: list[Path], tmp_path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def cpu(overlay, tmp_path_factory):
-    """Four CPU runs: 0.5.23 as shipped and with every fix, each with the kit edits (the registered
-    test and the kit's FlashInfer cases) and with the kit as shipped (the kit's cases)."""
+    """Five CPU runs: 0.5.23 as shipped and with every fix, each with the kit edits (the registered
+    test and the kit's FlashInfer cases) and with the kit as shipped (the kit's cases); and the
+    registered test with the fixes as they were before #40 (``prior_eagle_shared_mask_buf``)."""
     from swa_repro.sglang.fix.overlay import fixed_overlay
 
     tmp = tmp_path_factory.mktemp("upstream-cpu")
@@ -180,6 +181,8 @@ def cpu(overlay, tmp_path_factory):
     for site, base in (("shipped", overlay), ("fixed", fixed)):
         out[site, "kit"] = _run(ke.kit_overlay(base), [TEST_FILE, KIT_CASES], tmp)
         out[site, "nokit"] = _run(base, [KIT_CASES], tmp)
+    prior = fixed_overlay(up.VERSION, (*ORDER, "prior_eagle_shared_mask_buf"), overlay)[0]
+    out["prior", "kit"] = _run(ke.kit_overlay(prior), [TEST_FILE], tmp)
     return out
 
 
@@ -202,11 +205,33 @@ def test_registered_test_on_cpu_fails_shipped_passes_fixed(cpu):
     window_only = {k for k in shipped["subtests"] if k.startswith(("test_ragged_no_prefix_window[",
                                                                    "test_ragged_prefix_window["))}
     assert window_only & _bad(shipped, "subtests") == {k for k in window_only if "past_window" in k}
-    verify = {k for k in shipped["subtests"] if "_verify_window[" in k}
-    assert len(verify) == 5 and verify <= _bad(shipped, "subtests")  # EAGLE chain + tree x 2, DFlash
-    assert len(shipped["tests"]) == 15 and len(shipped["subtests"]) == 42  # 32 cases, 10 kit checks
+    verify = {k for k in shipped["subtests"] if "_verify_window" in k}
+    # EAGLE, NGRAM, Frozen-KV MTP: chain + tree x 2 cases, eager and CUDA graph; DFlash
+    assert len(verify) == 25 and verify <= _bad(shipped, "subtests")
+    assert len(shipped["tests"]) == 20 and len(shipped["subtests"]) == 62  # 52 cases, 10 kit checks
     assert set(fixed["tests"]) == set(shipped["tests"]) and set(fixed["subtests"]) == set(shipped["subtests"])
     assert _bad(fixed, "tests") == set() and _bad(fixed, "subtests") == set(), fixed
+
+
+GRAPH_TESTS = ("test_eagle_verify_window_cuda_graph", "test_ngram_verify_window_cuda_graph",
+               "test_frozen_kv_mtp_verify_window_cuda_graph")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("test", GRAPH_TESTS)
+def test_registered_cuda_graph_verify_catches_the_shared_mask_buffer(cpu, test):
+    """The fix before #40 (every CUDA-graph verify wrapper on sglang's one packed-mask buffer): with
+    the stand-ins' graph-mode buffer rules (``kernel.graph_buffers``) its CUDA-graph verify cases
+    past the window fail, topk 1 and 2, through the kit's own ``run_dense_spec_verify_cuda_graph_case``;
+    the same cases eager pass, as does every other test. Shipped fails them too; the fix passes."""
+    prior, shipped, fixed = (cpu[s, "kit"][TEST_FILE.name] for s in ("prior", "shipped", "fixed"))
+    assert _bad(prior, "tests") == set(GRAPH_TESTS)
+    mine = {k for k in prior["subtests"] if k.startswith(f"{test}[")}
+    assert mine <= _bad(prior, "subtests") and mine <= _bad(shipped, "subtests")
+    assert not mine & _bad(fixed, "subtests")
+    assert {k.split("topk=")[1].split(",")[0] for k in mine} == {"1", "2"} and len(mine) == 4
+    eager = {k.replace("_cuda_graph[", "[") for k in mine}
+    assert eager <= set(prior["subtests"]) and not eager & _bad(prior, "subtests")
 
 
 @pytest.mark.slow

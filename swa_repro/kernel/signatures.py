@@ -7,7 +7,8 @@ point). Both subclass the signatures here, so the ~30-parameter argument lists e
 sglang calls with, and what ``sglang.audit.bind`` binds a recorded call to.
 
 The state rules kept here (cited per class): ``plan()`` stores the window, soft cap and scales
-and picks the module; the deprecated ``forward()`` / ``forward_return_lse()`` overwrite them and
+and picks the module, and puts its index and mask tensors where FlashInfer does (the given
+buffers in CUDA-graph mode, its own tensors otherwise: ``kernel.graph_buffers``); the deprecated ``forward()`` / ``forward_return_lse()`` overwrite them and
 call ``run()``; ``run()`` before ``plan()`` fails, and a paged prefill or decode ``run()`` asserts
 its window equals the planned one. A subclass implements two hooks on a namespace of the call's
 arguments: ``_plan(a)`` (validate, keep what its ``run`` needs) and ``_run(a)`` (the output);
@@ -18,6 +19,8 @@ keywords later releases (and sglang's ``fast_decode_plan`` partial) pass.
 from __future__ import annotations
 
 import types
+
+from swa_repro.kernel import graph_buffers
 
 # what plan() stores and forward() overwrites: paged prefill.py:2104-2111 / :2133-2140, ragged
 # :3177-3184 / :3203-3210; decode (no causal, no fp16 reduction) decode.py:1151-1156 / :1175-1180
@@ -46,6 +49,7 @@ class WrapperSignature:
         self.device = a.float_workspace_buffer.device
         self._window_left, self._logits_soft_cap, self._sm_scale = -1, None, None
         self._planned = False
+        self.run_reads = None
 
     def _check_init(self, a) -> None:
         """Refuse a constructor call this stand-in cannot honour (default: accept all)."""
@@ -56,12 +60,22 @@ class WrapperSignature:
 
     def _planned_call(self, a, attrs):
         self._plan(a)
+        self._keep_buffers(a)
         self._set(a, attrs)
         self._planned = True
 
     def _checked_run(self, a):
         assert self._planned, "plan info is not initialized"
+        self.run_reads = self._reads() if self._use_cuda_graph else None
         return self._run(a)
+
+    def _keep_buffers(self, a) -> None:
+        """Where plan() puts its index and mask tensors (``kernel.graph_buffers``; default: nowhere)."""
+
+    def _reads(self) -> dict | None:
+        """What ``run()`` reads from the buffers at run time (``kernel.graph_buffers``); a CUDA-graph
+        wrapper's ``run_reads``, which a recorder (``trace``) keeps with the call."""
+        return None
 
     def _run_window(self, window_left):
         """``run()``'s window: the planned one unless given, and equal to it (prefill.py:2317,
@@ -98,6 +112,12 @@ class PagedPrefillSignature(WrapperSignature):
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
                  custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):
         self._setup(_args(locals()))
+
+    def _keep_buffers(self, a) -> None:
+        graph_buffers.plan_paged(self, a)
+
+    def _reads(self) -> dict:
+        return graph_buffers.paged_reads(self)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
              num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
@@ -141,6 +161,9 @@ class RaggedPrefillSignature(WrapperSignature):
                  kv_indptr_buf=None, custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None,
                  jit_kwargs=None):
         self._setup(_args(locals()))
+
+    def _keep_buffers(self, a) -> None:
+        graph_buffers.plan_ragged(self, a)
 
     def plan(self, qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo=None,
              custom_mask=None, packed_custom_mask=None, causal=False, pos_encoding_mode="NONE",

@@ -107,6 +107,7 @@ class Call:
     kwargs: dict
     result: object = None
     error: str | None = None  # "AssertionError: ..." when the call raised
+    reads: dict | None = None  # a CUDA-graph wrapper's run: what it read from its buffers (``run_reads``)
 
 
 @dataclass
@@ -177,6 +178,10 @@ class TracedWrapper:
                 self._trace.calls.append(rec)
                 raise
             rec.result = encode(res, values=self._trace.values)
+            reads = getattr(self._inner, "run_reads", None) if name in OUTPUT_METHODS else None
+            if reads is not None:  # the buffers as run() found them, which later plans may have refilled
+                rec.reads = encode(reads)
+                self._inner.run_reads = None
             self._trace.calls.append(rec)
             return res
 

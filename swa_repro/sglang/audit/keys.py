@@ -86,10 +86,14 @@ class Pair:
 
 
 def pairs(run) -> list[Pair]:
-    """Every effective call of a driven path, in trace order."""
+    """Every effective call of a driven path, in trace order. A CUDA-graph wrapper's forward is
+    judged on what its run read from the wrapper's buffers (``Call.reads``: the index tensors and
+    the mask another wrapper sharing the buffer may have planned last, ``kernel.graph_buffers``),
+    not on its own plan's arguments. A replay's plan pairs with the captured forward; where the
+    graph's replay was run (``audit.paths._graph``), with that run instead."""
     calls = run.trace.calls
     ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
-    plans, last_fwd, first_plan, out = {}, {}, {}, []
+    plans, last_fwd, first_plan, pending, out = {}, {}, {}, {}, []
     for i, c in enumerate(calls):
         if c.method == "__init__" or c.error:
             continue
@@ -97,6 +101,7 @@ def pairs(run) -> list[Pair]:
         if c.method in PLAN_METHODS:
             plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs), (c.method, given(cls, c.method, c.args, c.kwargs)))
             if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
+                pending[c.wrapper] = len(out)
                 out.append(Pair("replay", cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
                                 first_plan.get(c.wrapper)))
         elif c.method in FORWARD_METHODS and c.wrapper in plans:
@@ -110,7 +115,15 @@ def pairs(run) -> list[Pair]:
             stage = run.graph_stage.get(i, "eager")
             if stage == "capture":
                 first_plan[c.wrapper] = plans[c.wrapper]
-            out.append(Pair(stage, cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper]))
+            plan = plans[c.wrapper]
+            if getattr(c, "reads", None):
+                plan = (plan[0], {**plan[1], **decode(c.reads)}, plan[2])
+            pair = Pair(stage, cls, backend, c.wrapper, plan, last_fwd[c.wrapper],
+                        first_plan.get(c.wrapper) if stage == "replay" else None)
+            if stage == "replay" and c.wrapper in pending:
+                out[pending.pop(c.wrapper)] = pair
+            else:
+                out.append(pair)
     return out
 
 

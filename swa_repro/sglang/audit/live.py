@@ -59,9 +59,13 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) 
         kwargs["backend"] = chosen
     w = make(p.cls)(*decode(init.args, device, workspaces), **kwargs)
     method, args, kwargs = _call(trace, p.plan[0], device, workspaces)
-    if p.stage == "replay" and p.capture_plan is not None:
+    replay = p.stage == "replay" and p.capture_plan is not None
+    if replay or getattr(trace.calls[p.fwd[0]], "reads", None) is not None:
+        # a CUDA-graph forward: planned with what its run read from the buffers (the mask a wrapper
+        # sharing one planned last, audit.keys.pairs), which this fresh wrapper does not share
         bound = {k: v.to(device) if torch.is_tensor(v) else v for k, v in p.plan[1].items()}
         args, kwargs = [], {k: bound[k] for k in p.plan[2][1]}
+    if replay:
         kwargs.update({k: p.capture_plan[1][k] for k in ("window_left", "logits_soft_cap")})
     getattr(w, method)(*args, **kwargs)
     method, args, kwargs = _call(trace, p.fwd[0], device, workspaces)

@@ -313,7 +313,9 @@ def _verify(fb, cfg, run, spec: Spec):
 def _graph(fb, cfg, run: PathRun, mode: str, spec: Spec = CHAIN):
     """CUDA-graph capture then replay: ``init_cuda_graph_state`` (:860), then the capture's
     metadata call (``releases.graph_metadata``: ``init_forward_metadata_out_graph(in_capture=True)``,
-    :646) and the captured forward, then the replay's metadata call on the same wrappers."""
+    :646) and the captured forward, then the replay's metadata call on the same wrappers, then the
+    graph's replay: the captured forward again, whose runs read the wrappers' buffers as every
+    replay plan left them (a buffer two wrappers share holds the last one's: ``kernel.graph_buffers``)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     dev = run.device
@@ -335,6 +337,7 @@ def _graph(fb, cfg, run: PathRun, mode: str, spec: Spec = CHAIN):
     _run_layer(backend, layer, batch, n, case, cfg, dev)
     mark = len(run.trace.calls)
     replay()
+    _run_layer(backend, layer, batch, n, case, cfg, dev)  # graph.replay(): the captured kernels run again
     run.graph_stage.update({i: "capture" for i in range(mark)})  # capture plans and the captured forward
     run.graph_stage.update({i: "replay" for i in range(mark, len(run.trace.calls))})
     return runner, batch

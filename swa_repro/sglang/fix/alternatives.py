@@ -14,6 +14,14 @@ and the GPU measures its cost (``benchmarks/alt_cost.py``). Not offered by ``pat
   ``generate_attn_arg_prefill`` takes no ``kv_start_idx`` (:2281), so the trimmed keys are the
   sequence's first ones, not its last (the audit shows which queries lose keys).
 
+``PRIOR`` keeps a fix as it was before a review found it wrong, applied after the fixes like an
+alternative, so the audit and the kit can show they catch it (not in ``upstream.audits``' run):
+
+* ``prior_eagle_shared_mask_buf`` (for ``eagle_verify_window``, issue #40): every CUDA-graph verify
+  wrapper back on one packed-mask buffer, as the fix left them before per-wrapper buffers
+  (``spec_verify._mask_buffers``): at replay the sliding-window wrapper reads the full wrapper's
+  unwindowed tree mask.
+
 For the others ours is already the minimal change: ``dflash_verify_window`` is the gate alone (one
 line), and ``soft_cap_*`` pass the config's cap to the plans that lacked it.
 """
@@ -64,9 +72,28 @@ ALTERNATIVES = {a.name: a for a in (
 )}
 
 
+def _shared_mask_buf(src: Source):
+    from swa_repro.sglang.fix.spec_verify import MASK_BUF
+
+    own = f"self.{MASK_BUF}[i]"
+    hits = [n for n in ast.walk(src.tree) if isinstance(n, ast.Subscript) and ast.unparse(n) == own]
+    if len(hits) != 1:
+        raise Unknown(f"{own} is not passed once (apply eagle_verify_window first)")
+    return [src.replace(hits[0], f"self.{MASK_BUF}[0]")]
+
+
+PRIOR = {a.name: a for a in (
+    Alternative("prior_eagle_shared_mask_buf", ("eagle_verify_window",),
+                "eagle_verify_window before #40: every CUDA-graph verify wrapper on one packed-mask buffer",
+                _shared_mask_buf),
+)}
+EDITS = {**ALTERNATIVES, **PRIOR}  # what fix.overlay applies after the fixes
+
+
 def apply_alternative(text: str, name: str) -> str:
-    """``text`` with alternative ``name``; raises ``Unknown`` (why) where its anchor is not there."""
+    """``text`` with alternative (or prior fix) ``name``; raises ``Unknown`` (why) where its anchor
+    is not there."""
     try:
-        return apply_edits(text, ALTERNATIVES[name].edits(Source(text)))
+        return apply_edits(text, EDITS[name].edits(Source(text)))
     except SyntaxError as e:
         raise Unknown(f"does not parse: {e}") from None

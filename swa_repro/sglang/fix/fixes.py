@@ -199,8 +199,9 @@ FIXES = {f.name: f for f in (
         "window_left; the no-prefix forward passes the layer's window", edits=_ragged_no_prefix),
     Fix("ragged_prefix_window", "the same wrapper for the with-prefix ragged forward", edits=_ragged_prefix),
     Fix("eagle_verify_window", "EAGLE / NGRAM tree verify: wrapper 0 keeps the whole sequence and its tree "
-        "mask, the window is cut into the mask on each draft token's tree position, and plan and forward "
-        "take it widened by draft_token_num - 1", needs_fixed_31501=True, edits=_eagle),
+        "mask, the window is cut into the mask on each draft token's tree position, plan and forward "
+        "take it widened by draft_token_num - 1, and each CUDA-graph verify wrapper has its own packed-mask "
+        "buffer", needs_fixed_31501=True, edits=_eagle),
     Fix("dflash_verify_window", "DFlash verify: plan window_left", needs_fixed_31501=True, edits=_dflash),
     Fix("soft_cap_prefill", "ragged and paged prefill plans carry the model's logits soft cap; "
         "forward_extend refuses a layer whose cap is another",

@@ -59,7 +59,7 @@ def intact(dst: Path) -> dict | None:
 
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     from swa_repro.sglang.fix import BACKEND, apply_fixes, by_file
-    from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
+    from swa_repro.sglang.fix.alternatives import EDITS, apply_alternative
     from swa_repro.sglang.patch.files import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
@@ -72,8 +72,8 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     partial.parent.mkdir(parents=True, exist_ok=True)
     src = overlay / "sglang" / REL_PATH
     original = src.read_bytes()
-    fixed = apply_fixes(original.decode(), [n for n in names if n not in ALTERNATIVES])  # refuses before any copy
-    for alt in (n for n in names if n in ALTERNATIVES):  # a maintainer's first idea, weighed in the audit
+    fixed = apply_fixes(original.decode(), [n for n in names if n not in EDITS])  # refuses before any copy
+    for alt in (n for n in names if n in EDITS):  # a maintainer's first idea, weighed in the audit
         fixed = apply_alternative(fixed, alt)
     fixed = fixed.encode()
     others = {}  # the other files' fixed bytes (a family's model file), each refused before any copy

@@ -165,6 +165,52 @@ def _tree_helpers(src: Source) -> list[Edit]:
     return [src.insert_lines_before(anchor, TREE_HELPERS, indent="")]
 
 
+MASK_BUF = "cuda_graph_custom_mask"
+MASK_BUF_COMMENT = [
+    "# One packed-mask buffer per wrapper: in CUDA-graph mode FlashInfer's",
+    "# plan() copies a wrapper's mask to offset 0 of the buffer it was given",
+    "# and the captured kernel reads it there, so wrappers planned with",
+    "# different masks (sliding-window and full layers) must not share one.",
+]
+
+
+def _mask_buffers(src: Source) -> list[Edit]:
+    """Each CUDA-graph prefill wrapper on its own ``cuda_graph_custom_mask`` (upstream #39160's
+    cure: "separate packed-mask buffers for SWA and full-attention CUDA graph wrappers"). As shipped
+    every wrapper of ``_create_prefill_wrappers`` (0.5.23 :1174-1204) gets the one buffer
+    ``init_cuda_graph_state`` allocates (:1134-1138), and FlashInfer's graph-mode ``plan()`` copies
+    each wrapper's packed mask to its offset 0 (flashinfer 0.7.2 prefill.py:2809-2824), so the
+    windowed tree mask planned into wrapper 0 is overwritten by wrapper 1's. Each buffer has the
+    shipped size, one per wrapper as ``cuda_graph_kv_indices`` (:1115-1117); one wrapper (no
+    sliding window): the same single buffer."""
+    init = _need(src.method(BACKEND, "init_cuda_graph_state"), f"{BACKEND}.init_cuda_graph_state")
+    made = _need(next((s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                       and ast.unparse(s.targets[0]) == f"self.{MASK_BUF}"), None),
+                 f"self.{MASK_BUF} = ... in init_cuda_graph_state")
+    edits = []
+    if not isinstance(made.value, ast.ListComp):
+        if not (isinstance(made.value, ast.Call) and ast.unparse(made.value.func) == "torch.zeros"):
+            raise Unknown(f"self.{MASK_BUF} is not made by torch.zeros(...)")
+        ind = src.indent_of(made)
+        alloc = src.seg(made.value).replace("\n", "\n    ")
+        edits.append(src.replace(made, "\n".join(
+            [MASK_BUF_COMMENT[0], *[f"{ind}{c}" for c in MASK_BUF_COMMENT[1:]],
+             f"{ind}self.{MASK_BUF} = [", f"{ind}    {alloc}", f"{ind}    for _ in range(self.num_wrappers)",
+             f"{ind}]"])))
+    create = _need(src.method(BACKEND, "_create_prefill_wrappers"), f"{BACKEND}._create_prefill_wrappers")
+    loop = _need(next((n for n in ast.walk(create) if isinstance(n, ast.For)), None),
+                 "the wrapper loop of _create_prefill_wrappers")
+    given = [v for n in ast.walk(create) if isinstance(n, ast.Dict)
+             for k, v in zip(n.keys, n.values) if isinstance(k, ast.Constant) and k.value == "custom_mask_buf"]
+    if len(given) != 1:
+        raise Unknown("_create_prefill_wrappers does not pass custom_mask_buf once")
+    if ast.unparse(given[0]) == f"self.{MASK_BUF}":
+        edits.append(src.replace(given[0], f"self.{MASK_BUF}[{ast.unparse(loop.target)}]"))
+    elif ast.unparse(given[0]) != f"self.{MASK_BUF}[{ast.unparse(loop.target)}]":
+        raise Unknown(f"_create_prefill_wrappers passes custom_mask_buf={ast.unparse(given[0])}")
+    return edits
+
+
 def _usw_window_value(src: Source):
     """The ``window_left`` value of update_sliding_window's call when not -1: the IfExp's body."""
     _, call, _ = _usw_call(src)
@@ -194,6 +240,7 @@ def _eagle(src: Source):
     usw, loop = gate[:2]
     edits = _gate_edit(src, TREE_KINDS, gate)
     edits += _tree_helpers(src)
+    edits += _mask_buffers(src)
     body = _usw_window_value(src)
     if not (isinstance(body, ast.Call) and ast.unparse(body.func) == TREE_WINDOW):
         edits.append(src.replace(body, f"{TREE_WINDOW}({src.seg(body)}, spec_info)"))

@@ -100,7 +100,10 @@ DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
     "near the window's start and the tree keys), and plan and `forward()` both take the window widened by "
     "`draft_token_num - 1` (`_spec_verify_window_left`): wider than any node's real window, so it cuts no key "
     "the mask keeps (nor does fa2's per-tile start, which reads the run's value), while older KV tiles are "
-    "still skipped.",
+    "still skipped. Under CUDA graphs each verify wrapper gets its own packed-mask buffer "
+    "(`cuda_graph_custom_mask[i]`, the shipped size each): FlashInfer's graph-mode `plan()` copies a wrapper's "
+    "mask to offset 0 of the buffer it was given and the captured kernel reads it there, so on the one shared "
+    "buffer the sliding-window wrapper would read the full wrapper's unwindowed mask (the cure #39160 named).",
     "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
     "keys a query sees.",
     "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
@@ -303,7 +306,8 @@ def test_commit(out: Path):
             "their index in the flattened draft, not their position in the tree. Adds cases past the "
             "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
             "per-element DFlash expectation, the tree-position window, and a regression "
-            "test of every plan path for window, cap and window+cap layers, EAGLE and DFlash verify.")
+            "test of every plan path for window, cap and window+cap layers, EAGLE, NGRAM, Frozen-KV MTP and "
+            "DFlash verify, the tree verifies eager and under CUDA graphs.")
     import textwrap
 
     return Commit("test_plan_time_params", "[FlashInfer] test: plan-time window and soft cap in the attention kit",

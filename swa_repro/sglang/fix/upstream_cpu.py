@@ -29,6 +29,7 @@ from unittest import mock
 import torch
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.kernel import graph_buffers
 from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
 from swa_repro.sglang import bytecode
@@ -75,25 +76,36 @@ class _PlanTime:
 
 
 class PlanTimePaged(_PlanTime, PagedPrefillSignature):
+    """Reads its indices and mask where the kernel does, at run time (``graph_buffers.paged_reads``):
+    a CUDA-graph wrapper from the buffers it was given, which another wrapper may have planned into
+    since (sglang's verify wrappers share one ``custom_mask_buf``)."""
+
     def _plan(self, a):
         self._keep_plan(a)
-        self._qo, self._kv = a.qo_indptr.cpu().long(), a.paged_kv_indptr.cpu().long()
-        self._idx, self._mask = a.paged_kv_indices.cpu().long(), a.custom_mask
 
     def _run(self, a):
         self._run_window(a.window_left)
         k_cache, v_cache = unpack_paged_kv_cache(a.paged_kv_cache)
         k_cache, v_cache = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+        b = graph_buffers.paged_reads(self)
+        qo_ptr, kv_ptr, idx = b["qo_indptr"], b["paged_kv_indptr"], b["paged_kv_indices"]
+        kv_lens = graph_buffers.kv_lens(kv_ptr, b["paged_kv_last_page_len"], self._page_size)
         parts, off = [], 0
-        for r in range(len(self._qo) - 1):
-            qa, qb, ka, kb = (int(x) for x in (self._qo[r], self._qo[r + 1], self._kv[r], self._kv[r + 1]))
-            ids = self._idx[ka:kb].to(k_cache.device)
+        for r in range(len(qo_ptr) - 1):
+            qa, qb, ka = int(qo_ptr[r]), int(qo_ptr[r + 1]), int(kv_ptr[r])
+            n = kv_lens[r]
+            ids = _slots(idx[ka: int(kv_ptr[r + 1])], self._page_size, n).to(k_cache.device)
             mask = None
-            if self._mask is not None:
-                mask, off = self._mask[off: off + (qb - qa) * (kb - ka)], off + (qb - qa) * (kb - ka)
+            if b["custom_mask"] is not None:
+                mask, off = b["custom_mask"][off: off + (qb - qa) * n], off + (qb - qa) * n
             parts.append(attend(a.q[qa:qb], k_cache[ids], v_cache[ids], causal=self._causal, mask=mask,
                                 **self._params(a.q)))
         return self._out(a.q, parts, a.return_lse)
+
+
+def _slots(pages, page_size: int, n: int):
+    """The first ``n`` token slots of a request's pages (flashinfer page.py: slot = page * ps + i)."""
+    return (pages[:, None] * page_size + torch.arange(page_size)).reshape(-1)[:n]
 
 
 class PlanTimeRagged(_PlanTime, RaggedPrefillSignature):

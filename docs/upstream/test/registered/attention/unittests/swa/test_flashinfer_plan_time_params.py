@@ -5,9 +5,11 @@
 `_window_left` / `_logits_soft_cap` on the wrapper, which a kernel planned without
 them ignores. These cases drive every path that plans a wrapper (ragged extend
 without and with a prefix, paged-only extend, decode, EAGLE and DFlash target
-verify) for a window layer, a window + cap layer and a full layer with the cap
-of a sliding-window model, with keys outside the window, against the kit's
-references.
+verify, eager and under CUDA graphs) for a window layer, a window + cap layer and
+a full layer with the cap of a sliding-window model, with keys outside the
+window, against the kit's references. Under CUDA graphs a verify wrapper reads
+its tree mask from the `custom_mask_buf` it was built with, where its plan()
+copied it: wrappers sharing one buffer all read the mask planned last.
 
 Needs the attention kit's `logit_cap` (DenseAttentionCase, references, model
 config), its SWA case lists with keys outside the window, its DFlash SWA verify
@@ -38,6 +40,7 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
 from sglang.test.kits.attention_unittest.runner_modes.speculative_target_verify_runner import (
     _make_flashinfer_dflash_swa_builtin_masks,
     run_dense_spec_verify_case,
+    run_dense_spec_verify_cuda_graph_case,
 )
 from sglang.test.test_utils import CustomTestCase
 
@@ -156,6 +159,19 @@ class TestFlashInferPlanTimeParams(CustomTestCase):
                         hidden_size=self.HIDDEN_SIZE,
                     )
 
+    def _run_verify_cuda_graph_cases(self, cases, spec_kind, topks):
+        for case in cases:
+            for topk in topks:
+                with self.subTest(case=case.name, topk=topk, spec_kind=spec_kind):
+                    run_dense_spec_verify_cuda_graph_case(
+                        self,
+                        case,
+                        topk=topk,
+                        spec_kind=spec_kind,
+                        head_dim=self.HEAD_DIM,
+                        hidden_size=self.HIDDEN_SIZE,
+                    )
+
     def test_kit_cases_and_expectations(self):
         # Window 4 makes keys i-4 .. i visible to the query at i: a case whose
         # keys are all visible passes with the window dropped.
@@ -242,6 +258,26 @@ class TestFlashInferPlanTimeParams(CustomTestCase):
 
     def test_dflash_verify_window(self):
         self._run_verify_cases(self.DFLASH_VERIFY_CASES, "dflash", (1,))
+
+    # The other tree verifies (NGRAM, Frozen-KV MTP) share EAGLE's path and cases.
+    def test_ngram_verify_window(self):
+        self._run_verify_cases(self.EAGLE_VERIFY_CASES, "ngram", (1, 2))
+
+    def test_frozen_kv_mtp_verify_window(self):
+        self._run_verify_cases(self.EAGLE_VERIFY_CASES, "frozen_kv_mtp", (1, 2))
+
+    # Target verify under CUDA graphs: capture, then replay on the captured
+    # wrappers, whose tree masks the replay plans refill.
+    def test_eagle_verify_window_cuda_graph(self):
+        self._run_verify_cuda_graph_cases(self.EAGLE_VERIFY_CASES, "eagle", (1, 2))
+
+    def test_ngram_verify_window_cuda_graph(self):
+        self._run_verify_cuda_graph_cases(self.EAGLE_VERIFY_CASES, "ngram", (1, 2))
+
+    def test_frozen_kv_mtp_verify_window_cuda_graph(self):
+        self._run_verify_cuda_graph_cases(
+            self.EAGLE_VERIFY_CASES, "frozen_kv_mtp", (1, 2)
+        )
 
 
 if __name__ == "__main__":
