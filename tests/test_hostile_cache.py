@@ -469,3 +469,37 @@ def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, mo
     if action != ["status"]:
         assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out.py").exists()
     assert (sorted(p.name for p in f.parent.iterdir()), f.read_bytes()) == before
+
+
+def test_a_fixed_copy_holding_other_fix_code_than_this_process_makes_is_made_again(tmp_path):
+    """The fixed copy's key hashes the fix code on disk; a copy made by a process that imported older
+    fix code carries the current key and the old edit (seen: 0.5.20's copy without the per-wrapper mask
+    buffers, made by a test run across a merge). Its marker is whole and its files match it, so only
+    the bytes the fixes make now tell: the copy is made again, never audited."""
+    import os
+    import shutil
+
+    from conftest import release_overlay
+    from swa_repro.sglang.fix import apply_fixes
+    from swa_repro.sglang.fix import overlay as fo
+    from swa_repro.sglang.patch.files import sha256_hex
+
+    shipped = release_overlay("0.5.23")
+    overlay = tmp_path / "sglang" / "0.5.23"
+    shutil.copytree(shipped, overlay, copy_function=os.link, symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__", fo.MARKER))
+    names = ["eagle_verify_window"]
+    dst, info = fo.fixed_overlay("0.5.23", names, overlay)
+    now = (dst / info["file"]).read_bytes()
+    assert b"cuda_graph_custom_mask[i]" in now
+    # what the old code made: the tree window without the per-wrapper buffers (the alternative kept for
+    # comparison), written as a whole copy with its marker agreeing
+    old = (overlay / info["file"]).read_text()
+    stale = apply_fixes(old, names).replace("self.cuda_graph_custom_mask[i]", "self.cuda_graph_custom_mask").encode()
+    target = dst / info["file"]
+    target.unlink()
+    target.write_bytes(stale)
+    (dst / fo.MARKER).write_text(json.dumps({**info, "fixed_sha256": sha256_hex(stale)}))
+    assert fo.intact(dst) is not None  # whole and self-consistent: the old check used it
+    again, info2 = fo.fixed_overlay("0.5.23", names, overlay)
+    assert again == dst and (again / info2["file"]).read_bytes() == now and info2["fixed_sha256"] == sha256_hex(now)

@@ -63,13 +63,6 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     from swa_repro.sglang.patch.files import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
-    made = intact(dst)
-    if made is not None:
-        _refuse_unchanged(version, names, _changed(made))
-        return dst, made
-    partial = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
     src = overlay / "sglang" / REL_PATH
     original = src.read_bytes()
     fixed = apply_fixes(original.decode(), [n for n in names if n not in EDITS])  # refuses before any copy
@@ -86,6 +79,12 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
                 raise PatchError(f"--fix {','.join(ns)}: sglang {version} has no {rel}; nothing was written")
             others[rel] = (path.read_bytes(), apply_fixes(path.read_text(), ns, rel).encode())
     _refuse_unchanged(version, names, fixed != original or any(old != new for old, new in others.values()))
+    made = intact(dst)
+    if made is not None and _holds(made, fixed, others):
+        return dst, made
+    partial = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
                     ignore=shutil.ignore_patterns("__pycache__"))
     for rel, data in [(str(REL_PATH), fixed)] + [(r, new) for r, (_, new) in others.items()]:
@@ -103,10 +102,17 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     return dst, info
 
 
-def _changed(info: dict) -> bool:
-    """Whether a fixed overlay's marker records any file whose bytes the fixes changed."""
-    files = [info] + list(info.get("files", {}).values())
-    return any(f["original_sha256"] != f["fixed_sha256"] for f in files)
+def _holds(info: dict, fixed: bytes, others: dict) -> bool:
+    """Whether a fixed copy's marker records the bytes these fixes make now (about 0.2 s to make them
+    for ``--fix all``). ``code_key`` hashes the fix code as it is on disk when asked, but the edits are
+    made by the code this process imported: a copy made by a process whose fix modules changed on disk
+    under it (a long test run across an edit or a checkout) carried the new key and the old fix, and
+    every later audit reused it (seen: 0.5.20's copy without the per-wrapper mask buffers)."""
+    from swa_repro.sglang.patch.files import sha256_hex
+
+    want = {info["file"]: sha256_hex(fixed), **{f"sglang/{r}": sha256_hex(new) for r, (_, new) in others.items()}}
+    have = {info["file"]: info["fixed_sha256"], **{r: v["fixed_sha256"] for r, v in (info.get("files") or {}).items()}}
+    return have == want
 
 
 def _refuse_unchanged(version: str, names, changed: bool) -> None:
