@@ -227,9 +227,10 @@ def reusable(path, out: Path, key: str) -> dict | None:
     and its own (``artifacts.problems``, the .ipynb and .html there); else None: run it. ``make
     repro`` with nothing changed then runs no notebook, as an audit reuses its cached cells."""
     try:
-        last = json.loads((out / "summary.json").read_text())["notebooks"]
-        entry = next(r for r in last if r.get("notebook") == Path(path).stem)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        last = json.loads((out / "summary.json").read_text())
+        # a run in progress (``running``) keeps the run before it under ``earlier`` (notebook.run_summary)
+        entry = next(r for r in last["notebooks"] + last.get("earlier", []) if r.get("notebook") == Path(path).stem)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
         return None
     if entry.get("status") != "ok" or entry.get("inputs_key") != key:
         return None

@@ -20,6 +20,18 @@ NAME = "summary.json"
 INTERRUPTED = 130  # the shell's status for SIGINT
 
 
+def earlier(out: Path) -> list[dict]:
+    """The notebooks' entries of the run before this one in ``out`` (its ``notebooks``, and what a
+    ``running`` or ``interrupted`` summary kept of the run before it under ``earlier``), read before
+    this run's ``running`` summary replaces them: ``artifacts.reusable`` reuses a set from them only
+    if its files are still whole and its own."""
+    try:
+        last = json.loads((out / NAME).read_text())
+        return [r for r in last["notebooks"] + last.get("earlier", []) if isinstance(r, dict)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def write(out: Path, head: dict, results: list, names: list[str], status: str) -> dict:
     """The summary of ``names`` with the ``results`` finished so far; unless the run is ``done``, it is
     not ok, and every notebook without a result counts as failed."""

@@ -385,11 +385,13 @@ def main(a) -> int:
     t0, order, done, names = time.perf_counter(), run_summary.longest_first(paths, out), {}, [p.stem for p in paths]
     head = {"mode_requested": a.mode, "mode": info.mode, "mode_reason": info.reason, "parameters": params,
             "output_dir": str(out), "python": sys.executable}
+    head["earlier"] = run_summary.earlier(out)  # kept while running: what artifacts.reusable may reuse
     run_summary.write(out, head, [], names, "running")  # before any file of the last run goes
     try:
         results = run_all(paths, out, a.mode, params, kernel, a.cell_timeout, jobs, order, done)
     except KeyboardInterrupt:
         return run_summary.interrupted(out, head, [done[n] for n in names if n in done], names)
+    head.pop("earlier")
     failed = run_summary.write(out, {**head, "seconds": round(time.perf_counter() - t0, 2)}, results, names,
                                "done")["failed"]
     print(f"{len(results) - len(failed)}/{len(results)} notebooks ok; summary: {out / 'summary.json'}")
