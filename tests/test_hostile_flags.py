@@ -59,6 +59,11 @@ def one_line_exit_2(capfd, argv, must: str) -> str:
 OUT = "<tmp>/out"  # a folder the command must not create
 
 CASES = [
+    # an empty path flag read as the current folder (Path("") is "."): the table, the notebooks wrote there
+    (["audit", "--release-table", "--out", ""], "argument --out: is empty"),
+    (["run", "00", "--output", ""], "argument --output: is empty"),
+    # a fix named twice ran once, silently
+    (["patch", "status", "--fix", "paged_only_window,paged_only_window"], "--fix names paged_only_window more than once"),
     # --vllm took what sglang's path refuses: an empty family or GPU class fell back to the default
     (["audit", "--vllm", "0.34.0", "--model", ""], "--model selects no family"),
     (["audit", "--vllm", "0.34.0", "--gpu", ""], "--gpu selects no GPU class"),

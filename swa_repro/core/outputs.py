@@ -16,6 +16,7 @@ bytes or the new, never half; a link is never written through or replaced.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -201,6 +202,18 @@ def keep_fuller(path, cover: dict, read_cover, flag: str = "--out", *, force: bo
     if less:
         raise UsageError(f"{flag}: {path} also covers {'; '.join(less)}, which this table does not: give --out "
                          "a new folder for a partial table, or add --force to replace it")
+
+
+def nonempty(text: str) -> str:
+    """argparse ``type`` of a path flag: ``""`` would read as the current folder (``Path("")`` is
+    ``.``), so ``--out ""`` wrote where the command ran; refused as the flag's one-line error."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path (an empty one would be the current folder)")
+    return text
+
+
+def nonempty_path(text: str) -> Path:
+    return Path(nonempty(text))
 
 
 def out_dir(path, flag: str) -> Path:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from swa_repro.core.cache import cache_root
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import atomic_path, untracked_dir, write_atomic
+from swa_repro.core.outputs import atomic_path, nonempty, untracked_dir, write_atomic
 from swa_repro.notebook import artifacts, run_summary, show
 from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
@@ -341,7 +341,7 @@ def register(sub) -> None:
                    help="names, stems or NN prefixes (default: all, in order)")
     p.add_argument("--mode", choices=MODES, default="auto",
                    help="live = real kernels on CUDA; model = CPU model + recordings; auto = live iff usable")
-    p.add_argument("--output", default="artifacts", help="output directory (default: artifacts)")
+    p.add_argument("--output", type=nonempty, default="artifacts", help="output directory (default: artifacts)")
     p.add_argument("--parameters", "-p", nargs="+", action="extend", default=[], metavar="K=V",
                    help="names from each notebook's parameters cell, values of its defaults' types; JSON or "
                         "True/False/None when they parse, else a string")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.exit_status import exit_status
-from swa_repro.core.outputs import keep_fuller, out_dir
+from swa_repro.core.outputs import keep_fuller, nonempty_path, out_dir
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument("--release-table", action="store_true", help="audit each of --releases -> --out/releases.md "
                    "+ releases.json")
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
-    p.add_argument("--out", type=Path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
+    p.add_argument("--out", type=nonempty_path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
     p.add_argument("--force", action="store_true", help="with --release-table: replace a table at --out that "
                    "covers releases, families or GPU classes this one does not (the committed full table)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")

@@ -44,6 +44,9 @@ def parse_names(text: str) -> tuple[str, ...]:
     names = [x.strip() for x in (text or "").split(",") if x.strip()]
     if not names:
         raise UsageError(f"--fix selects no fix: give all or some of {','.join(ALL)}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # silently once before: what was asked and what ran differed
+        raise UsageError(f"--fix names {', '.join(twice)} more than once: give each once")
     bad = [n for n in names if n not in FIXES and n != "all"]
     if bad:
         raise UsageError(f"--fix: unknown {', '.join(bad)}; choose all (every fix) or from {', '.join(ALL)}")
