@@ -44,7 +44,7 @@ IMAGE_KNOWN = {"transformers": "5.17.0", "tokenizers": "0.23.2", "huggingface-hu
                "torchvision": "0.26.0", "torchaudio": "2.11.0", "triton": "3.6.0"}
 
 CHAIN_MEASURED = {
-    "vllm": "0.33.0", "flashinfer": "0.7.2.post1", "date": "2026-12-05", "python": "3.11 (this venv)",
+    "vllm": "0.33.0", "flashinfer": "0.7.2.post1", "date": "2026-12-06", "python": "3.11 (this venv)",
     "how": "vllm_measure.measure('0.33.0', .bundle/fi-0.7.2.post1, swa_repro.sglang.device_image.IMAGE) on CPU "
            "(again: pytest -m matrix tests/test_vllm_bundle.py): a child whose path is the stdlib, vLLM's carried "
            "files (exclusion()), the flashinfer bundle's real flashinfer 0.7.2.post1, this repo and a view of this "
@@ -86,7 +86,7 @@ CHAIN = {
     "sniffio": ("openai", "1.3.1", "openai/_utils/_utils.py:23"),
     "distro": ("openai", "1.9.0", "openai/_base_client.py:37"),
     "pybase64": ("vllm", "1.5.1", "vllm/multimodal/media/audio.py:10 <- vllm/multimodal/hasher.py:17"),
-    "cachetools": ("vllm", "8.0.2", "vllm/utils/cache.py:8 <- vllm/multimodal/cache/base.py:14"),
+    "cachetools": ("vllm", "8.0.3", "vllm/utils/cache.py:8 <- vllm/multimodal/cache/base.py:14"),
     "msgspec": ("vllm", "0.23.0", "vllm/pooling_params.py:7 <- vllm/v1/request.py:14 <- vllm/v1/core/kv_cache_utils.py:36"),
     "xgrammar": ("vllm", "0.2.8", "vllm/parser/abstract_parser.py:12 <- vllm/v1/structured_output/__init__.py:13"),
     "fastapi": ("vllm", "0.133.0", "vllm/entrypoints/serve/__init__.py:4 <- vllm/entrypoints/generate/base/protocol.py:18"),
