@@ -91,12 +91,12 @@ def test_stub_answers_is_arch_support_pdl_as_sgl_kernel_does(stub, monkeypatch, 
 
 def test_backends_ask_sgl_kernel_only_what_the_stub_answers():
     """Every ``sgl_kernel`` name the kit's SWA backends (FlashInfer, Triton), the modules they construct
-    with and the kit import in 0.5.23 is answered by the stub; FA3's are compiled ops (flash_attn), which
-    and merge_state_v2,
-    which the stub cannot carry: its kit cases are skipped on the GPU, said so (scripts/gpu_kit.sh)."""
+    with and the kit import in 0.5.23 is answered by the stub; FA3's are compiled ops (flash_attn,
+    merge_state_v2), which the stub cannot carry: its kit cases are skipped on the GPU, said so (scripts/gpu_kit.sh)."""
     import ast
 
     from conftest import release_overlay
+
     from swa_repro.sglang.fix import upstream as up
 
     site = release_overlay(up.VERSION) / "sglang"
