@@ -18,10 +18,18 @@ they are looked for; a kit without one raises :class:`KitEditError` naming it (n
   block), which ``dflash_verify_window`` replaces by FlashInfer's per-element window planned in:
   the query at ``q_pos`` attends keys ``q_pos - window .. q_pos``.
 * ``kit_tree_verify_window`` (dense_attention.py): the custom-mask reference windows a draft token
-  from its index in the flattened draft, FlashInfer's rule (variants.cuh:88-89), which for a tree
-  (topk > 1) cuts keys inside the token's real window: its position is committed + its depth
-  (build_tree_kernel_efficient's positions, eagle_utils.py:138-233), which ``eagle_verify_window``
-  windows by. A chain's index and depth agree, so chain cases are unchanged.
+  from its index in the flattened draft, FlashInfer's kernel rule (variants.cuh:88-89) and Triton's,
+  which for a tree (topk > 1) cuts keys inside the token's real window: its position is committed + its
+  depth (build_tree_kernel_efficient's positions, eagle_utils.py:208-211), which ``eagle_verify_window``
+  windows by. A chain's index and depth agree, so chain cases are unchanged. The backends that still
+  count by index are declared in the kit (``TREE_WINDOW_BY_INDEX``: Triton), so their tests keep their
+  expectation and the deviation stays visible: why depth is right, with the sources, is
+  :data:`TREE_DECISION`.
+
+A follow-up edit, not in ``kit.diff`` (``FOLLOW_UPS``): ``kit_tree_verify_triton`` empties
+``TREE_WINDOW_BY_INDEX``: Triton's tree expectation becomes the tree position too, the kit side of the
+Triton finding (its own PR, with a Triton fix); on 0.5.23's Triton it fails the tree cases past the
+window.
 
 ``python -m swa_repro.sglang.fix.kit_edits --site DIR [--names ...]`` edits DIR/sglang's kit in place
 (scripts/gpu_fix.sh); an edit already there is left as it is.
@@ -44,6 +52,38 @@ VERIFY = f"{KIT}/runner_modes/speculative_target_verify_runner.py"
 FILES = (DENSE, VERIFY)
 ORDER = ("kit_swa_cases", "kit_logit_cap", "kit_dflash_swa_verify", "kit_tree_verify_window")
 ALL = "kit"  # every edit, one diff over both files
+
+
+# Why a tree draft token's window counts from its depth, each claim with the line it rests on (sglang
+# 0.5.23's package, python/sglang/...; transformers 5.12.1). docs/upstream/README.md prints it.
+TREE_DECISION = (
+    ("A tree draft token's window counts from its position, committed length + its depth in the tree, not "
+     "from its index in the flattened draft:"),
+    ("- sglang places it there: `build_tree_kernel_efficient` fills verify's positions with the committed "
+     "length plus each token's depth (`srt/speculative/eagle_utils.py:208-211`: depths [0, 1, 1, 2] after 7 "
+     "tokens are positions [7, 8, 8, 9]); RoPE and the model see that position."),
+    ("- Speculative decoding must be lossless: once accepted, the token at depth d is the one a plain decode "
+     "would have run at position committed + d, its accepted ancestors the keys just before it, and that "
+     "decode windows from its position (the kit's decode reference, `dense_attention.py:827-836`). Counting "
+     "from the index instead drops, for a node after its siblings, the oldest keys of its own window."),
+    ("- The model's mask is by position: transformers' `sliding_window_overlay` keeps `kv_idx > q_idx - "
+     "sliding_window` with `q_idx` the query's cache position (`transformers/masking_utils.py:94-95`)."),
+    ("- FA3 already counts so: a sliding layer's tree verify runs one query per draft token over the prefix "
+     "and that token's ancestors (`srt/layers/attention/flashattention_backend.py:1116-1168`, "
+     "`_init_sliding_window_attn_spec_metadata` :3410-3472, used at :1666-1672, no cascade for sliding "
+     "layers :1586-1594) with `window_size=(W, 0)` (:1567-1571), so the query sits at prefix + depth: with `kit.diff` swa/test_fa3.py's "
+     "tree case expects what FA3 computes (not run on a GPU here: sgl_kernel's compiled flash_attn ops do "
+     "not travel in the bundle)."),
+    ("- Triton counts by index: the extend kernel's window mask takes `q_id = prefix_len + the query's row` "
+     "(`kernels/ops/attention/extend_attention.py:563-569` for the prefix, :765-778 for the draft), over the "
+     "prefix clipped to its last `min(seq_len, W)` keys (`srt/layers/attention/triton_backend.py:2869-2879`, "
+     "verify at :1032-1049). A finding of its own, not the FlashInfer series': the kit declares it "
+     "(`TREE_WINDOW_BY_INDEX = {\"triton\"}`) so the FlashInfer series leaves Triton's tree cases as "
+     "they are, and `kit_tree_verify_triton.diff` (not in `kit.diff`) is its kit side, to go with a "
+     "Triton fix such as sgl-project/sglang#39287's (windows by logical positions, FlashInfer and Triton)."),
+    ("- FlashInfer's kernel counts by index (`variants.cuh:88-89`); `eagle_verify_window` cuts the window into "
+     "the tree mask at each token's tree position, so with the fix FlashInfer matches the depth reference."),
+)
 
 
 class KitEditError(RuntimeError):
@@ -209,7 +249,23 @@ DFLASH = [
         after="def _make_spec_verify_input(", before="def _make_eagle_verify_input("),
 ]
 
+# The backends whose tree-verify expectation stays the index in the flattened draft (TREE_DECISION).
+_BY_INDEX = _lines(
+    "# Backends that window a tree draft token (topk > 1) from its index in the",
+    "# flattened draft, not from its position (committed length + its depth,",
+    "# build_tree_kernel_efficient's positions): a known deviation, kept as their",
+    "# expectation until fixed, not the rule. Triton: the extend kernel's window",
+    "# mask takes q_id = prefix_len + the query's row (extend_attention.py's",
+    "# `SLIDING_WINDOW_SIZE` mask), so past the window a node after its siblings",
+    "# loses the oldest keys of its window.",
+    'TREE_WINDOW_BY_INDEX = frozenset({"triton"})',
+    "",
+    "",
+)
 TREE = [
+    Anchored("custom-mask reference: the backends that window a tree token by its index",
+             _lines(f"{_REF_MASK}"), _BY_INDEX + _lines(f"{_REF_MASK}"),
+             before="def _copy_dense_weights("),
     Anchored(
         "custom-mask reference: a draft token's window from its tree position", _lines(
             "                query_pos = case.prefix_lens[req_idx] + offset",
@@ -218,28 +274,50 @@ TREE = [
             "                # (see `dense_attention_reference` note). The custom-mask",
             "                # reference must use the same rule."),
         _lines(
-            "                # A draft token sits at its depth in the tree (its ancestors",
-            "                # and itself in the draft part of its mask row), not at its",
-            "                # index in the flattened draft: that is the position its",
-            "                # window counts from (a chain's are the same).",
-            "                draft = req_mask[offset, case.prefix_lens[req_idx] :]",
-            "                query_pos = case.prefix_lens[req_idx] + int(draft.sum()) - 1"),
+            "                query_pos = case.prefix_lens[req_idx] + offset",
+            "                if case.backend not in TREE_WINDOW_BY_INDEX:",
+            "                    # A draft token sits at its depth in the tree (its",
+            "                    # ancestors and itself in the draft part of its mask row),",
+            "                    # not at its index in the flattened draft: that is the",
+            "                    # position its window counts from, as a decode of the",
+            "                    # accepted token would (a chain's are the same).",
+            "                    draft = req_mask[offset, case.prefix_lens[req_idx] :]",
+            "                    query_pos = case.prefix_lens[req_idx] + int(draft.sum()) - 1"),
         after=_REF_MASK, before="def _copy_dense_weights("),
 ]
+
+# The Triton finding's kit side (its own PR, with a Triton fix): Triton's tree expectation becomes the
+# tree position too. On top of ``kit_tree_verify_window``; not in ORDER, so never in ``kit.diff``.
+TRITON_TREE = [
+    Anchored("Triton's tree verify expected at the tree position",
+             _lines('TREE_WINDOW_BY_INDEX = frozenset({"triton"})'), _lines("TREE_WINDOW_BY_INDEX = frozenset()"),
+             before=_REF_MASK),
+]
+TRITON = "kit_tree_verify_triton"
+FOLLOW_UPS = {TRITON: ("kit_tree_verify_window",)}  # a follow-up edit -> the edits it goes on top of
 
 EDITS: dict[str, tuple[str, list[Anchored]]] = {
     "kit_swa_cases": (DENSE, SWA_CASES),
     "kit_logit_cap": (DENSE, LOGIT_CAP),
     "kit_dflash_swa_verify": (VERIFY, DFLASH),
     "kit_tree_verify_window": (DENSE, TREE),
+    TRITON: (DENSE, TRITON_TREE),
 }
 
 
 def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
-    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied; only
-    the files they touch are in the result. Raises :class:`KitEditError` before changing anything."""
+    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied (a follow-up,
+    ``FOLLOW_UPS``, after the edits it goes on top of); only the files they touch are in the result.
+    Raises :class:`KitEditError` before changing anything."""
+    unknown = set(names) - set(EDITS)
+    if unknown:
+        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(EDITS)}")
+    for name in set(names) & set(FOLLOW_UPS):
+        missing = [b for b in FOLLOW_UPS[name] if b not in names]
+        if missing:
+            raise KitEditError(f"kit edit {name} goes on top of {', '.join(missing)}: name it too")
     out: dict[str, str] = {}
-    for name in ORDER:
+    for name in (*ORDER, *FOLLOW_UPS):
         if name not in names:
             continue
         path, edits = EDITS[name]
@@ -247,19 +325,28 @@ def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
         for e in edits:
             text = e.apply(text, path)
         out[path] = text
-    unknown = set(names) - set(ORDER)
-    if unknown:
-        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(ORDER)}")
     return out
 
 
 def states(texts: dict[str, str]) -> dict[str, str]:
-    """Each edit's state: needed / applied (all its anchored parts agree) or mixed."""
-    out = {}
-    for name, (path, edits) in EDITS.items():
-        got = {e.state(texts[path], path) for e in edits}
+    """Each edit's state: needed / applied (all its anchored parts agree) or mixed. An applied follow-up
+    is read off first and the edits under it judged without it; one whose base is not there: needed."""
+    view, out = dict(texts), {}
+    for name in FOLLOW_UPS:
+        path, edits = EDITS[name]
+        try:
+            got = {e.state(view[path], path) for e in edits}
+        except KitEditError:  # its anchor comes with its base: not there yet
+            got = {"needed"}
         out[name] = got.pop() if len(got) == 1 else "mixed"
-    return out
+        if out[name] == "applied":
+            for e in edits:
+                view[path] = view[path].replace(e.new, e.old, 1)
+    for name in ORDER:
+        path, edits = EDITS[name]
+        got = {e.state(view[path], path) for e in edits}
+        out[name] = got.pop() if len(got) == 1 else "mixed"
+    return {n: out[n] for n in EDITS}
 
 
 def read(site: Path) -> dict[str, str]:
@@ -274,8 +361,11 @@ def unified(old: dict[str, str], new: dict[str, str]) -> str:
 
 
 def diffs(texts: dict[str, str]) -> dict[str, str]:
-    """name -> diff against the kit ``texts`` (each edit alone), and ``kit``: all of them."""
+    """name -> diff against the kit ``texts`` (each edit alone; a follow-up against the kit with the
+    edits it goes on top of), and ``kit``: every edit of ORDER (no follow-up)."""
     out = {n: unified(texts, edit(texts, (n,))) for n in ORDER}
+    for n, base in FOLLOW_UPS.items():
+        out[n] = unified({**texts, **edit(texts, base)}, edit(texts, (*base, n)))
     out[ALL] = unified(texts, edit(texts, ORDER))
     return out
 

@@ -250,6 +250,9 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "masks the rest, but the indices are listed (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
+    from swa_repro.sglang.fix.kit_edits import TREE_DECISION
+
+    lines += ["", "## The kit's window for a tree draft token (Triton apart)", "", *TREE_DECISION]
     lines += alternative_lines(runs, cost)
     stale = stale_live(text, live_diff) if after is not None else None
     also = live_fix_set(text, live_diff) if after is not None else None
@@ -305,7 +308,9 @@ def test_commit(out: Path):
             "sgl-project/sglang#35208), and its custom-mask reference windows a tree's draft tokens from "
             "their index in the flattened draft, not their position in the tree. Adds cases past the "
             "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
-            "per-element DFlash expectation, the tree-position window, and a regression "
+            "per-element DFlash expectation, the tree-position window (the backends that window a "
+            "tree token by its flattened index are declared and keep their expectation: Triton, a finding "
+            "of its own), and a regression "
             "test of every plan path for window, cap and window+cap layers, EAGLE, NGRAM, Frozen-KV MTP and "
             "DFlash verify, the tree verifies eager and under CUDA graphs.")
     import textwrap
