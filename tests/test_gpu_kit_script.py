@@ -135,6 +135,14 @@ def test_one_call_runs_the_plan_in_order_and_returns_at_most_8_files(rig):
     assert "== regress shipped on " in (out / "regress.log").read_text()  # upstream_live.regress_results' header
     assert "fa3: skipped: sglang's FA3 backend needs sgl_kernel's compiled" in (out / "gpu.txt").read_text()
     assert "fa3: skipped" in r.stdout
+    # what comes back is what the recorder reads: seven runs, each as expected (kit_live)
+    from swa_repro.sglang.fix import kit_live
+
+    doc = kit_live.summarize(out)
+    assert doc["all_as_expected"] and doc["missing"] == [] and len(doc["runs"]) == 7
+    assert {(x["run"], x["site"]) for x in doc["runs"]} == {
+        ("kit-flashinfer", "shipped"), ("kit-flashinfer", "fixed"), ("kit-triton", "shipped"), ("kit-triton", "fixed"),
+        ("kit-triton", "depth"), ("regress", "shipped"), ("regress", "fixed")}
 
 
 def test_a_run_not_as_expected_sets_the_exit_status(rig):
