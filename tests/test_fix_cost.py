@@ -121,6 +121,7 @@ def test_the_report_renders_the_results_file_and_its_verdicts(tmp_path):
                 _rec("gemma-3-12b/verify/8192x8/n8k1", "gemma-3-12b", "verify", (0.05, 0.25, 1.3), (0.05, 0.25, 2.2)),
                 _rec("gemma-3-12b/decode/4096x32", "gemma-3-12b", "decode", None, None, error="budget")])
     doc["records"][1]["fixed_mask_cut_ms"] = 0.85
+    doc["records"][0]["tokens"] = 8192  # past gemma-2's window of 4096
     rec.write_text(json.dumps(doc))
     assert find(tmp_path) == rec
     text = "\n".join(render_fix_cost(root=tmp_path))
@@ -129,10 +130,25 @@ def test_the_report_renders_the_results_file_and_its_verdicts(tmp_path):
     assert "| gemma-2-9b/prefill/8192x1 | 1.100 | 0.800 | 0.727 | 1.100 | 1.200 | 1.091 |" in text
     assert "| 0.850 |" in text  # the verify mask cut
     assert "- gemma-3-12b/decode/4096x32: budget" in text and "| prefill/auto/d256/bf16/swa/cap | 12.5 |" in text
-    res = tmp_path / "benchmarks" / "results" / "fix_cost.json"
-    res.parent.mkdir(parents=True)
-    res.write_text(json.dumps(_doc([])))
-    assert find(tmp_path) == res  # the committed results file comes first
+    assert "costs full-attention layers +9.1% (fixed / window-only" in text  # 1.2 / 1.1
+    assert "a sliding-window layer takes 0.73x its shipped time" in text  # 0.8 / 1.1
+    assert "Verify: the fix's plan takes +0.90 ms per step, of which the tree-mask cut" in text
+
+
+def test_a_call_cut_short_does_not_hide_a_whole_measurement(tmp_path):
+    def put(path, n_measured, date):
+        recs = [_rec(f"k{i}", "gemma-3-12b", "decode", (1, 1, 1), (1, 1, 1)) for i in range(n_measured)]
+        doc = _doc(recs + [_rec("late", "gemma-3-12b", "prefill", None, None, error="budget")])
+        doc["provenance"]["date"] = date
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc))
+        return path
+
+    whole = put(tmp_path / "benchmarks" / "results" / "fix_cost.json", 3, "2026-12-06T06:00:00+00:00")
+    put(tmp_path / "recordings" / "call-2" / "fix-cost.json", 1, "2026-12-07T06:00:00+00:00")  # newer, cut short
+    assert find(tmp_path) == whole
+    newer = put(tmp_path / "recordings" / "call-3" / "fix-cost.json", 3, "2026-12-08T06:00:00+00:00")
+    assert find(tmp_path) == newer
 
 
 def test_dry_run_lists_cases_and_modules_without_a_gpu(capsys):
