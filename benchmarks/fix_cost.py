@@ -13,6 +13,11 @@ measured once its modules are built. Kernels are timed with CUDA events in group
 wall clock around the plan calls plus a sync (median of ``--plan-reps``). Inputs are random; the KV
 pool is page size 1 with shuffled slots, as sglang's. ``--budget-s`` stops cleanly: the file is
 rewritten after each case and says what was left out and why; exit 0 unless nothing was measured.
+
+Budget (H100, 16 cores, 2026-12-06): the ten modules' cold JIT builds take about 250 s (the four fa3
+modules dominate: ``fix_cost_jit``), the 24 cases about 40 s once built. So with a cold JIT cache a
+``--budget-s`` of 180 returns decode and whatever the first wave (the modules without the cap: Gemma-3
+whole) finished; 320 or more returns every case; a warm machine needs about 60.
 """
 
 from __future__ import annotations

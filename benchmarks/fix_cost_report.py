@@ -133,8 +133,10 @@ def render_fix_cost(path: Path | None = None, root: Path = ROOT) -> list[str]:
               f"flashinfer {p.get('flashinfer')}, {p.get('date')}; {doc.get('status')}, {doc.get('elapsed_s')} s of a "
               f"{doc.get('budget_s')} s budget. Command: `{p.get('command')}`.", "",
               "Per layer, the median ms of one attention call (CUDA events, groups after warm-up, shipped and fixed "
-              "alternating over rounds); plan: wall ms of one step's plan calls (both wrappers) and a sync; step: "
-              "every layer's call plus the plans. Shipped = how sglang 0.5.23 plans FlashInfer's wrappers, fixed = "
+              "alternating over rounds); plan: wall ms of one step's plans of the wrappers the fix changes, and a sync "
+              "(prefill: the two ragged plans; decode: the two decode plans; verify: the two paged plans with their "
+              "mask packing, and the fix's tree-mask cut; not timed: building the KV indices, the same in both); "
+              "step: every layer's call plus the plans. Shipped = how sglang 0.5.23 plans FlashInfer's wrappers, fixed = "
               "how `swa-repro patch --fix all` plans them (`benchmarks/fix_cost_plan.py` cites each line). Fixed "
               "outputs differ from shipped ones on purpose: shipped ignores the window and the soft cap.", "",
               "Verify: shipped, both wrappers share one packed-mask buffer (sglang's CUDA-graph wrappers), "
