@@ -15,9 +15,9 @@ pool is page size 1 with shuffled slots, as sglang's. ``--budget-s`` stops clean
 rewritten after each case and says what was left out and why; exit 0 unless nothing was measured.
 
 Budget (H100, 16 cores, 2026-12-06): the ten modules' cold JIT builds take about 250 s (the four fa3
-modules dominate: ``fix_cost_jit``), the 24 cases about 40 s once built. So with a cold JIT cache a
-``--budget-s`` of 180 returns decode and whatever the first wave (the modules without the cap: Gemma-3
-whole) finished; 320 or more returns every case; a warm machine needs about 60.
+modules dominate: ``fix_cost_jit``), the 24 cases about 40 s once built. A cold call with the default
+``--budget-s`` 180 returned 12 of 24 cases (decode, and Gemma-3's verify: the first wave's fa3 modules
+were still building at 174 s); give a cold call 320 s or more for every case; a warm one needs about 60.
 """
 
 from __future__ import annotations

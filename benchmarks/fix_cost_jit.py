@@ -5,7 +5,8 @@ deadlocked on the H100 on 2026-12-05). A tiny plan selects a module (plan() buil
 
 Measured cold on an H100 (16 cores, 2026-12-06), all ten at once (``MAX_JOBS`` 3): decode 12-14 s,
 fa2 prefill 92-98 s, fa3 (``backend="auto"`` on sm90; 11 files, about 900 s of nvcc each) 238-245 s;
-in waves (``MAX_JOBS`` 4), the first wave's fa3 modules were not done after 194 s. So a cold call
+in waves, the first wave's fa3 modules were not done after 194 s (``MAX_JOBS`` 4) nor 174 s (6); the
+second wave's two fa3 modules alone (8) took 104-109 s. So a cold call
 needs about 250 s of builds before every case can run; a warm one measures all 24 cases in about 40 s.
 """
 
