@@ -14,10 +14,11 @@ wall clock around the plan calls plus a sync (median of ``--plan-reps``). Inputs
 pool is page size 1 with shuffled slots, as sglang's. ``--budget-s`` stops cleanly: the file is
 rewritten after each case and says what was left out and why; exit 0 unless nothing was measured.
 
-Budget (H100, 16 cores, 2026-12-06): the ten modules' cold JIT builds take about 250 s (the four fa3
-modules dominate: ``fix_cost_jit``), the 24 cases about 40 s once built. A cold call with the default
-``--budget-s`` 180 returned 12 of 24 cases (decode, and Gemma-3's verify: the first wave's fa3 modules
-were still building at 174 s); give a cold call 320 s or more for every case; a warm one needs about 60.
+Budget (H100, 16 cores, 2026-12-06): the ten modules' cold JIT builds take about 250 s all at once
+(the four fa3 modules dominate: ``fix_cost_jit``; fa2 is done in about 100 s), the 24 cases about
+40 s once built. So a cold call with the default ``--budget-s`` 180 should return decode and verify,
+not prefill (not re-measured with this build order: with two waves it returned decode and Gemma-3's
+verify, 12 of 24 cases); give a cold call 320 s or more for every case; a warm one needs about 60.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ flashinfer's submodules imported first, in the caller's thread: two threads impo
 deadlocked on the H100 on 2026-12-05). A tiny plan selects a module (plan() builds it), a run loads it.
 
 Measured cold on an H100 (16 cores, 2026-12-06), all ten at once (``MAX_JOBS`` 3): decode 12-14 s,
-fa2 prefill 92-98 s, fa3 (``backend="auto"`` on sm90; 11 files, about 900 s of nvcc each) 238-245 s;
-in waves, the first wave's fa3 modules were not done after 194 s (``MAX_JOBS`` 4) nor 174 s (6); the
-second wave's two fa3 modules alone (8) took 104-109 s. So a cold call
-needs about 250 s of builds before every case can run; a warm one measures all 24 cases in about 40 s.
+fa2 prefill 92-98 s, fa3 (``backend="auto"`` on sm90; 11 files, about 900 s of nvcc each) 238-245 s.
+In two waves, the first wave's fa3 modules were not done after 194 s (``MAX_JOBS`` 4) nor 174 s (6);
+the second wave's two fa3 modules alone (8) took 104-109 s. So ``fix_cost_plan.waves`` builds all at
+once: a cold call needs about 250 s of builds before every case can run, about 100 s before verify.
 """
 
 from __future__ import annotations
