@@ -247,7 +247,7 @@ def _read_only(tmp_path, monkeypatch):  # as root the bits do not stop a write: 
     def refuse(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache.outputs.tempfile, "mkstemp", refuse)  # the one writer the cache writes through
 
 
 def _disk_full(tmp_path, monkeypatch):
