@@ -113,6 +113,80 @@ def test_run_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, c
     assert json.loads((tmp_path / "docs" / "live" / "summary.json").read_text())["status"] == "done"
 
 
+# ----------------------------------------------------------------------------- GPU evidence commands
+def test_record_defaults_to_a_git_ignored_folder():
+    from swa_repro.cli import build_parser
+
+    out = build_parser(["record"]).parse_args(["record"]).out
+    assert outputs.tracked_reason(out) is None and "artifacts" in Path(out).parts, out
+
+
+def test_record_into_recordings_needs_force(tmp_path, capfd):
+    """Refused before CUDA is asked for; ``--force`` passes the check (then this CPU has no GPU)."""
+    rec = REPO / "recordings"
+    refused(capfd, ["record", "--cases", "all", "--out", rec], "--force", rec)
+    (tmp_path / "rec").symlink_to(rec)
+    refused(capfd, ["record", "--out", tmp_path / "rec"], "recordings/", rec)
+    line = refused(capfd, ["record", "--out", rec, "--force"], "CUDA", rec)
+    assert "--force" not in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["--mode", "live", "--out", "recordings/fuzz/0.7.2"],
+    ["--mode", "selftest", "--out", "recordings/fuzz/selftest"],
+    ["--mode", "selftest", "--report", "docs/fuzz.report.json"],
+    ["--mode", "model", "--report", "recordings/fuzz/replay.report.json"],
+])
+def test_fuzz_into_committed_folders_needs_force(monkeypatch, capfd, argv):
+    from swa_repro.evidence import fuzz
+
+    for name in ("_live", "_replay", "_device"):
+        monkeypatch.setattr(fuzz, name, _never)
+    monkeypatch.chdir(REPO)
+    refused(capfd, ["fuzz", "--cases", "1", *argv], "--force", REPO / "recordings")
+
+
+def test_fuzz_live_defaults_to_a_git_ignored_folder(monkeypatch, tmp_path):
+    """No ``--out``: the live run's recording goes under artifacts/, not the committed recordings/fuzz/."""
+    from swa_repro.evidence import fuzz
+
+    def device(a):
+        a.installed_flashinfer = "0.7.2"
+        return "0.7.2", 132, (9, 0)
+    seen = {}
+
+    def store(cases, probe_fn, stem, doc, **k):
+        seen["stem"] = stem
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fuzz, "_device", device)
+    monkeypatch.setattr(fuzz, "_prebuild", lambda *a: {"modules": {}, "seconds_total": 0, "cpu_seconds": 0})
+    monkeypatch.setattr(fuzz, "run_and_store", store)
+    assert main(["fuzz", "--mode", "live", "--cases", "1", "--backends", "fa2"]) == 130
+    assert outputs.tracked_reason(seen["stem"].parent) is None and "artifacts" in seen["stem"].parts, seen
+    assert "--force" in (REPO / "scripts" / "gpu_fuzz.sh").read_text()  # the script names recordings/ with --force
+    assert "--out recordings --force" in (REPO / "scripts" / "gpu_evidence.sh").read_text()
+
+
+@pytest.mark.parametrize("argv", [
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "docs/m.json"],
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "recordings/m.npz"],
+    ["replay", "nothing.pt", "--out", "recordings/replay/r.json"],
+    ["sglang-check", "--mode", "model", "--trace-dir", "recordings/traces"],
+])
+def test_other_writers_into_committed_folders_need_force(monkeypatch, capfd, argv):
+    monkeypatch.chdir(REPO)
+    refused(capfd, argv, "--force", REPO / Path(argv[-1]).parts[0])
+
+
+def test_mask_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, capfd):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "docs").mkdir()
+    monkeypatch.setattr(outputs, "REPO", tmp_path)
+    argv = ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", tmp_path / "docs" / "m.json"]
+    refused(capfd, argv, "--force", tmp_path)
+    assert main([str(a) for a in [*argv, "--force"]]) == 0 and (tmp_path / "docs" / "m.json").is_file()
+
+
 # ----------------------------------------------------------------------------- partial tables
 @pytest.fixture
 def no_tables(monkeypatch):
