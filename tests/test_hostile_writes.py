@@ -187,6 +187,35 @@ def test_mask_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, 
     assert main([str(a) for a in [*argv, "--force"]]) == 0 and (tmp_path / "docs" / "m.json").is_file()
 
 
+@pytest.mark.parametrize("argv", [
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "FIFO.json"],
+    ["replay", "nothing.pt", "--out", "FIFO.json"],
+    ["fuzz", "--mode", "model", "--report", "FIFO.json"],
+    ["patch", "apply", "--source", "SRC", "--out", "FIFO.json", "--force"],
+])
+def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path, capfd, argv, monkeypatch):
+    """``os.replace`` put a regular file in a pipe's place (as root, ``--out /dev/null --force`` would
+    replace the device node); refused, ``--force`` or not."""
+    from swa_repro.evidence import fuzz
+
+    monkeypatch.setattr(fuzz, "_replay", _never)
+    fifo = tmp_path / "FIFO.json"
+    os.mkfifo(fifo)
+    (tmp_path / "SRC").write_text("x = 1\n")
+    argv = [str(tmp_path / a) if a in ("FIFO.json", "SRC") else a for a in argv]
+    (tmp_path / "kept").mkdir()  # the snapshot reads every file: a pipe would block it
+    refused(capfd, argv, "is not a regular file", tmp_path / "kept")
+    assert fifo.exists() and not fifo.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["FIFO.json", "SRC",
+                                                                                                   "kept"]
+
+
+def test_patch_apply_out_into_committed_folders_needs_force(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(REPO)
+    (tmp_path / "SRC").write_text("x = 1\n")
+    refused(capfd, ["patch", "apply", "--source", tmp_path / "SRC", "--out", "docs/patched.py"], "--force",
+            REPO / "docs")
+
+
 # ----------------------------------------------------------------------------- partial tables
 @pytest.fixture
 def no_tables(monkeypatch):
@@ -343,21 +372,26 @@ def one(path, out, *a):
             "checks_passed": None, "checks_failed": None}
 runner.run_one = one
 runner.ensure_kernel = lambda: "k"
-sys.exit(main(["run", "00", "01", "02", "03", "--mode", "model", "--jobs", "2", "--output", sys.argv[2]]))
+sys.exit(main(["run", "00", "01", "02", "03", "--mode", "model", "--jobs", sys.argv[3], "--output", sys.argv[2]]))
 """
 
 
-def test_ctrl_c_with_two_jobs_stops_the_run(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_the_run_and_marks_the_set(tmp_path, jobs):
+    """A real SIGINT while a kernel (a child process) runs: with ``--jobs 2`` the old runner waited for
+    both and ran the other two; with ``--jobs 1`` the one running is cut short. Either way exit 130,
+    one line, no notebook started after it, the set marked interrupted with all four failed."""
     marks, out = tmp_path / "marks", tmp_path / "out"
     marks.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(marks), str(out)], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(marks), str(out), str(jobs)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.monotonic()
-        while len(list(marks.iterdir())) < 2 and time.monotonic() - t0 < 60 and p.poll() is None:
+        while len(list(marks.iterdir())) < jobs and time.monotonic() - t0 < 60 and p.poll() is None:
             time.sleep(0.1)
-        assert len(list(marks.iterdir())) == 2, p.communicate(timeout=5)
+        time.sleep(0.3)  # a second notebook would have started by now with --jobs 1 if the first returned
+        assert len(list(marks.iterdir())) == jobs, p.communicate(timeout=5)
         assert _summary(out)["status"] == "running" and _summary(out)["ok"] is False
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=25)  # the old runner waited for both, then ran the other two
@@ -367,6 +401,6 @@ def test_ctrl_c_with_two_jobs_stops_the_run(tmp_path):
             p.wait()
     lines = err.strip().splitlines()
     assert p.returncode == 130 and len(lines) == 1 and "interrupted" in lines[0], err
-    assert len(list(marks.iterdir())) == 2  # no notebook started after Ctrl-C
+    assert len(list(marks.iterdir())) == jobs  # no notebook started after Ctrl-C
     s = _summary(out)
     assert s["status"] == "interrupted" and s["ok"] is False and len(s["failed"]) == 4

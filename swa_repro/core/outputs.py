@@ -66,6 +66,7 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
                          "(a link is never written through)")
     if os.path.isdir(p):
         raise UsageError(f"{flag} {path} is a folder: name a file in it")
+    not_regular(p, flag)
     parent = p.parent
     if not os.path.isdir(parent):
         what = "is a file" if os.path.exists(parent) else "does not exist"
@@ -74,6 +75,15 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     if why:
         raise UsageError(f"{flag} {path}: {why}; name a file in a folder you can write")
     return p
+
+
+def not_regular(path, flag: str) -> None:
+    """An existing output that is no regular file (a device such as ``/dev/null``, a pipe, a socket)
+    is refused, ``--force`` or not: ``os.replace`` would put a file in its place (as root, over a device
+    node)."""
+    p = Path(path)
+    if os.path.exists(p) and not p.is_dir() and not p.is_file():
+        raise UsageError(f"{flag} {path} is not a regular file (a device, pipe or socket): name a file")
 
 
 def new_file(path, flag: str, *, force: bool = False, force_flag: str = "--force") -> Path:

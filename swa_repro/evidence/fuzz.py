@@ -23,7 +23,7 @@ from pathlib import Path
 
 from swa_repro.core.case import FLASHINFER_VERSIONS, Case
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir, untracked_dir, untracked_file, write_atomic
+from swa_repro.core.outputs import not_regular, out_dir, untracked_dir, untracked_file, write_atomic
 from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
 from swa_repro.evidence import fuzz_cases as fc
@@ -222,6 +222,7 @@ def _check(a, requested: str | None = None) -> None:
         if Path(a.report).is_symlink():
             raise UsageError(f"--report {a.report} is a symbolic link to {os.path.realpath(a.report)}: name a "
                              "regular file (a link is never written through)")
+        not_regular(a.report, "--report")
         out_dir(Path(a.report).parent, "--report's folder")
         untracked_file(a.report, "--report", force=a.force)
 
