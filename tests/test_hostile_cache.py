@@ -500,6 +500,12 @@ SNIPPET = '''class FlashInferMetadataBuilder:
         can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
         self.use_trtllm_decode_attention = can_use_trtllm
 
+        # Global hyperparameters shared by all attention layers
+        self.global_hyperparameters = infer_global_hyperparameters(
+            get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)
+        )
+        self.logits_soft_cap = self.global_hyperparameters.logits_soft_cap
+
     def build(self):
         prefill_use_trtllm = causal and use_trtllm_attention(
             self.num_qo_heads,
@@ -520,9 +526,9 @@ def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, mo
     f = site / BACKEND
     f.parent.mkdir(parents=True, exist_ok=True)
     lines = vfix.edit(SNIPPET, "x").splitlines(True)
-    i = next(k for k, ln in enumerate(lines) if "context takes no soft cap" in ln)
-    f.write_text("".join(lines[:i] + lines[i + 2:]))
-    assert vfix.TAG in f.read_text()
+    i = next(k for k, ln in enumerate(lines) if vfix.NOTE["prefill route"] in ln)
+    f.write_text("".join(lines[:i + 1] + lines[i + 2:]))  # the edit's line gone, its comment kept
+    assert vfix.NOTE["prefill route"] in f.read_text() and vfix.NOTE["decode route"] in f.read_text()
     monkeypatch.syspath_prepend(str(site))
     before = sorted(p.name for p in f.parent.iterdir()), f.read_bytes()
     argv = ["patch", *[str(tmp_path / "out.py") if x == "OUT" else x for x in action], "--vllm"]
