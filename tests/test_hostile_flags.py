@@ -120,6 +120,13 @@ CASES = [
     (["fuzz", "--mode", "model", "--report", ""], "--report '': name a path"),
     # record: --out "" wrote the recordings into the current folder
     (["record", "--out", "", "--cases", "seed_bug"], "--out '': name a folder"),
+    # --force with no output it could apply to was accepted and did nothing
+    (["record", "--list", "--force"], "--force goes with --out"),
+    (["fuzz", "--mode", "selftest", "--force"], "--force goes with --out or --report"),
+    (["fuzz", "--mode", "model", "--force"], "--force goes with --out or --report"),
+    (["replay", "x.pt", "--force"], "--force goes with --out FILE"),
+    (["sglang-check", "--mode", "model", "--force"], "--force goes with --trace-dir"),
+    (["sglang-check", "--kit-only", "--force"], "drop --cases/--peer/--trace-dir/--force"),
     # bundle: a release number in range that is no release went to pip (its resolver error, after a download)
     (["bundle", "--sglang", "0.5.15.post2", "--out", OUT], "the nearest are 0.5.15.post1 and 0.5.16"),
     (["bundle", "--sglang", "0.5.22.post1", "--out", OUT], "the nearest are 0.5.22 and 0.5.23"),

@@ -214,6 +214,9 @@ def _check(a, requested: str | None = None) -> None:
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
     _mode_flags(a, requested or a.mode)  # the values first (as given), then what the mode reads
+    if a.force and not (a.out or a.report):
+        raise UsageError("--force goes with --out or --report (a committed folder); without them nothing is "
+                         "written there")
     if a.out:
         untracked_dir(a.out, "--out", force=a.force)  # created when missing; checked before any case runs
     if a.report:

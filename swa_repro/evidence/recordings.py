@@ -215,6 +215,8 @@ def main(a) -> int:
 
     check_bounds(_bounds(a))
     cases = rc.select(a.cases)
+    if a.list and a.force:
+        raise UsageError("--force goes with --out (a committed folder); --list writes nothing")
     if a.list:
         print(rc.table(cases))
         return 0

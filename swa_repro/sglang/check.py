@@ -171,6 +171,8 @@ def main(a) -> int:
         raise UsageError("--sglang/--fix go with --kit-only (the matrix drives the installed "
                          f"{', '.join(HARNESS_RELEASES)}); for other releases use `swa-repro audit --sglang`")
     names = selected_cases(a.cases)
+    if a.force and not a.trace_dir:
+        raise UsageError("--force goes with --trace-dir (a committed folder)")
     if a.trace_dir:
         untracked_dir(a.trace_dir, "--trace-dir", force=a.force)  # created when missing (Trace.save); checked before any run
     require_harness_release()

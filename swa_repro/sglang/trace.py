@@ -306,6 +306,8 @@ def register(sub) -> None:
 
 def main(a) -> int:
     check_bounds([("--atol", a.atol, 0, MAX_ATOL)])  # NaN too: every comparison with it is False
+    if a.force and not a.out:
+        raise UsageError("--force goes with --out FILE (in a committed folder)")
     if a.out:
         out_file(a.out, "--out", (".json",))  # before loading traces or touching the GPU
         untracked_file(a.out, "--out", force=a.force)
