@@ -47,7 +47,7 @@ EOF
   nvcc --version | tail -n 1
   LEFT=$(( BUDGET_S - ($(date +%s) - START) ))
   echo "== record (timeout ${LEFT}s)"
-  timeout --signal=INT --kill-after=15 "$LEFT" "$PY" -c 'import sys; from swa_repro.cli import main; sys.exit(main())' record --cases "$CASES" --out recordings
+  timeout --signal=INT --kill-after=15 "$LEFT" "$PY" -c 'import sys; from swa_repro.cli import main; sys.exit(main())' record --cases "$CASES" --out recordings --force
   RC=$?
   echo "== record exit status $RC after $(( $(date +%s) - START ))s"
   ls -la "recordings/$VERSION" 2>/dev/null

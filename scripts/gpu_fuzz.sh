@@ -116,7 +116,7 @@ wait_prebuild() {  # VERSION TIMEOUT_S -> 0 when every module built
     if [ "$share" -lt 30 ]; then echo "-- $v: fuzz skipped, ${share}s left"; VERDICT[$v]="not fuzzed"; RC=1; continue; fi
     echo "-- $v: fuzz ${ARGS[$v]} (budget ${share}s)"
     fuzz_argv "$v"
-    timeout --signal=INT --kill-after=20 "$share" "${FUZZ[@]}" --budget-s $(( share - 25 )) --out "recordings/fuzz/$v" 2>&1 \
+    timeout --signal=INT --kill-after=20 "$share" "${FUZZ[@]}" --budget-s $(( share - 25 )) --out "recordings/fuzz/$v" --force 2>&1 \
       | tee "$LOGDIR/fuzz-$v-$STAMP.log" | grep -v '^fuzz_s'
     r=${PIPESTATUS[0]}; echo "-- $v fuzz exit $r"; [ $r -eq 0 ] || RC=1
     VERDICT[$v]=$([ $r -eq 0 ] && echo "agrees" || echo "exit $r")

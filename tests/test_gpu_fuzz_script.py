@@ -82,7 +82,7 @@ def test_versions_in_order_next_build_overlaps_this_fuzz(rig):
     assert _t(events, "prebuild 9.9.1 end") <= _t(events, "prebuild 9.9.2 start") < _t(events, "fuzz 9.9.1 end")
     assert _t(events, "prebuild 9.9.2 end") <= _t(events, "fuzz 9.9.2 start")
     fuzz1 = next(e for e in events if e.startswith("fuzz 9.9.1 start"))
-    assert "--plans fa3:bug" in fuzz1 and "--cases 5" in fuzz1 and "--out recordings/fuzz/9.9.1" in fuzz1
+    assert "--plans fa3:bug" in fuzz1 and "--cases 5" in fuzz1 and "--out recordings/fuzz/9.9.1 --force" in fuzz1
     assert "--jit-jobs 40" in next(e for e in events if e.startswith("prebuild 9.9.1 start"))
     assert sorted(p.name for p in out.iterdir())[:2] == ["fuzz-9.9.1.tar.gz", "fuzz-9.9.2.tar.gz"]
     with tarfile.open(out / "fuzz-9.9.2.tar.gz") as t:

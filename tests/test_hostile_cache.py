@@ -24,7 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import skip_module_unless
+from conftest import release_overlay, skip_module_unless
 
 from swa_repro.cli import main
 from swa_repro.core import cache
@@ -247,7 +247,7 @@ def _read_only(tmp_path, monkeypatch):  # as root the bits do not stop a write: 
     def refuse(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cache.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(cache.outputs.tempfile, "mkstemp", refuse)  # the one writer the cache writes through
 
 
 def _disk_full(tmp_path, monkeypatch):
@@ -360,14 +360,24 @@ def test_a_damaged_sglang_overlay_is_installed_again_never_used(tmp_path, monkey
     assert installs == ["0.5.99"]
 
 
-@pytest.mark.parametrize("damage", ["backend cut short", "marker cut short"])
+@pytest.mark.parametrize("damage", ["backend cut short", "marker cut short", ".deps file cut short",
+                                    ".deps file same size, mtime put back", ".deps RECORD removed"])
 def test_a_damaged_vllm_overlay_is_unpacked_again_never_used(tmp_path, monkeypatch, damage):
+    """The release's files and ``.deps``' (vLLM's pure imports this venv lacks, each its own wheel's
+    RECORD): a damaged ``.deps`` file ran the child on other code than the key says."""
     from swa_repro.vllm import provision
 
     monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path))
     target = tmp_path / "vllm" / "0.34.0"
     fake_overlay(target, "vllm", "0.34.0", {"vllm/__init__.py": "", provision.BACKEND: GEMMA}, {},
                  absent=("vllm/_C.abi3.so",))
+    for pkg in ("openai", "cbor2"):
+        fake_overlay(target / ".deps", pkg, "1.0", {f"{pkg}/__init__.py": "class Client:\n    pass\n"}, {})
+    dep = target / ".deps" / "openai" / "__init__.py"
+    if damage.startswith(".deps"):
+        damage = {".deps file cut short": lambda: DAMAGE["cut short"](dep),
+                  ".deps file same size, mtime put back": lambda: _same_size_mtime_back(dep),
+                  ".deps RECORD removed": lambda: (target / ".deps" / "cbor2-1.0.dist-info" / "RECORD").unlink()}[damage]
     (target / provision.MARKER).write_text(json.dumps({"vllm": "0.34.0", "deps": provision.deps_for(target)}))
     unpacks = []
 
@@ -377,8 +387,11 @@ def test_a_damaged_vllm_overlay_is_unpacked_again_never_used(tmp_path, monkeypat
 
     monkeypatch.setattr(provision, "_unpack", unpack)
     assert provision.provision("0.34.0")[1]["cached"] and not unpacks
-    f = target / (provision.MARKER if damage == "marker cut short" else provision.BACKEND)
-    f.write_text(f.read_text()[:12])
+    if callable(damage):
+        damage()
+    else:
+        f = target / (provision.MARKER if damage == "marker cut short" else provision.BACKEND)
+        f.write_text(f.read_text()[:12])
     with pytest.raises(UsageError, match="unpacked again"):
         provision.provision("0.34.0")
     assert unpacks == ["0.34.0"]
@@ -400,6 +413,57 @@ def test_a_damaged_fixed_sglang_overlay_is_made_again(tmp_path):
     assert fo.intact(tmp_path) is not None
     (tmp_path / "sglang/srt/models/gemma2.py").write_text("")
     assert fo.intact(tmp_path) is None
+
+
+KIT_DAMAGE = {"a release file replaced": lambda f: (f.unlink(), f.write_text("x = 1\n")),
+              "an edited kit file cut short": None, "the kit marker cut short": None}
+
+
+@pytest.mark.parametrize("damage", list(KIT_DAMAGE))
+def test_a_damaged_kit_copy_is_made_again_never_used(tmp_path, damage):
+    """``sglang-kit/`` copies (an overlay with the kit edits) were reused on their marker alone: a file
+    damaged there ran the kit on other bytes, cached under the intact key. Each is its wheel's, the
+    kit edits' or the fix's (``kit_copy.kit_intact``); a damaged one is made again from the overlay."""
+    from swa_repro.sglang.fix import kit_copy
+    from swa_repro.sglang.fix import kit_edits as ke
+
+    real = release_overlay("0.5.23")  # read only: its kit's text, copied (never linked) into a fake release
+    overlay = tmp_path / "sglang" / "0.5.99"
+    fake_overlay(overlay, "sglang", "0.5.99", {"sglang/__init__.py": "", "sglang/srt/models/gemma2.py": GEMMA,
+                                               **{p: (real / p).read_text() for p in ke.FILES}}, {"sglang": "0.5.99"})
+    dst = ke.kit_overlay(overlay)
+    assert kit_copy.kit_intact(dst) and dst.parent == tmp_path / "sglang-kit"
+    edited = {p: (dst / p).read_bytes() for p in ke.FILES}
+    assert all(edited[p] != (overlay / p).read_bytes() for p in ke.FILES)
+    target = {"a release file replaced": dst / "sglang/srt/models/gemma2.py",
+              "an edited kit file cut short": dst / ke.DENSE, "the kit marker cut short": dst / kit_copy.KIT_MARKER}[damage]
+    if KIT_DAMAGE[damage]:
+        KIT_DAMAGE[damage](target)
+    else:
+        target.write_text(target.read_text()[:40])
+    assert not kit_copy.kit_intact(dst)
+    assert ke.kit_overlay(overlay) == dst and kit_copy.kit_intact(dst)
+    assert (dst / "sglang/srt/models/gemma2.py").read_text() == GEMMA
+    assert {p: (dst / p).read_bytes() for p in ke.FILES} == edited
+    assert (overlay / "sglang/srt/models/gemma2.py").read_text() == GEMMA  # the overlay never written
+
+
+def test_a_kit_copy_damaged_through_its_overlay_is_one_line(tmp_path):
+    """A file written in place is damaged in the overlay too (hard links): made again, still damaged,
+    so one line naming what to delete, never a kit run on it."""
+    from swa_repro.sglang.fix import kit_copy
+    from swa_repro.sglang.fix import kit_edits as ke
+
+    real = release_overlay("0.5.23")
+    overlay = tmp_path / "sglang" / "0.5.99"
+    fake_overlay(overlay, "sglang", "0.5.99", {"sglang/__init__.py": "", "sglang/srt/models/gemma2.py": GEMMA,
+                                               **{p: (real / p).read_text() for p in ke.FILES}}, {"sglang": "0.5.99"})
+    dst = ke.kit_overlay(overlay)
+    with open(dst / "sglang/srt/models/gemma2.py", "a") as f:  # in place: the overlay's inode
+        f.write("# edited\n")
+    with pytest.raises(UsageError, match=r"does not match its wheel's RECORD \(sglang/srt/models/gemma2.py"):
+        ke.kit_overlay(overlay)
+    assert not dst.exists() and not kit_copy.kit_intact(dst)
 
 
 def _zip(path: Path) -> None:
@@ -436,6 +500,12 @@ SNIPPET = '''class FlashInferMetadataBuilder:
         can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
         self.use_trtllm_decode_attention = can_use_trtllm
 
+        # Global hyperparameters shared by all attention layers
+        self.global_hyperparameters = infer_global_hyperparameters(
+            get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)
+        )
+        self.logits_soft_cap = self.global_hyperparameters.logits_soft_cap
+
     def build(self):
         prefill_use_trtllm = causal and use_trtllm_attention(
             self.num_qo_heads,
@@ -456,9 +526,9 @@ def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, mo
     f = site / BACKEND
     f.parent.mkdir(parents=True, exist_ok=True)
     lines = vfix.edit(SNIPPET, "x").splitlines(True)
-    i = next(k for k, ln in enumerate(lines) if "context takes no soft cap" in ln)
-    f.write_text("".join(lines[:i] + lines[i + 2:]))
-    assert vfix.TAG in f.read_text()
+    i = next(k for k, ln in enumerate(lines) if vfix.NOTE["prefill route"] in ln)
+    f.write_text("".join(lines[:i + 1] + lines[i + 2:]))  # the edit's line gone, its comment kept
+    assert vfix.NOTE["prefill route"] in f.read_text() and vfix.NOTE["decode route"] in f.read_text()
     monkeypatch.syspath_prepend(str(site))
     before = sorted(p.name for p in f.parent.iterdir()), f.read_bytes()
     argv = ["patch", *[str(tmp_path / "out.py") if x == "OUT" else x for x in action], "--vllm"]

@@ -21,7 +21,7 @@ from swa_repro.cli import main
 def nothing_runs(monkeypatch, tmp_path):
     """Every installer, child, table builder and notebook fails the test; the cache is a fresh,
     absent folder. -> tmp_path (``tmp_path / "cache"`` must still not exist after the command)."""
-    from swa_repro.evidence import fuzz
+    from swa_repro.evidence import bundle, fuzz, sglang_bundle, vllm_bundle
     from swa_repro.kernel import live
     from swa_repro.notebook import runner
     from swa_repro.sglang import check, kit, overlay_run, provision
@@ -38,7 +38,8 @@ def nothing_runs(monkeypatch, tmp_path):
                       (at, "build_table"), (family_table, "build"), (vp, "provision"), (va, "run_release"),
                       (va, "run_live"), (vt, "build"), (runner, "run_all"), (runner, "ensure_kernel"),
                       (check, "run_matrix"), (kit, "installed_doc"), (fuzz, "_live"), (fuzz, "_replay"),
-                      (live, "require_cuda")):
+                      (live, "require_cuda"), (sglang_bundle, "build_sglang_bundle"),
+                      (vllm_bundle, "build_vllm_bundle"), (bundle, "build_bundle")):
         monkeypatch.setattr(mod, name, never)
     return tmp_path
 
@@ -119,6 +120,18 @@ CASES = [
     (["fuzz", "--mode", "model", "--report", ""], "--report '': name a path"),
     # record: --out "" wrote the recordings into the current folder
     (["record", "--out", "", "--cases", "seed_bug"], "--out '': name a folder"),
+    # --force with no output it could apply to was accepted and did nothing
+    (["record", "--list", "--force"], "--force goes with --out"),
+    (["fuzz", "--mode", "selftest", "--force"], "--force goes with --out or --report"),
+    (["fuzz", "--mode", "model", "--force"], "--force goes with --out or --report"),
+    (["replay", "x.pt", "--force"], "--force goes with --out FILE"),
+    (["sglang-check", "--mode", "model", "--force"], "--force goes with --trace-dir"),
+    (["sglang-check", "--kit-only", "--force"], "drop --cases/--peer/--trace-dir/--force"),
+    # bundle: a release number in range that is no release went to pip (its resolver error, after a download)
+    (["bundle", "--sglang", "0.5.15.post2", "--out", OUT], "the nearest are 0.5.15.post1 and 0.5.16"),
+    (["bundle", "--sglang", "0.5.22.post1", "--out", OUT], "the nearest are 0.5.22 and 0.5.23"),
+    (["bundle", "--vllm", "0.33.1", "--out", OUT], "--vllm 0.33.1: the bundle's import chain was measured"),
+    (["bundle", "--flashinfer", "0.7.2;x", "--out", OUT], "is not a release number"),
 ]
 
 

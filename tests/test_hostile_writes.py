@@ -113,6 +113,109 @@ def test_run_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, c
     assert json.loads((tmp_path / "docs" / "live" / "summary.json").read_text())["status"] == "done"
 
 
+# ----------------------------------------------------------------------------- GPU evidence commands
+def test_record_defaults_to_a_git_ignored_folder():
+    from swa_repro.cli import build_parser
+
+    out = build_parser(["record"]).parse_args(["record"]).out
+    assert outputs.tracked_reason(out) is None and "artifacts" in Path(out).parts, out
+
+
+def test_record_into_recordings_needs_force(tmp_path, capfd):
+    """Refused before CUDA is asked for; ``--force`` passes the check (then this CPU has no GPU)."""
+    rec = REPO / "recordings"
+    refused(capfd, ["record", "--cases", "all", "--out", rec], "--force", rec)
+    (tmp_path / "rec").symlink_to(rec)
+    refused(capfd, ["record", "--out", tmp_path / "rec"], "recordings/", rec)
+    line = refused(capfd, ["record", "--out", rec, "--force"], "CUDA", rec)
+    assert "--force" not in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["--mode", "live", "--out", "recordings/fuzz/0.7.2"],
+    ["--mode", "selftest", "--out", "recordings/fuzz/selftest"],
+    ["--mode", "selftest", "--report", "docs/fuzz.report.json"],
+    ["--mode", "model", "--report", "recordings/fuzz/replay.report.json"],
+])
+def test_fuzz_into_committed_folders_needs_force(monkeypatch, capfd, argv):
+    from swa_repro.evidence import fuzz
+
+    for name in ("_live", "_replay", "_device"):
+        monkeypatch.setattr(fuzz, name, _never)
+    monkeypatch.chdir(REPO)
+    refused(capfd, ["fuzz", "--cases", "1", *argv], "--force", REPO / "recordings")
+
+
+def test_fuzz_live_defaults_to_a_git_ignored_folder(monkeypatch, tmp_path):
+    """No ``--out``: the live run's recording goes under artifacts/, not the committed recordings/fuzz/."""
+    from swa_repro.evidence import fuzz
+
+    def device(a):
+        a.installed_flashinfer = "0.7.2"
+        return "0.7.2", 132, (9, 0)
+    seen = {}
+
+    def store(cases, probe_fn, stem, doc, **k):
+        seen["stem"] = stem
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fuzz, "_device", device)
+    monkeypatch.setattr(fuzz, "_prebuild", lambda *a: {"modules": {}, "seconds_total": 0, "cpu_seconds": 0})
+    monkeypatch.setattr(fuzz, "run_and_store", store)
+    assert main(["fuzz", "--mode", "live", "--cases", "1", "--backends", "fa2"]) == 130
+    assert outputs.tracked_reason(seen["stem"].parent) is None and "artifacts" in seen["stem"].parts, seen
+    assert "--force" in (REPO / "scripts" / "gpu_fuzz.sh").read_text()  # the script names recordings/ with --force
+    assert "--out recordings --force" in (REPO / "scripts" / "gpu_evidence.sh").read_text()
+
+
+@pytest.mark.parametrize("argv", [
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "docs/m.json"],
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "recordings/m.npz"],
+    ["replay", "nothing.pt", "--out", "recordings/replay/r.json"],
+    ["sglang-check", "--mode", "model", "--trace-dir", "recordings/traces"],
+])
+def test_other_writers_into_committed_folders_need_force(monkeypatch, capfd, argv):
+    monkeypatch.chdir(REPO)
+    refused(capfd, argv, "--force", REPO / Path(argv[-1]).parts[0])
+
+
+def test_mask_force_writes_a_committed_folder_when_asked(monkeypatch, tmp_path, capfd):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "docs").mkdir()
+    monkeypatch.setattr(outputs, "REPO", tmp_path)
+    argv = ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", tmp_path / "docs" / "m.json"]
+    refused(capfd, argv, "--force", tmp_path)
+    assert main([str(a) for a in [*argv, "--force"]]) == 0 and (tmp_path / "docs" / "m.json").is_file()
+
+
+@pytest.mark.parametrize("argv", [
+    ["mask", "--window-left", "4", "--prefix-lens", "0", "--extend-lens", "8", "--out", "FIFO.json"],
+    ["replay", "nothing.pt", "--out", "FIFO.json"],
+    ["fuzz", "--mode", "model", "--report", "FIFO.json"],
+    ["patch", "apply", "--source", "SRC", "--out", "FIFO.json", "--force"],
+])
+def test_an_output_that_is_a_pipe_or_device_is_refused(tmp_path, capfd, argv, monkeypatch):
+    """``os.replace`` put a regular file in a pipe's place (as root, ``--out /dev/null --force`` would
+    replace the device node); refused, ``--force`` or not."""
+    from swa_repro.evidence import fuzz
+
+    monkeypatch.setattr(fuzz, "_replay", _never)
+    fifo = tmp_path / "FIFO.json"
+    os.mkfifo(fifo)
+    (tmp_path / "SRC").write_text("x = 1\n")
+    argv = [str(tmp_path / a) if a in ("FIFO.json", "SRC") else a for a in argv]
+    (tmp_path / "kept").mkdir()  # the snapshot reads every file: a pipe would block it
+    refused(capfd, argv, "is not a regular file", tmp_path / "kept")
+    assert fifo.exists() and not fifo.is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["FIFO.json", "SRC",
+                                                                                                   "kept"]
+
+
+def test_patch_apply_out_into_committed_folders_needs_force(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(REPO)
+    (tmp_path / "SRC").write_text("x = 1\n")
+    refused(capfd, ["patch", "apply", "--source", tmp_path / "SRC", "--out", "docs/patched.py"], "--force",
+            REPO / "docs")
+
+
 # ----------------------------------------------------------------------------- partial tables
 @pytest.fixture
 def no_tables(monkeypatch):
@@ -269,21 +372,26 @@ def one(path, out, *a):
             "checks_passed": None, "checks_failed": None}
 runner.run_one = one
 runner.ensure_kernel = lambda: "k"
-sys.exit(main(["run", "00", "01", "02", "03", "--mode", "model", "--jobs", "2", "--output", sys.argv[2]]))
+sys.exit(main(["run", "00", "01", "02", "03", "--mode", "model", "--jobs", sys.argv[3], "--output", sys.argv[2]]))
 """
 
 
-def test_ctrl_c_with_two_jobs_stops_the_run(tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_the_run_and_marks_the_set(tmp_path, jobs):
+    """A real SIGINT while a kernel (a child process) runs: with ``--jobs 2`` the old runner waited for
+    both and ran the other two; with ``--jobs 1`` the one running is cut short. Either way exit 130,
+    one line, no notebook started after it, the set marked interrupted with all four failed."""
     marks, out = tmp_path / "marks", tmp_path / "out"
     marks.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.Popen([sys.executable, "-c", CHILD, str(marks), str(out)], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(marks), str(out), str(jobs)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         t0 = time.monotonic()
-        while len(list(marks.iterdir())) < 2 and time.monotonic() - t0 < 60 and p.poll() is None:
+        while len(list(marks.iterdir())) < jobs and time.monotonic() - t0 < 60 and p.poll() is None:
             time.sleep(0.1)
-        assert len(list(marks.iterdir())) == 2, p.communicate(timeout=5)
+        time.sleep(0.3)  # a second notebook would have started by now with --jobs 1 if the first returned
+        assert len(list(marks.iterdir())) == jobs, p.communicate(timeout=5)
         assert _summary(out)["status"] == "running" and _summary(out)["ok"] is False
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=25)  # the old runner waited for both, then ran the other two
@@ -293,6 +401,6 @@ def test_ctrl_c_with_two_jobs_stops_the_run(tmp_path):
             p.wait()
     lines = err.strip().splitlines()
     assert p.returncode == 130 and len(lines) == 1 and "interrupted" in lines[0], err
-    assert len(list(marks.iterdir())) == 2  # no notebook started after Ctrl-C
+    assert len(list(marks.iterdir())) == jobs  # no notebook started after Ctrl-C
     s = _summary(out)
     assert s["status"] == "interrupted" and s["ok"] is False and len(s["failed"]) == 4

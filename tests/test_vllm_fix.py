@@ -18,6 +18,12 @@ _SNIPPET = '''class FlashInferMetadataBuilder:
         can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
         self.use_trtllm_decode_attention = can_use_trtllm
 
+        # Global hyperparameters shared by all attention layers
+        self.global_hyperparameters = infer_global_hyperparameters(
+            get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)
+        )
+        self.logits_soft_cap = self.global_hyperparameters.logits_soft_cap
+
     def build(self):
         prefill_use_trtllm = use_trtllm_attention(
             self.num_qo_heads,
@@ -30,14 +36,30 @@ def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
     from swa_repro.vllm.fix import edit
 
     out = edit(_SNIPPET, "0.20.0")
-    assert "        can_use_trtllm = can_use_trtllm and not logits_soft_cap\n" in out
+    assert "        can_use_trtllm = can_use_trtllm and not self.logits_soft_cap\n" in out
     assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
+    # the builder's own cap, read once: its hyperparameter block moved above the route, not computed again
+    assert out.count("infer_global_hyperparameters(") == 1
+    assert out.index("self.logits_soft_cap = self.global") < out.index("can_use_trtllm and not")
     call_end = out.index("        )\n", out.index("prefill_use_trtllm = use_trtllm_attention("))
     assert out.index("        prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap\n") > call_end
     assert "raise NotImplementedError" not in out  # no NVFP4 attribute in this release's builder
     compile(out, "flashinfer.py", "exec")
     with pytest.raises(UsageError, match="not a structure this fix knows"):
         edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
+    with pytest.raises(UsageError, match="0 hyperparameter anchors"):
+        edit(_SNIPPET.replace("# Global hyperparameters", "# Hyperparameters"), "0.99.0")
+
+
+def test_fix_carries_no_tool_tags_into_the_upstream_code():
+    """The upstream code says what it does in vLLM's voice: no ``swa-repro`` marker in any edit (a
+    vLLM maintainer asked; ``hunks`` reads the structure, never a comment)."""
+    from swa_repro.vllm.fix import edit, hunks
+
+    out = edit(_SNIPPET + _IMPL_020 + _PAGES, "0.24.0")
+    assert "swa-repro" not in out.lower() and set(hunks(out)) == {"decode route", "prefill route", "large pages",
+                                                                   "quantized query"}
+    assert all(hunks(out).values())
 
 
 _IMPL_020 = '''class FlashInferImpl:
@@ -57,13 +79,13 @@ def test_fix_keeps_a_soft_capped_layer_from_taking_an_fp8_query_where_020_to_024
     soft-capped layer off trtllm-gen and plans a model-dtype query, so the fix also withdraws the offer
     for that layer (the audit's fp8 path found ``Query dtype mismatch`` on sm100 without it); a layer
     without a cap keeps it."""
-    from swa_repro.vllm.fix import edit
+    from swa_repro.vllm.fix import NOTE, edit
 
     out = edit(_SNIPPET + _IMPL_020, "0.20.0")
     scope: dict = {}
     exec(compile(out, "flashinfer.py", "exec"), scope)  # noqa: S102 - the edited snippet, nothing else
     assert scope["FlashInferImpl"](cap, object()).supports_quant_query_input is takes_fp8_query
-    assert "and not self.logits_soft_cap" not in edit(_SNIPPET, "0.25.0").split("def build")[0]
+    assert NOTE["quantized query"] not in edit(_SNIPPET, "0.25.0")
 
 
 def _ruff_formatted(text: str) -> str:

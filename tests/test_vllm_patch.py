@@ -21,6 +21,12 @@ SNIPPET = '''class FlashInferMetadataBuilder:
         can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)
         self.use_trtllm_decode_attention = can_use_trtllm
 
+        # Global hyperparameters shared by all attention layers
+        self.global_hyperparameters = infer_global_hyperparameters(
+            get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)
+        )
+        self.logits_soft_cap = self.global_hyperparameters.logits_soft_cap
+
     def build(self):
         prefill_use_trtllm = causal and use_trtllm_attention(
             self.num_qo_heads,
@@ -63,7 +69,12 @@ def test_status_apply_in_place_then_revert_byte_for_byte(installed, capsys):
 def test_diff_and_a_patched_copy_leave_the_file_alone(installed, tmp_path, capsys):
     assert main(["patch", "diff", "--vllm", "--fix", "cap-route"]) == 0
     diff = capsys.readouterr().out
-    assert diff.count(f"+{' ' * 8}{vfix.TAG}") == 2 and "\n-" not in diff.split("+++", 1)[1]  # only additions
+    body = diff.split("+++", 1)[1]
+    assert all(f"+{' ' * 8}{vfix.NOTE[k]}" in body for k in ("decode route", "prefill route"))
+    assert "swa-repro" not in body.lower()
+    # what it removes is only the builder's hyperparameter block, moved above the decode route
+    moved = [ln[1:] for ln in body.splitlines() if ln.startswith("-")]
+    assert moved and all(f"+{ln}" in body.splitlines() for ln in moved)
     assert "+        prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap\n" in diff
     out = tmp_path / "fixed.py"
     assert main(["patch", "apply", "--vllm", "--out", str(out)]) == 0
@@ -104,4 +115,5 @@ def test_a_releases_own_file_patches_and_compiles():
     src = provision("0.34.0")[0] / BACKEND
     new = vfix.edit(src.read_text(), "0.34.0")
     compile(new, str(src), "exec")
-    assert new.count(vfix.TAG) == 3  # decode route, prefill route, large pages
+    assert vfix.hunks(new) == {"decode route": True, "prefill route": True, "large pages": True}
+    assert "swa-repro" not in new.lower()

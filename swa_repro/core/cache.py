@@ -29,8 +29,9 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from swa_repro.core import outputs
 
 PACKAGE = Path(__file__).resolve().parents[1]  # swa_repro/
 
@@ -96,22 +97,14 @@ def locked(path: Path):
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """``path`` holds either its old content or all of ``text``, never a part (rename). On any
-    failure (a full disk, a read-only folder, Ctrl-C) the temp file is removed and the error raised,
-    as ``core.outputs.write_atomic`` does; a folder in the entry's place is removed first (it is no
-    entry, and ``os.replace`` cannot put a file over it)."""
+    """``path`` holds either its old content or all of ``text``, never a part: ``core.outputs.write_atomic``
+    (on any failure, a full disk, a read-only folder, Ctrl-C, the temp file is removed and the error
+    raised); a folder in the entry's place is removed first (it is no entry, and ``os.replace``
+    cannot put a file over it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    outputs.write_atomic(path, text.encode())
 
 
 def disabled() -> bool:

@@ -66,6 +66,7 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
                          "(a link is never written through)")
     if os.path.isdir(p):
         raise UsageError(f"{flag} {path} is a folder: name a file in it")
+    not_regular(p, flag)
     parent = p.parent
     if not os.path.isdir(parent):
         what = "is a file" if os.path.exists(parent) else "does not exist"
@@ -74,6 +75,15 @@ def out_file(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
     if why:
         raise UsageError(f"{flag} {path}: {why}; name a file in a folder you can write")
     return p
+
+
+def not_regular(path, flag: str) -> None:
+    """An existing output that is no regular file (a device such as ``/dev/null``, a pipe, a socket)
+    is refused, ``--force`` or not: ``os.replace`` would put a file in its place (as root, over a device
+    node)."""
+    p = Path(path)
+    if os.path.exists(p) and not p.is_dir() and not p.is_file():
+        raise UsageError(f"{flag} {path} is not a regular file (a device, pipe or socket): name a file")
 
 
 def new_file(path, flag: str, *, force: bool = False, force_flag: str = "--force") -> Path:
@@ -107,21 +117,29 @@ def replace_file(path, flag: str) -> Path:
 
 
 def write_atomic(path, data: bytes, like=None) -> None:
-    """``data`` to ``path`` all or nothing: a temp file in the same folder, synced, then
-    ``os.replace`` (which replaces a link, never writes through one); ``like``'s permission bits,
-    else the replaced file's, else the umask's (as ``open()`` would).
-    On any failure the temp file is removed and ``path`` is as it was."""
+    """``data`` to ``path`` all or nothing: :func:`atomic_path` and one synced write."""
+    with atomic_path(path, like) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextlib.contextmanager
+def atomic_path(path, like=None):
+    """A temp path in ``path``'s folder for a writer (``np.savez``, ``zipfile``, :func:`write_atomic`),
+    moved onto ``path`` by ``os.replace`` when the block ends without error: a reader sees the old bytes
+    or the new, a link is replaced, never written through. The file gets ``like``'s permission bits,
+    else the replaced file's, else the umask's (as ``open()`` would, not mkstemp's 0600). On any
+    failure the temp file is removed and ``path`` is as it was."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         like = like if like is not None and Path(like).exists() else (path if path.is_file() else None)
         if like is not None:  # the file it replaces keeps its permission bits
             shutil.copymode(like, tmp)
-        else:  # a new file gets what open() would give it, not mkstemp's 0600
+        else:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)
@@ -132,47 +150,54 @@ def write_atomic(path, data: bytes, like=None) -> None:
         raise
 
 
-@contextlib.contextmanager
-def atomic_path(path):
-    """A temp path in ``path``'s folder for a writer that needs a file name (``np.savez``, ``zipfile``),
-    moved onto ``path`` when the block ends without error (:func:`write_atomic`'s rule: the old bytes
-    or the new, a link replaced, never written through); removed on any failure."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp" + path.suffix)
-    os.close(fd)
+def _in_checkout(path) -> Path | None:
+    """``path``, its links resolved, relative to this checkout; None outside it (or where the package
+    is not a checkout)."""
+    p = Path(path).expanduser().resolve()  # a link to notebooks/ is notebooks/
+    if not (REPO / "pyproject.toml").is_file():
+        return None
     try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        return p.relative_to(REPO)
+    except ValueError:
+        return None
+
+
+def _git_tracks(rel: Path) -> bool:
+    try:
+        git = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", str(rel)], capture_output=True, text=True,
+                             timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return git.returncode == 0 and bool(git.stdout.strip())
 
 
 def tracked_reason(path) -> str | None:
     """Why the folder ``path``, its links resolved, must not be written without ``--force``: it is this
     checkout, in one of its folders of committed evidence and notebooks (:data:`TRACKED_DIRS`), or
     holds files git tracks. None outside the checkout (or where the package is not a checkout)."""
-    p = Path(path).expanduser().resolve()  # a link to notebooks/ is notebooks/
-    if not (REPO / "pyproject.toml").is_file():
+    rel = _in_checkout(path)
+    if rel is None:
         return None
-    try:
-        rel = p.relative_to(REPO)
-    except ValueError:
-        return None
+    p = REPO / rel
     if not rel.parts:
         return f"{p} is the project's checkout"
     if rel.parts[0] in TRACKED_DIRS:
         return f"{p} is in {rel.parts[0]}/, the project's committed files"
-    try:
-        git = subprocess.run(["git", "-C", str(REPO), "ls-files", "--", str(rel)], capture_output=True, text=True,
-                             timeout=20, check=False)
-    except (OSError, subprocess.SubprocessError):
+    return f"{p} holds files git tracks" if _git_tracks(rel) else None
+
+
+def tracked_file_reason(path) -> str | None:
+    """:func:`tracked_reason` for a file a command writes (``mask --out``, ``replay --out``): git tracks
+    it, or its folder, links resolved, is one of :data:`TRACKED_DIRS`. A new file beside the
+    checkout's own (``m.json`` in its root) is no one's evidence and is let through."""
+    p = Path(path)
+    rel = _in_checkout(p.parent)
+    if rel is None:
         return None
-    return f"{p} holds files git tracks" if git.returncode == 0 and git.stdout.strip() else None
+    rel = rel / p.name
+    if rel.parts[0] in TRACKED_DIRS:
+        return f"{REPO / rel} is in {rel.parts[0]}/, the project's committed files"
+    return f"{REPO / rel} is a file git tracks" if _git_tracks(rel) else None
 
 
 def untracked_dir(path, flag: str, *, force: bool = False) -> Path:
@@ -183,6 +208,16 @@ def untracked_dir(path, flag: str, *, force: bool = False) -> Path:
         raise UsageError(f"{flag} {path}: {why}; give another folder (e.g. under artifacts/), or add --force to "
                          "write there")
     return p
+
+
+def untracked_file(path, flag: str, *, force: bool = False) -> Path:
+    """A file named by ``flag``, not in the committed folders nor tracked (:func:`tracked_file_reason`)
+    unless ``force``."""
+    why = None if force else tracked_file_reason(path)
+    if why:
+        raise UsageError(f"{flag} {path}: {why}; name a file elsewhere (e.g. under artifacts/), or add --force "
+                         "to write there")
+    return Path(path)
 
 
 def keep_fuller(path, cover: dict, read_cover, flag: str = "--out", *, force: bool = False) -> None:

@@ -3,7 +3,8 @@
 ``--mode live`` (CUDA + flashinfer): draw ``--cases`` random cases from ``--seed``
 (:mod:`swa_repro.evidence.fuzz_cases`), JIT-build every module they need in parallel, probe each
 case like ``swa-repro record`` (:func:`swa_repro.kernel.probe.probe_case`), store the run
-(:mod:`swa_repro.evidence.fuzz_store`, default ``recordings/fuzz/<version>/``) and hold the model
+(:mod:`swa_repro.evidence.fuzz_store`, default ``artifacts/fuzz/live/<version>/``: the committed
+``recordings/fuzz/<version>/`` only when named with ``--force``) and hold the model
 to it per request and query head (:mod:`swa_repro.evidence.fuzz_compare`). ``--mode model``
 replays the committed fuzz recordings through the model. ``--mode selftest`` runs the live
 pipeline on CPU with the model's own masks standing in for the kernel (checks the machinery,
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from swa_repro.core.case import FLASHINFER_VERSIONS, Case
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import out_dir, write_atomic
+from swa_repro.core.outputs import not_regular, out_dir, untracked_dir, untracked_file, write_atomic
 from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
 from swa_repro.evidence import fuzz_cases as fc
@@ -156,7 +157,10 @@ def register(sub) -> None:
                         "default: ninja's own, cores + 2 per build)")
     p.add_argument("--prebuild-only", action="store_true", help="live: JIT-build the modules the cases need, then stop")
     p.add_argument("--budget-s", type=float, default=0, help="stop starting cases after this many seconds (0: none)")
-    p.add_argument("--out", default=None, help="live: folder (default recordings/fuzz/<version>/)")
+    p.add_argument("--out", default=None, help="live: folder (default artifacts/fuzz/live/<version>/; the "
+                   "committed recordings/fuzz/<version>/ with --force)")
+    p.add_argument("--force", action="store_true", help="let --out or --report be in the committed folders "
+                   "(recordings/, docs/)")
     p.add_argument("--recordings", default=str(FUZZ_ROOT), help="model: root of <version>/ fuzz recordings")
     p.add_argument("--report", default=None, help="report JSON path (default: next to the recording; model: artifacts/fuzz/)")
     p.set_defaults(func=main)
@@ -210,15 +214,20 @@ def _check(a, requested: str | None = None) -> None:
     if a.flashinfer_version is not None and a.flashinfer_version not in FLASHINFER_VERSIONS:
         raise UsageError(unmodelled_message(a.flashinfer_version))
     _mode_flags(a, requested or a.mode)  # the values first (as given), then what the mode reads
+    if a.force and not (a.out or a.report):
+        raise UsageError("--force goes with --out or --report (a committed folder); without them nothing is "
+                         "written there")
     if a.out:
-        out_dir(a.out, "--out")  # created when missing; checked before any case runs
+        untracked_dir(a.out, "--out", force=a.force)  # created when missing; checked before any case runs
     if a.report:
         if Path(a.report).is_dir():
             raise UsageError(f"--report {a.report} is a folder: name a .json file")
         if Path(a.report).is_symlink():
             raise UsageError(f"--report {a.report} is a symbolic link to {os.path.realpath(a.report)}: name a "
                              "regular file (a link is never written through)")
+        not_regular(a.report, "--report")
         out_dir(Path(a.report).parent, "--report's folder")
+        untracked_file(a.report, "--report", force=a.force)
 
 
 def main(a) -> int:
@@ -258,7 +267,7 @@ def _live(a) -> int:
         if a.prebuild_only:
             return 1 if failed else 0
     kernel_version = getattr(a, "installed_flashinfer", version)
-    out = Path(a.out) if a.out else (FUZZ_ROOT / kernel_version if live else ARTIFACTS / "selftest" / version)
+    out = Path(a.out) if a.out else ARTIFACTS / ("live" if live else "selftest") / (kernel_version if live else version)
     stem = out / stem_for(a)
     doc = {"mode": a.mode, "flashinfer_version": version, "kernel_flashinfer_version": kernel_version,
            "args": _args_doc(a), "provenance": provenance(), "jit_prebuild": jit}

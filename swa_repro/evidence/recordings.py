@@ -32,6 +32,9 @@ from swa_repro.core.versions import RECORDINGS_ROOT
 
 FORMAT = "swa-repro-recording/1"
 DEFAULT_ROOT = RECORDINGS_ROOT
+# where `record` writes unless told: git-ignored. recordings/ is committed evidence, written only when
+# named with --force (`--out recordings --force`, as scripts/gpu_evidence.sh does), never by default.
+RECORD_OUT = RECORDINGS_ROOT.parent / "artifacts" / "recordings"
 INT_FIELDS = ("lo", "hi", "count")
 FLAG_FIELDS = ("contiguous", "consistent", "nan", "repeat_equal")  # (qo, heads)
 ROW_FIELDS = ("err_vs_reference", "err_vs_model", "err_vs_probed", "random_equal")  # (qo,)
@@ -190,7 +193,9 @@ def load_recordings(root=None) -> list[Recording]:
 def register(sub) -> None:
     p = sub.add_parser("record", help="(GPU) probe the recording cases on real FlashInfer -> recordings/")
     p.add_argument("--cases", default="all", help="comma-separated names from swa_repro/recording_cases.py, or all")
-    p.add_argument("--out", default=str(DEFAULT_ROOT), help="root; files go to <out>/<flashinfer-version>/")
+    p.add_argument("--out", default=str(RECORD_OUT), help="root; files go to <out>/<flashinfer-version>/ "
+                   "(default artifacts/recordings; the committed recordings/ with --force)")
+    p.add_argument("--force", action="store_true", help="let --out be a folder of committed files (recordings/)")
     p.add_argument("--repeats", type=int, default=2, help="full probe sweeps compared bitwise (1..10)")
     p.add_argument("--random-runs", type=int, default=2, help="random-data runs compared bitwise (0..10)")
     p.add_argument("--jit-workers", type=int, default=4, help="modules JIT-built in parallel before probing (1..64)")
@@ -210,12 +215,14 @@ def main(a) -> int:
 
     check_bounds(_bounds(a))
     cases = rc.select(a.cases)
+    if a.list and a.force:
+        raise UsageError("--force goes with --out (a committed folder); --list writes nothing")
     if a.list:
         print(rc.table(cases))
         return 0
     if not str(a.out).strip():  # "" is the current folder to out_dir: the recordings landed there
-        raise UsageError("--out '': name a folder, or leave --out out for recordings/")
-    outputs.out_dir(a.out, "--out")  # before the GPU work: a path that cannot be written fails now
+        raise UsageError("--out '': name a folder, or leave --out out for artifacts/recordings/")
+    outputs.untracked_dir(a.out, "--out", force=a.force)  # before the GPU work: a refused path fails now
     from swa_repro.kernel.live import installed_flashinfer_version, module_key, prebuild_modules, require_cuda
 
     require_cuda()

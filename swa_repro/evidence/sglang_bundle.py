@@ -29,6 +29,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import fresh_dir, out_dir
+from swa_repro.core.versions import check_sglang_release
 from swa_repro.evidence.bundle import LIMIT_BYTES, _sha256, _strip_pycache
 from swa_repro.evidence.stubs import MEASURED_WHEELS, SGL_KERNEL_DIR, STUBS
 
@@ -152,6 +153,9 @@ def requirements(whl: Path, python_version: str) -> dict:
 
 
 def check_version(version: str) -> None:
+    """Before any folder or pip: a version that is no sglang release (``0.5.15.post2``, between two
+    known ones) is one line naming the nearest (``core.versions.check_sglang_release``, the audit's
+    rule), where pip used to be asked first and its resolver error printed."""
     from packaging.version import InvalidVersion, Version
 
     try:
@@ -161,6 +165,7 @@ def check_version(version: str) -> None:
     if v < Version(SGLANG_DEFAULT):
         raise UsageError(f"sglang {version} is not supported: the import chain was measured on {SGLANG_DEFAULT} "
                          f"and older releases ship other wheels and dependencies; use {SGLANG_DEFAULT} or newer")
+    check_sglang_release(version)
 
 
 def resolve(version: str, folders, dl: Path, python_version: str = "3.12") -> tuple[list[dict], dict]:
@@ -353,12 +358,12 @@ def _mib(n) -> str:
 
 def main(a) -> int:
     """``swa-repro bundle --sglang [VERSION] --out DIR`` (dispatched from bundle_cli.main)."""
+    check_version(a.sglang)  # first: no folder made, no pip asked, for a version that is no release
     out_dir(a.out, "--out")
     if Path(a.out).exists() and any(Path(a.out).iterdir()):
         raise UsageError(f"--out {a.out} exists and is not empty: give a new or empty folder")
     if a.wheel_dir and not Path(a.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {a.wheel_dir}: no such folder (give the folder of pre-fetched wheels)")
-    check_version(a.sglang)
     m = build_sglang_bundle(a.sglang, Path(a.out), python_version=a.python,
                             wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None)
     b = m["budget"]

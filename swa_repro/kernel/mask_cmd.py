@@ -26,7 +26,7 @@ from numpy.lib import format as npformat
 from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseError
 from swa_repro.core.errors import check_bounds
 from swa_repro.core.intervals import Intervals
-from swa_repro.core.outputs import atomic_path, out_file, write_atomic
+from swa_repro.core.outputs import atomic_path, out_file, untracked_file, write_atomic
 from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note
 
 FORMAT = "swa-repro-mask-intervals/1"
@@ -89,6 +89,7 @@ def register(sub) -> None:
     p.add_argument("--mode", choices=("model", "live"), default="model")
     add_case_args(p)
     p.add_argument("--out", required=True, help="output: .npz or .json (per-row key intervals); .npz with --dense")
+    p.add_argument("--force", action="store_true", help="let --out be in the committed folders (docs/, recordings/)")
     p.add_argument("--dense", action="store_true",
                    help=f"write bool (extend_len, kv_len) masks instead (.npz; at most {DENSE_LIMIT_CELLS} cells)")
     p.set_defaults(func=main)
@@ -199,6 +200,7 @@ def main(a) -> int:
     if a.dense:
         check_dense(case, a.out)
     out_file(a.out, "--out", (".npz", ".json"))  # before any work: nothing written on bad input
+    untracked_file(a.out, "--out", force=a.force)
     reqs, summary = requests_for(case, a.mode)
     status = [r.status for r in reqs]
     if a.dense:

@@ -22,7 +22,7 @@ import torch
 
 from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import out_dir
+from swa_repro.core.outputs import untracked_dir
 from swa_repro.core.mode import resolve_mode
 from swa_repro.sglang import patch as sglang_patch
 from swa_repro.sglang.harness import (HARNESS_RELEASES, reaches_past_window, require_harness_release, run_case,
@@ -135,6 +135,7 @@ def register(sub) -> None:
     p.add_argument("--cases", default=None, help=f"comma-separated subset of: {', '.join(c.name for c in MATRIX)} "
                    "(default: all)")
     p.add_argument("--trace-dir", default=None, help="save every run's wrapper-call trace here (.pt) for `swa-repro replay`")
+    p.add_argument("--force", action="store_true", help="let --trace-dir be a folder of committed files")
     p.add_argument("--peer", action="store_true", help="also run sglang's own attention test kit (extend cases)")
     p.add_argument("--kit-only", action="store_true",
                    help="only sglang's own attention kit (extend+decode cases), on sglang as it is on disk (0.5.13+)")
@@ -170,8 +171,10 @@ def main(a) -> int:
         raise UsageError("--sglang/--fix go with --kit-only (the matrix drives the installed "
                          f"{', '.join(HARNESS_RELEASES)}); for other releases use `swa-repro audit --sglang`")
     names = selected_cases(a.cases)
+    if a.force and not a.trace_dir:
+        raise UsageError("--force goes with --trace-dir (a committed folder)")
     if a.trace_dir:
-        out_dir(a.trace_dir, "--trace-dir")  # created when missing (Trace.save); checked before any run
+        untracked_dir(a.trace_dir, "--trace-dir", force=a.force)  # created when missing (Trace.save); checked before any run
     require_harness_release()
     info = resolve_mode(a.mode)
     rows = [r for r, _ in run_matrix(info.mode, cases=set(names), trace_dir=a.trace_dir)]

@@ -160,8 +160,8 @@ def main(a) -> int:
     """``--kit-only`` [``--sglang X`` [``--fix NAMES``]]; exit 1 if a case failed or errored."""
     from swa_repro.core.mode import resolve_mode
 
-    if a.cases is not None or a.peer or a.trace_dir is not None:  # "" too: not a kit case nor a folder
-        raise UsageError("--kit-only runs sglang's kit alone: drop --cases/--peer/--trace-dir")
+    if a.cases is not None or a.peer or a.trace_dir is not None or getattr(a, "force", False):  # "" too
+        raise UsageError("--kit-only runs sglang's kit alone: drop --cases/--peer/--trace-dir/--force")
     if a.sglang is not None:  # "" ran the installed sglang; 0.5.15.post2 went to the installer
         from swa_repro.sglang.provision import check_release
 

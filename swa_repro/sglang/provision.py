@@ -21,38 +21,12 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
+from swa_repro.core.versions import SGLANG_RELEASES as RELEASES  # noqa: F401 (provision.RELEASES, read by callers)
+from swa_repro.core.versions import check_sglang_release as check_release  # noqa: F401 (provision.check_release)
+from swa_repro.core.versions import sglang_release_key as parse
 
-MIN_RELEASE = (0, 5, 10)  # the oldest release the adapters in `releases` were written against
 MARKER = ".swa-repro-overlay.json"
-_VERSION = re.compile(r"^\d+\.\d+\.\d+(\.post\d+|rc\d+)?$")
-
-
-def parse(version: str) -> tuple:
-    """``0.5.15.post1`` -> (0, 5, 15, 1); refuses anything that is not a plain release number."""
-    if not _VERSION.match(version or ""):
-        raise UsageError(f"--sglang {version!r}: give a release number such as 0.5.23 "
-                         "(see `pip index versions sglang`)")
-    nums = [int(x) for x in re.findall(r"\d+", version)]
-    return tuple(nums + [0] * (4 - len(nums)))
-
-
-# Every sglang release from MIN_RELEASE to the newest this project was checked against (PyPI's
-# `pip index versions sglang`, 2026-12-06). A version in this range that is not one of them (a
-# mistyped post release) is refused before any install; a newer one goes to the installer.
-RELEASES = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1", "0.5.14",
-            "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-
-
-def check_release(version: str, flag: str = "--sglang") -> tuple:
-    """One line for a version from ``MIN_RELEASE`` to the newest known that is not a release, naming
-    the releases either side of it (``vllm.provision.check_release``'s rule, for sglang)."""
-    v = parse(version)
-    if v < MIN_RELEASE or version in RELEASES or v > parse(RELEASES[-1]):
-        return v
-    below = [r for r in RELEASES if parse(r) < v][-1:]
-    above = [r for r in RELEASES if parse(r) > v][:1]
-    raise UsageError(f"{flag} {version}: not an sglang release; the nearest are {' and '.join(below + above)} "
-                     f"(see `pip index versions sglang`)")
 
 
 def cache_root() -> Path:

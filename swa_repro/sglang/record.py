@@ -1,5 +1,5 @@
-"""An overlay (a release's files in the cache: ``sglang.provision``, ``vllm.provision``, their fixed
-copies) checked against its wheel's ``RECORD`` before it is used (issue #43).
+"""An overlay (a release's files in the cache: ``sglang.provision``, ``vllm.provision`` and its
+``.deps``, their fixed and kit copies) checked against its wheel's ``RECORD`` before it is used (issue #43).
 
 Why: a damaged file in a cached overlay (cut short, edited, replaced) made the release "not have" a
 model it has, and the result computed on it was cached under the intact release's key (the key
@@ -28,16 +28,22 @@ from pathlib import Path
 STAMP = ".swa-repro-verified.json"
 
 
-def listed(overlay: Path, dist_glob: str, skip=None) -> list[tuple[str, str]] | str:
+def listed(overlay: Path, dist_glob: str, skip=None, many: bool = False) -> list[tuple[str, str]] | str:
     """``[(relative path, urlsafe-b64 sha256)]`` of the files the RECORD lists with a hash, or why
-    there is no usable RECORD."""
+    there is no usable RECORD. ``many``: a site of several distributions (vLLM's ``.deps``), every
+    RECORD matching ``dist_glob`` (at least one)."""
     recs = sorted(overlay.glob(f"{dist_glob}/RECORD"))
-    if len(recs) != 1:
-        return f"{len(recs)} RECORD files (1 expected)"
-    try:
-        rows = list(csv.reader(io.StringIO(recs[0].read_text())))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        return f"its RECORD does not read ({e})"
+    bare = [d.name for d in overlay.glob(dist_glob) if many and not (d / "RECORD").is_file()]
+    if bare:  # a distribution whose files nothing vouches for
+        return f"{bare[0]} has no RECORD"
+    if not recs if many else len(recs) != 1:
+        return f"{len(recs)} RECORD files ({'at least ' * many}1 expected)"
+    rows = []
+    for rec in recs:
+        try:
+            rows += list(csv.reader(io.StringIO(rec.read_text())))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            return f"{rec.relative_to(overlay)} does not read ({e})"
     out = [(r[0], r[1].split("=", 1)[1]) for r in rows if len(r) >= 2 and r[1].startswith("sha256=")
            and not (skip and skip(r[0]))]
     return out or "its RECORD lists no file with a sha256"
@@ -58,11 +64,13 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def damaged(overlay: Path, dist_glob: str, *, skip=None, replaced: dict | None = None) -> list[str]:
+def damaged(overlay: Path, dist_glob: str, *, skip=None, replaced: dict | None = None,
+            many: bool = False) -> list[str]:
     """The overlay's files that are not what its wheel's RECORD (or ``replaced``: relative path ->
     sha256 hex of the file a fix wrote) says; empty: intact. The full check runs only when the
-    stamp differs from the one saved after the last check that passed (module docstring)."""
-    rows = listed(overlay, dist_glob, skip)
+    stamp differs from the one saved after the last check that passed (module docstring).
+    ``many``: every distribution's RECORD in the folder (:func:`listed`)."""
+    rows = listed(overlay, dist_glob, skip, many)
     if isinstance(rows, str):
         return [rows]
     replaced = replaced or {}

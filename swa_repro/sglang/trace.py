@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import atomic_path, out_file, write_atomic
+from swa_repro.core.outputs import atomic_path, out_file, untracked_file, write_atomic
 from swa_repro.evidence.recordings import provenance
 
 RECORDED_METHODS = ("plan", "begin_forward", "forward", "forward_return_lse", "run", "run_return_lse")
@@ -300,13 +300,17 @@ def register(sub) -> None:
                    help=f"max |replay - recorded| per output (default 2e-2, bf16; 0..{MAX_ATOL})")
     p.add_argument("--json", action="store_true", help="one JSON object per trace")
     p.add_argument("--out", default=None, help="also write every report, with provenance, to this .json")
+    p.add_argument("--force", action="store_true", help="let --out be in the committed folders (recordings/replay/)")
     p.set_defaults(func=main)
 
 
 def main(a) -> int:
     check_bounds([("--atol", a.atol, 0, MAX_ATOL)])  # NaN too: every comparison with it is False
+    if a.force and not a.out:
+        raise UsageError("--force goes with --out FILE (in a committed folder)")
     if a.out:
         out_file(a.out, "--out", (".json",))  # before loading traces or touching the GPU
+        untracked_file(a.out, "--out", force=a.force)
     traces = []
     for t in a.traces:
         if not Path(t).is_file():

@@ -9,9 +9,10 @@ own file (every release from 0.20.0 to 0.34.0 has the first two), written as ``r
 it at vLLM's 88 columns (the upstream diff is held to it):
 
 * ``FlashInferMetadataBuilder.__init__``: the decode route (``self.use_trtllm_decode_attention =
-  can_use_...``, decided before the builder reads the layers' cap) also requires no soft cap,
-  read from the layers as the builder reads it a few lines later
-  (``infer_global_hyperparameters(get_per_layer_parameters(...))``). Where the release has an
+  can_use_...``) also requires no soft cap, ``self.logits_soft_cap``: the builder's block of global
+  hyperparameters (``infer_global_hyperparameters(get_per_layer_parameters(...))``, which every
+  release computes after the route) is moved above the route, so the cap is read once (a vLLM
+  maintainer's review, issue #40; the comments say what the code does, no tool's tag). Where the release has an
   NVFP4 cache that only trtllm-gen reads (sm100: ``self.nvfp4_trtllm`` from 0.32.0, before that
   ``self.is_kvcache_nvfp4``), a soft-capped model with it is refused there with a message: flashinfer's
   wrappers with ``backend="trtllm-gen"`` refuse a cap at ``plan`` (the audit's ``nvfp4_kv_mixed``
@@ -57,7 +58,16 @@ _PAGES = re.compile(r"^(?P<i>[ ]+)and can_use_trtllm_attention\(num_qo_heads, nu
                     r"(?P<k>[ ]+)if not use_large_pages:", re.MULTILINE)
 _NVFP4 = ("self.nvfp4_trtllm", "self.is_kvcache_nvfp4")  # 0.32.0+: sm100's NVFP4 cache; before: any (sm100 only)
 _QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.MULTILINE)
-TAG = "# swa-repro cap-route:"
+# Each edit's comment, first line (vLLM's voice: no tool's name in the upstream code). Tests find an
+# edit by it; :func:`hunks` reads the code, never these.
+NOTE = {"decode route": "# trtllm-gen and XQA take no logits soft cap: soft-capped layers",
+        "prefill route": "# trtllm-gen context attention takes no logits soft cap.",
+        "large pages": "# Pages over 64 run only on trtllm-gen, which soft-capped layers",
+        "quantized query": "# A soft-capped layer runs on the FlashInfer wrappers, which"}
+# The builder's per-layer hyperparameters (every release 0.20.0-0.34.0 has this block after the decode
+# route); moved before it so the route reads ``self.logits_soft_cap`` instead of computing it twice.
+_HYPER = re.compile(r"^(?P<i>[ ]+)# Global hyperparameters shared by all attention layers\n(?:.*\n)*?"
+                    r"(?P=i)self\.logits_soft_cap = self\.global_hyperparameters\.logits_soft_cap\n", re.MULTILINE)
 _PAGES_DONE = 'getattr(getattr(layer, "impl", None), "logits_soft_cap", None)'  # the large-page edit's new text
 
 
@@ -73,32 +83,57 @@ def _assign(indent: str, name: str, value: str) -> str:
     return line if len(line) <= 89 else f"{indent}{name} = (\n{indent}    {value}\n{indent})\n"
 
 
-def edit(text: str, version: str) -> str:
-    """The release's backend file with the edits (the third where the release has its anchor); one
-    line if a required anchor is not there."""
+def _anchors(text: str, version: str):
     d = list(_DECODE.finditer(text))
     p = list(_PREFILL.finditer(text))
-    if len(d) != 1 or len(p) != 1:
-        raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(d)} decode and {len(p)} prefill "
-                         "route anchors (1 each expected): not a structure this fix knows")
-    i, var = d[0]["i"], d[0]["var"]
-    nvfp4 = next((a for a in _NVFP4 if f"{a} = " in text[:d[0].start()]), None)
-    refuse = (f"{i}if logits_soft_cap and {nvfp4}:\n"
+    h = list(_HYPER.finditer(text))
+    if len(d) != 1 or len(p) != 1 or len(h) != 1:
+        raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(d)} decode, {len(p)} prefill and "
+                         f"{len(h)} hyperparameter anchors (1 each expected): not a structure this fix knows")
+    return d[0], h[0]
+
+
+def _hoist(text: str, d, h) -> str:
+    """The hyperparameter block moved above the decode route's first assignment (and the comment lines
+    over it), so the route reads ``self.logits_soft_cap`` (the builder's own, not a second
+    ``infer_global_hyperparameters``); a release that has it there already keeps it."""
+    first = re.search(rf"^[ ]+{re.escape(d['var'])} = ", text, re.MULTILINE)
+    if h.start() < first.start():
+        return text
+    at = text.rfind("\n", 0, first.start()) + 1
+    while True:  # over the comment lines right above the assignment
+        prev = text.rfind("\n", 0, at - 1) + 1
+        if at == 0 or not text[prev:at].lstrip().startswith("#"):
+            break
+        at = prev
+    block, before, after = h.group(0), text[:h.start()], text[h.end():]
+    if before.endswith("\n\n") and after.startswith("\n"):  # a blank line either side: one stays
+        before = before[:-1]
+    rest = before + after
+    return rest[:at] + block + "\n" + rest[at:]
+
+
+def edit(text: str, version: str) -> str:
+    """The release's backend file with the edits (the last two where the release has their anchors);
+    one line if a required anchor is not there."""
+    d, h = _anchors(text, version)
+    text = _hoist(text, d, h)
+    d = _DECODE.search(text)
+    i, var = d["i"], d["var"]
+    nvfp4 = next((a for a in _NVFP4 if f"{a} = " in text[:d.start()]), None)
+    refuse = (f"{i}if self.logits_soft_cap and {nvfp4}:\n"
               f"{i}    raise NotImplementedError(\n"
               f'{i}        "--kv-cache-dtype nvfp4 runs on trtllm-gen only on this GPU, and "\n'
               f'{i}        "trtllm-gen takes no logits soft cap: use another --kv-cache-dtype."\n'
               f"{i}    )\n") if nvfp4 else ""
-    decode = (f"{i}{TAG} trtllm-gen and XQA take no logits soft cap;\n"
-              f"{i}# soft-capped layers decode on the planned wrapper, which does.\n"
-              f"{i}logits_soft_cap = infer_global_hyperparameters(\n"
-              f"{i}    get_per_layer_parameters(vllm_config, layer_names, FlashInferImpl)\n"
-              f"{i}).logits_soft_cap\n"
-              + refuse + _assign(i, var, f"{var} and not logits_soft_cap"))
-    out = text[:d[0].start()] + decode + text[d[0].start():]
+    decode = (f"{i}{NOTE['decode route']}\n"
+              f"{i}# decode on the FlashInfer wrapper, which applies it.\n"
+              + refuse + _assign(i, var, f"{var} and not self.logits_soft_cap"))
+    out = text[:d.start()] + decode + text[d.start():]
     m = _PREFILL.search(out)
     ind = m["head"][:len(m["head"]) - len(m["head"].lstrip())]
     end = out.index(f"\n{ind})\n", m.end()) + len(ind) + 3  # past the call's closing line
-    out = (out[:end] + f"{ind}{TAG} trtllm-gen context takes no soft cap\n"
+    out = (out[:end] + f"{ind}{NOTE['prefill route']}\n"
            + _assign(ind, "prefill_use_trtllm", "prefill_use_trtllm and not self.logits_soft_cap") + out[end:])
     g = list(_PAGES.finditer(out))
     if len(g) > 1:
@@ -106,8 +141,8 @@ def edit(text: str, version: str) -> str:
                          "(at most 1 expected): not a structure this fix knows")
     for m in g:  # 0.24.0+: pages over 64 run only on trtllm-gen, which a soft-capped layer no longer takes
         j = m["i"]
-        out = (out[:m.start("j")] + f"{j}{TAG} pages over 64 run only on trtllm-gen, which\n"
-               f"{j}# soft-capped layers no longer take.\n"
+        out = (out[:m.start("j")] + f"{j}{NOTE['large pages']}\n"
+               f"{j}# no longer take.\n"
                f"{j}and not any(\n"
                f'{j}    getattr(getattr(layer, "impl", None), "logits_soft_cap", None)\n'
                f"{j}    for layer in (\n"
@@ -120,22 +155,23 @@ def edit(text: str, version: str) -> str:
                          "(at most 1 expected): not a structure this fix knows")
     for m in q:  # 0.20.0-0.24.x: the impl would take an fp8 query the builder no longer plans for
         j = m["j"]
-        out = (out[:m.end()] + f"{j}{TAG} a soft-capped layer runs on the planned\n{j}# wrappers (model-dtype query)\n"
+        out = (out[:m.end()] + f"{j}{NOTE['quantized query']}\n{j}# plan a model-dtype query.\n"
                f"{j}and not self.logits_soft_cap\n" + out[m.end():])
     return out
 
 
 def hunks(text: str) -> dict[str, bool]:
     """Each edit this file has a place for -> whether its new text is there, read from the code's
-    structure (the tag comment is only a comment: a file missing one edit's lines but keeping
-    another's tag is not applied; issue #43). The decode and prefill routes always (their anchors
+    structure (a comment is only a comment: a file missing one edit's lines but keeping its
+    comment is not applied; issue #43). The decode and prefill routes always (their anchors
     stay in a fixed file); the large-page and query edits where the release has their place."""
     out = {}
     d = _DECODE.search(text)
     if d:
         var = re.escape(d["var"])
-        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not logits_soft_cap$", text, re.MULTILINE)
-                                   and "logits_soft_cap = infer_global_hyperparameters(" in text)
+        h = _HYPER.search(text)
+        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not self\.logits_soft_cap$", text,
+                                             re.MULTILINE) and h and h.start() < d.start())
     if _PREFILL.search(text):
         out["prefill route"] = bool(re.search(r"^[ ]+prefill_use_trtllm = \(?\s*prefill_use_trtllm and not "
                                               r"self\.logits_soft_cap$", text, re.MULTILINE))

@@ -64,8 +64,8 @@ def edit(text: str, version: str, source: Path | None) -> str:
 
 def state(text: str, version: str, source: Path | None = None) -> str:
     """``applied`` (every edit's new text is there), ``needed`` (none is, and both anchors found), or
-    ``partly applied (missing: ...)``, read from each edit's structure (``vfix.hunks``), never from the
-    tag comment; one line why not where the anchors are not there."""
+    ``partly applied (missing: ...)``, read from each edit's structure (``vfix.hunks``), never from a
+    comment; one line why not where the anchors are not there."""
     s, missing = vfix.state(text)
     if s == "partly applied":
         return f"partly applied (missing: {', '.join(missing)})"

@@ -125,13 +125,15 @@ def provision(version: str) -> tuple[Path, dict]:
 def _current(target: Path, say: bool = False) -> dict | None:
     """The marker of an unpacked overlay whose .deps are the ones this code installs for it and whose
     files are its wheel's (``sglang.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
-    checked when their stamp changed); else None (made again; ``say``: one stderr line if damaged)."""
+    checked when their stamp changed), ``.deps``' each its own wheel's likewise (a damaged ``openai``
+    there is a child that fails or answers from other code); else None (made again; ``say``: one stderr line if damaged)."""
     from swa_repro.sglang.record import damaged, marker
 
     info = marker(target / MARKER) if target.is_dir() else None
     if info is None or info.get("deps") != deps_for(target):
         return None
     bad = damaged(target, "vllm-*.dist-info", skip=lambda rel: rel.endswith(".so"))
+    bad = bad or [f".deps/{b}" for b in damaged(target / ".deps", "*.dist-info", many=True)]
     if bad and say:
         print(f"swa-repro: vllm's cached overlay {target} is damaged ({bad[0]}); unpacking it again", file=sys.stderr)
     return None if bad else info

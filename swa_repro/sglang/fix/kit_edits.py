@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -308,42 +307,11 @@ def apply_to_site(site: Path, names=ORDER) -> dict[str, str]:
 
 
 def kit_overlay(overlay: Path, names=ORDER) -> Path:
-    """A hard-linked copy of ``overlay`` (a release's, shipped or fixed: ``fix.overlay``) whose kit
-    has ``names`` applied, in ``sglang-kit/`` beside the overlays; made once, reused after (the kit's
-    text, the edits and this file decide its name), by one process at a time. The overlay itself is
-    never written to."""
-    from swa_repro.core.cache import locked
+    """``overlay`` with the kit edits ``names``: ``kit_copy.kit_overlay`` (made once, checked against its
+    wheel's RECORD each time it is reused)."""
+    from swa_repro.sglang.fix.kit_copy import kit_overlay as copy
 
-    with locked(overlay.parent.parent / "sglang-kit" / f".{overlay.parent.name}-{overlay.name}.lock"):
-        return _kit_overlay(overlay, names)
-
-
-def _kit_overlay(overlay: Path, names=ORDER) -> Path:
-    import hashlib
-    import json
-
-    from swa_repro.sglang.fix import kit_anchor, kit_tree
-
-    texts = read(overlay)
-    h = hashlib.sha256(",".join(names).encode())
-    for p in FILES:
-        h.update(texts[p].encode())
-    for m in (__file__, kit_anchor.__file__, kit_tree.__file__):
-        h.update(Path(m).read_bytes())
-    dst = overlay.parent.parent / "sglang-kit" / f"{overlay.parent.name}-{overlay.name}-{h.hexdigest()[:12]}"
-    marker = ".swa-repro-kit.json"
-    if (dst / marker).is_file():
-        return dst
-    partial = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    apply_to_site(partial, names)  # replaces the edited files: their links to the overlay break
-    (partial / marker).write_text(json.dumps({"overlay": str(overlay), "edits": list(names)}, indent=1))
-    shutil.rmtree(dst, ignore_errors=True)
-    partial.rename(dst)
-    return dst
+    return copy(overlay, names)
 
 
 def main(argv=None) -> int:

@@ -50,11 +50,16 @@ def intact(dst: Path) -> dict | None:
 
     info = marker(dst / MARKER)
     try:
-        files = {info["file"]: info, **(info.get("files") or {})}
-        replaced = {rel: v["fixed_sha256"] for rel, v in files.items() if v["original_sha256"]}
-        return None if damaged(dst, "sglang-*.dist-info", replaced=replaced) else info
+        return None if damaged(dst, "sglang-*.dist-info", replaced=replaced(info)) else info
     except (TypeError, KeyError, AttributeError, ValueError):  # a marker without its keys, a sha256 no hex digest
         return None
+
+
+def replaced(info: dict) -> dict[str, str]:
+    """The files a fixed copy's marker says the fixes replaced: relative path -> their sha256 hex
+    (``record.damaged``'s ``replaced``; also a kit copy's of a fixed overlay, ``kit_edits``)."""
+    files = {info["file"]: info, **(info.get("files") or {})}
+    return {rel: v["fixed_sha256"] for rel, v in files.items() if v["original_sha256"]}
 
 
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:

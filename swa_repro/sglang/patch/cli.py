@@ -7,7 +7,7 @@ from pathlib import Path
 
 import swa_repro.sglang.patch as patch_pkg
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import new_file, write_atomic
+from swa_repro.core.outputs import new_file, untracked_file, write_atomic
 from swa_repro.sglang import fix
 from swa_repro.sglang.patch.classify import classify
 from swa_repro.sglang.patch.edit import transform, unified_diff
@@ -60,6 +60,7 @@ def check_paths(args, path: Path) -> None:
         if args.out.resolve() == path.resolve():
             raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
         new_file(args.out, "--out", force=args.force)
+        untracked_file(args.out, "--out", force=args.force)  # docs/, recordings/, a tracked file: with --force
 
 
 def run(args) -> int:
