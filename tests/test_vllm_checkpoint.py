@@ -201,3 +201,23 @@ def test_a_missing_path_and_the_live_step_are_one_line(fake_vllm, capsys):
     assert main(["audit", "--vllm", "0.34.0", "--model", folder, "--mode", "model"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--mode with --vllm X --model PATH" in err[0]
+
+
+@pytest.mark.matrix
+def test_a_window_from_another_key_is_cited_not_guessed_and_a_zero_window_is_none(tmp_path):
+    """plamo3.py hands ``config.interleaved_sliding_window[layer_idx]``: the cell is not driven, the
+    line cited (read back from the release's file); ``sliding_window: 0`` is vLLM's "no window"
+    (``ModelConfig``: 0 -> None)."""
+    from swa_repro.vllm import checkpoint, registry
+
+    overlay = _overlay("0.34.0")
+    if "Plamo3ForCausalLM" not in registry.served(overlay):
+        pytest.skip("0.34.0 has no Plamo3ForCausalLM")
+    plamo = {"architectures": ["Plamo3ForCausalLM"], "model_type": "plamo3", "hidden_size": 1024,
+             "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "sliding_window": 2048,
+             "interleaved_sliding_window": [2048, None]}
+    got = checkpoint.resolve(_ck(tmp_path, "plamo", plamo), "0.34.0", overlay)
+    rel, line = got["error"].split("(", 1)[1].split(":")[:2]
+    assert "interleaved_sliding_window" in (overlay / rel).read_text().splitlines()[int(line) - 1]
+    zero = checkpoint.resolve(_ck(tmp_path, "zero", {**MISTRAL, "sliding_window": 0}), "0.34.0", overlay)
+    assert zero["hf_sliding_window"] is None and all(k["sliding_window"] is None for k in zero["layers"].values())
