@@ -221,3 +221,22 @@ def test_a_window_from_another_key_is_cited_not_guessed_and_a_zero_window_is_non
     assert "interleaved_sliding_window" in (overlay / rel).read_text().splitlines()[int(line) - 1]
     zero = checkpoint.resolve(_ck(tmp_path, "zero", {**MISTRAL, "sliding_window": 0}), "0.34.0", overlay)
     assert zero["hf_sliding_window"] is None and all(k["sliding_window"] is None for k in zero["layers"].values())
+
+
+@pytest.mark.matrix
+def test_sinks_the_model_file_passes_only_for_some_configs_are_said_so(tmp_path):
+    """granite.py (0.34.0) passes ``sinks=self.sinks`` where ``self.sinks`` is None for some configs:
+    the source line says the audit took them as passed; gpt-oss' are always passed."""
+    from swa_repro.vllm import checkpoint, registry
+
+    overlay = _overlay("0.34.0")
+    if "GraniteForCausalLM" not in registry.served(overlay):
+        pytest.skip("0.34.0 has no GraniteForCausalLM")
+    granite = {"architectures": ["GraniteForCausalLM"], "model_type": "granite", "hidden_size": 1024,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "sliding_window": 512,
+               "layer_types": ["sliding_attention", "full_attention"]}
+    got = checkpoint.resolve(_ck(tmp_path, "granite", granite), "0.34.0", overlay)
+    rel, line = got["sources"]["sinks"].split(":")[:2]
+    assert "sinks=self.sinks" in (overlay / rel).read_text().splitlines()[int(line) - 1]
+    assert "None for some configs" in got["sources"]["sinks"] and got["layers"]["sliding"]["sinks"] is True
+    assert got["layers"]["sliding"]["sliding_window"] == 512 and got["layers"]["full"]["sliding_window"] is None

@@ -97,7 +97,8 @@ def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
               for k, win in windows.items()}
     sources = {"window": wsrc, "cap": cap_line or "no line passes attn_logit_softcapping to the layer",
                "scale": qpas_line or "head_dim ** -0.5 (no query_pre_attn_scalar line)",
-               "sinks": sink_line or "no sinks passed", "files": ", ".join(registry.rel(overlay, f) for f in files)}
+               "sinks": (sink_line + (" (None for some configs in the model file: audited as passed)"
+                                      if registry.sinks_conditional(files) else "")) if sink_line else "no sinks passed", "files": ", ".join(registry.rel(overlay, f) for f in files)}
     out = {"family": ck.architecture, "num_qo_heads": nq, "num_kv_heads": nkv, "head_dim": hd,
            "hf_sliding_window": w, "hf_cap": hf_cap, "layers": layers, "sources": sources,
            "how": f"the user's config ({ck.config_class.split(' ')[0]} for the rest) + the release's model-file "

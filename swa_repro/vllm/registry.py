@@ -196,8 +196,19 @@ def line_of(overlay: Path, files: list[Path], pattern: str) -> str | None:
     return None
 
 
+def sinks_conditional(files: list[Path]) -> bool:
+    """The sinks the file passes are sometimes None (granite's ``self.sinks = None`` beside its
+    ``nn.Parameter``): present only for some configs, which the audit does not evaluate."""
+    for f in files:
+        for m in re.finditer(SINKS, _text(f)):
+            expr = m.group(0).split("=", 1)[1].strip()
+            if re.search(rf"^\s*{re.escape(expr)}\s*=\s*None\b", _text(f), re.MULTILINE):
+                return True
+    return False
+
+
 CAP = r"soft_cap\w*\s*=.*attn_logit_softcapping"  # gemma2's attn_logits_soft_cap=config.attn_logit_softcapping
-SINKS = r"\bsinks\s*=\s*(?!None\b)[\w.]+"  # gpt-oss' sinks=self.sinks
+SINKS = r"(?<![.\w])sinks=(?!None\b)[\w.]+"  # the keyword: gpt-oss' sinks=self.sinks
 QPAS = r"query_pre_attn_scalar\s*\*\*\s*-0\.5"
 
 
