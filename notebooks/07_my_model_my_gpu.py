@@ -13,11 +13,12 @@
 # %% [markdown]
 # # 07 · My model, my GPU, my release: is it affected, and which fix makes it exact?
 #
-# Set `model` (a family: gemma2, gemma3, gpt-oss, exaone4, cohere2, gemma4, mistral, qwen2-swa), `gpu`
+# Set `model` (your checkpoint: its `config.json` or the folder holding it, read without weights; or a
+# family: gemma2, gemma3, gpt-oss, exaone4, cohere2, gemma4, mistral, qwen2-swa), `gpu`
 # (`auto`: this machine's GPU class from its compute capability, or sm80 / sm90 / sm100) and
 # `sglang_release` (`installed`, or a release 0.5.14-0.5.23). The release's own code builds the
-# family's attention layers from a small config of that family (its real head_dim, heads, window and
-# cap), derives the runner's window as it does, and every path of its FlashInfer backend is driven
+# model's attention layers from a small config of your values (or the family's published ones: its
+# real head_dim, heads, window and cap), derives the runner's window as it does, and every path of its FlashInfer backend is driven
 # on CPU at the real window with prompts past it: the answer is re-derived here, not quoted from
 # `docs/audit/families.md`. The audit is cached by content, so a second run costs seconds.
 #
@@ -30,7 +31,7 @@
 # %% tags=["parameters"]
 mode = "auto"  # auto | live | model
 output_dir = "artifacts"  # relative: from the repo root; a run in the lab writes under <this>/interactive/
-model = "gemma2"  # a family of swa_repro.sglang.families.FAMILIES
+model = "gemma2"  # a checkpoint's config.json or its folder (e.g. "./my-model"), or a family (families.FAMILIES)
 gpu = "auto"  # auto (this GPU's class; without CUDA sm90, said so) | sm80 | sm90 | sm100
 sglang_release = "installed"  # installed, or a release 0.5.14-0.5.23
 
@@ -62,7 +63,8 @@ save = figure_saver(output_dir)
 # attends counted as ranges); a GPU only names its class, which decides what FlashInfer runs.
 
 # %%
-family, gpu_class, release = family_answer.check(model, gpu, sglang_release)
+family, gpu_class, release = family_answer.check(model, gpu, sglang_release)  # a family, or your config.json read
+name = family_answer.name_of(family)
 print(f"sglang {release}; GPU class {gpu_class.why}")
 print("the audit runs on CPU" + ("" if info.mode == "live" else " (no CUDA here: the CPU audit is all there is)"))
 
@@ -88,7 +90,7 @@ print("ANSWER:", answer["state"], *(f"\n  {w}" for w in ([answer["why"]] if isin
 # attended outside it; orange: inside it and not attended. Then the same, zoomed to where it goes wrong.
 
 # %%
-title = f"{family} on sglang {release}, {gpu_class.name}: keys each query attends"
+title = f"{name} on sglang {release}, {gpu_class.name}: keys each query attends"
 plots.publish(key_heatmap.figure(key_heatmap.panels_of(audit), title), "07_my_model_my_gpu_keys", save)
 
 # %%
@@ -138,12 +140,12 @@ checks.expect(not fix["fixes"] or fix["fixed_state"] == "not affected",
 # same card; sm100's kernels need a Blackwell card.
 
 # %%
-call, live_rows = family_evidence.family_rows(family, release, gpu_class.name)
-print(family_evidence.sentence(call, family, release, gpu_class.name))
+call, live_rows = family_evidence.family_rows(name, release, gpu_class.name)  # the families' published configs
+print(family_evidence.sentence(call, name, release, gpu_class.name))
 pd.DataFrame(live_rows)
 
 # %%
-checks.expect(call is None or family_evidence.consistent(call, family),
+checks.expect(call is None or family_evidence.consistent(call, name),
               "the kernel is never off the reference where the key audit of the same run is clean",
               call=None if call is None else call.name);
 

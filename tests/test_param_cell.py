@@ -33,7 +33,9 @@ def test_the_cell_after_parameters_is_the_one_check(path):
 
 # (notebook, parameters as a user edits them, what the one line must say)
 BAD = [
-    ("07_my_model_my_gpu", {"model": "google/gemma-2-9b-it"}, "model = 'google/gemma-2-9b-it': choose one of gemma2"),
+    ("07_my_model_my_gpu", {"model": "google/gemma-2-9b-it"}, ("model = 'google/gemma-2-9b-it': google/gemma-2-9b-it: "
+     "no such file or folder; give a checkpoint's config.json, a folder holding one, or a family (gemma2")),
+    ("07_my_model_my_gpu", {"model": "gemma-2"}, "model = 'gemma-2': choose one of gemma2, gemma3"),
     ("07_my_model_my_gpu", {"gpu": "h100"}, "gpu = 'h100': choose one of auto, sm80, sm90, sm100"),
     ("07_my_model_my_gpu", {"sglang_release": "0.9"}, "sglang_release = '0.9': "),
     ("03_apply_backend_patch", {"fixes": "bogus_fix"}, "fixes = 'bogus_fix': unknown bogus_fix; choose all (every fix) or from"),
@@ -56,6 +58,22 @@ def test_a_bad_parameter_is_one_line_in_the_notebooks_words(stem, edit, says):
     [line] = e.value._render_traceback_()  # what IPython shows instead of a traceback
     assert line.startswith("ParameterError: ") and says in line and "\n" not in line
     assert "--" not in line and "notebook " not in line  # no command-line flags, no "notebook 07 expects"
+
+
+def test_model_takes_a_checkpoint_folder_or_its_config_json(tmp_path):
+    """Notebook 07's ``model``: a checkpoint (issue #41 part 5), read as the audit reads it; a file
+    without ``architectures`` is one line in the cell's words."""
+    good, bad = tmp_path / "my-model", tmp_path / "no-arch"
+    for d, values in ((good, {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "sliding_window": 1024}),
+                      (bad, {"model_type": "gemma2"})):
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(values))
+    for model in (str(good), str(good / "config.json")):
+        assert check("07_my_model_my_gpu", {**_defaults("07_my_model_my_gpu"), "model": model}) is True
+    with pytest.raises(ParameterError) as e:
+        check("07_my_model_my_gpu", {**_defaults("07_my_model_my_gpu"), "model": str(bad)})
+    [line] = e.value._render_traceback_()
+    assert "has no architectures" in line and "--" not in line, line
 
 
 def test_output_dir_that_is_a_file(tmp_path):
@@ -89,7 +107,7 @@ def stopped(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stem, says", [("07_my_model_my_gpu", "model = 'google/gemma-2-9b-it': choose one of"),
+@pytest.mark.parametrize("stem, says", [("07_my_model_my_gpu", "model = 'google/gemma-2-9b-it': google/gemma-2-9b-it: no such"),
                                         ("03_apply_backend_patch", "fixes = 'bogus_fix': unknown bogus_fix")])
 def test_papermill_stops_at_the_check_cell_and_saves_nothing(stopped, stem, says):
     d, r = stopped[stem]

@@ -80,6 +80,12 @@ def check(model: str, gpu: str | None, release: str | None) -> tuple:
     return model, gpu_class(gpu), release_of(release)
 
 
+def name_of(model) -> str:
+    """A family's name, or a checkpoint's architecture (the GPU recordings, ``family_evidence``, are
+    the families' published configs: a checkpoint's architecture has none of its own)."""
+    return getattr(model, "architecture", model)
+
+
 def family_audit(release: str, model: str, gpu: str, fixes=None) -> dict:
     """The family's audit document (``audit.family_run``), with the release header beside it."""
     from swa_repro.sglang.audit import family_run

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from swa_repro.core.case import MAX_BATCH, MAX_HEADS, MAX_KV_LEN
-from swa_repro.sglang.families import FAMILIES, GPU_CLASSES
+from swa_repro.sglang.families import GPU_CLASSES
 
 SEED_MAX = 2**32 - 1  # numpy's seed range
 
@@ -150,7 +150,7 @@ COMMON: dict[str, Param] = {
     "gpu_results": Param(str),
     "cpu_results": Param(str),
     # 07: my model, my GPU, my release
-    "model": Param(str, choices=FAMILIES),
+    "model": Param(str),  # a family of FAMILIES or a checkpoint's config.json / its folder (params._model)
     "gpu": Param(str, choices=("auto", *GPU_CLASSES)),
 }
 NOTEBOOK: dict[str, dict[str, Param]] = {}  # a notebook whose parameter of a shared name differs

@@ -186,8 +186,25 @@ def _family_release(value) -> None:
         check_release(value)
 
 
+def _model(value) -> None:
+    """Notebook 07: a family (``families.FAMILIES``), or a checkpoint's ``config.json`` or the folder
+    holding one, read now (``core.checkpoint_config``: it parses and names its architecture)."""
+    from swa_repro.core import checkpoint_config as cc
+    from swa_repro.sglang.families import FAMILIES
+
+    if value in FAMILIES:
+        return
+    if not cc.looks_like_path(value):
+        raise UsageError(f"choose one of {', '.join(FAMILIES)}, or give a checkpoint's config.json or the folder "
+                         "holding it")
+    try:
+        cc.read(value, "sglang", FAMILIES)
+    except UsageError as e:
+        raise UsageError(str(e).removeprefix("--model ")) from None
+
+
 # (notebook, name) -> its own check, where one notebook takes other values under a shared name
-NOTEBOOK_VALUES = {("07_my_model_my_gpu", "sglang_release"): _family_release}
+NOTEBOOK_VALUES = {("07_my_model_my_gpu", "sglang_release"): _family_release, ("07_my_model_my_gpu", "model"): _model}
 
 
 def check_parameters(params: dict, notebooks: list[Path], reserved=()) -> None:

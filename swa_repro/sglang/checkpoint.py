@@ -27,47 +27,22 @@ no ``architectures``, an architecture the release lacks, a key the release's mod
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from swa_repro.core import checkpoint_config as cc
+from swa_repro.core.checkpoint_config import config_object, looks_like_path  # noqa: F401 (the callers' names)
 from swa_repro.core.errors import UsageError
-from swa_repro.core.inputs import read_json
 from swa_repro.sglang import families as fam
 from swa_repro.sglang import model_configs as mc
 
-# The values the audit reads of a checkpoint's attention, reported with where each came from.
-ATTENTION_KEYS = ("sliding_window", "layer_types", "sliding_window_pattern", "use_sliding_window",
-                  "max_window_layers", "attn_logit_softcapping", "final_logit_softcapping", "head_dim",
-                  "num_attention_heads", "num_key_value_heads", "hidden_size", "num_hidden_layers",
-                  "query_pre_attn_scalar")
-USER, DEFAULT = "user", "default"
 
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One ``config.json`` as read (before a release is asked)."""
-    arg: str  # what --model said
-    path: str  # the config.json read
-    values: dict  # the file's JSON
-    architecture: str
-    config_class: str  # "transformers.Gemma2Config" or "PretrainedConfig (plain: ...)"
-    config: object  # the config object: the user's values, the class filling the rest
+class Checkpoint(cc.Checkpoint):
+    """One ``config.json`` as read (``core.checkpoint_config``), with its sglang family."""
 
     @property
     def family(self) -> str:
         """The family whose architecture this is (its remedy and server facts), else the architecture."""
         return next((f for f, (_, _, a) in mc.MODELS.items() if a == self.architecture), self.architecture)
-
-    def text_config(self):
-        """The config holding the layers (a multimodal config's ``text_config``)."""
-        get = getattr(self.config, "get_text_config", None)
-        return get() if get else self.config
-
-
-def looks_like_path(text: str) -> bool:
-    """A ``--model`` that names a file or folder rather than families."""
-    return os.path.exists(text) or text.endswith(".json") or os.sep in text or text.startswith(".")
 
 
 def model_arg(text: str | None, gpu: str | None):
@@ -78,47 +53,9 @@ def model_arg(text: str | None, gpu: str | None):
     return fam.check_args(text, gpu)[0]
 
 
-def config_path(text: str) -> Path:
-    p = Path(text).expanduser()
-    if p.is_dir():
-        p = p / "config.json"
-        if not p.is_file():
-            raise UsageError(f"--model {text}: the folder holds no config.json; give the checkpoint's folder or its "
-                             "config.json")
-    elif not p.exists():
-        raise UsageError(f"--model {text}: no such file or folder; give a checkpoint's config.json, a folder holding "
-                         f"one, or a family ({', '.join(fam.FAMILIES)})")
-    return p
-
-
 def read(text: str) -> Checkpoint:
     """The file read and parsed (no release asked yet)."""
-    p = config_path(text)
-    values = read_json(p, "--model")
-    arch = values.get("architectures")
-    if not isinstance(arch, list) or not arch or not isinstance(arch[0], str) or not arch[0]:
-        raise UsageError(f"--model {p} has no architectures (e.g. \"architectures\": [\"Gemma2ForCausalLM\"]): "
-                         "sglang picks the model class by it")
-    cls_name, cfg = config_object(values, p)
-    return Checkpoint(text, str(p), values, arch[0], cls_name, cfg)
-
-
-def config_object(values: dict, p) -> tuple[str, object]:
-    """transformers' class for ``model_type`` built from the values, else a plain PretrainedConfig."""
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    mt = values.get("model_type")
-    if isinstance(mt, str) and mt in CONFIG_MAPPING:
-        cls, name = CONFIG_MAPPING[mt], f"transformers.{CONFIG_MAPPING[mt].__name__}"
-    else:
-        cls = transformers.PretrainedConfig
-        name = f"PretrainedConfig (plain: transformers {transformers.__version__} has no class for model_type {mt!r})"
-    try:
-        return name, cls.from_dict(dict(values))
-    except Exception as e:  # noqa: BLE001 - a class's own validators (huggingface_hub's strict dataclasses)
-        raise UsageError(f"--model {p}: {name.split(' ')[0]} refuses the file: {str(e).splitlines()[0][:160]}") \
-            from None
+    return cc.read(text, "sglang", fam.FAMILIES, Checkpoint)
 
 
 # ----------------------------------------------------------------------------- against a release
@@ -181,21 +118,5 @@ def small_config(ck: Checkpoint) -> fam.SmallConfig:
 
 
 def record(ck: Checkpoint) -> dict:
-    """What the answer says it read: the file (``file``: its JSON as read), the class, and each
-    attention value with its origin (``keys_from_default``: every key the class set that the file lacks, PretrainedConfig's own aside)."""
-    from transformers import PretrainedConfig
-
-    text, raw = ck.text_config(), ck.values.get("text_config") if isinstance(ck.values.get("text_config"), dict) \
-        else ck.values
-    vals = {}
-    for k in ATTENTION_KEYS:
-        if k in raw or hasattr(text, k):
-            v = raw[k] if k in raw else getattr(text, k)
-            vals[k] = {"value": v if isinstance(v, (type(None), bool, int, float, str, list)) else str(v),
-                       "from": USER if k in raw else DEFAULT}
-    defaulted = []
-    if hasattr(text, "to_dict") and type(text) is not PretrainedConfig:  # the class's keys, not PretrainedConfig's
-        generic = PretrainedConfig().to_dict()
-        defaulted = sorted(k for k in text.to_dict() if k not in raw and k not in generic)
-    return {"path": ck.path, "architecture": ck.architecture, "model_type": ck.values.get("model_type"),
-            "config_class": ck.config_class, "values": vals, "keys_from_default": defaulted, "file": ck.values}
+    """What the answer says it read, each attention value with its origin (``core.checkpoint_config.record``)."""
+    return cc.record(ck)

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from swa_repro.core.checkpoint_config import FULL, SLIDING, layer_kinds  # noqa: F401 (one rule for both engines)
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import model_configs as mc
 
@@ -37,7 +38,6 @@ CHECKPOINT_KEYS = {
     "gemma3": {"rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
 }
 FAMILIES = tuple(mc.MODELS)
-SLIDING, FULL = "sliding", "full"
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,6 @@ class SmallConfig:
     def intended_window(self) -> int:
         """FlashInfer's count of the keys a sliding layer intends (HF's window minus the query)."""
         return -1 if self.sliding_window is None else self.sliding_window - 1
-
-
-def layer_kinds(cfg) -> tuple:
-    """transformers' layer kinds of ``cfg``: its ``layer_types``, else every layer sliding when it
-    has ``sliding_window`` (Mistral), else every layer full."""
-    lt = getattr(cfg, "layer_types", None)
-    if lt:
-        return tuple({"sliding_attention": SLIDING, "full_attention": FULL}.get(t, "other") for t in lt)
-    return ((SLIDING if getattr(cfg, "sliding_window", None) else FULL),) * int(cfg.num_hidden_layers)
 
 
 def small_config(family: str) -> SmallConfig:

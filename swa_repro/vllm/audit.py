@@ -38,7 +38,7 @@ def check(version: str, model: str | None, gpu: str | None) -> tuple[list[str], 
     bad = [x for x in names if x not in FAMILIES]
     if bad or not names:
         raise UsageError(f"--model {bad[0] if bad else model!r}: unknown family for --vllm; choose from "
-                         f"{', '.join(FAMILIES)} or all")
+                         f"{', '.join(FAMILIES)} or all, or give a checkpoint's config.json or the folder holding it")
     gpus = [x.strip() for x in (gpu or sf.DEFAULT_GPU).split(",") if x.strip()]
     unknown = [x for x in gpus if x not in sf.GPU_CLASSES]
     if unknown or not gpus:
@@ -51,9 +51,10 @@ def arch(g: sf.GpuClass) -> str:
 
 
 def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, note=print,
-                fix: str | None = None) -> tuple[dict, float, dict]:
+                fix: str | None = None, checkpoint=None) -> tuple[dict, float, dict]:
     """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
-    ``fix``: on a copy of the release with that fix (``vllm.fix``)."""
+    ``fix``: on a copy of the release with that fix (``vllm.fix``); ``checkpoint``: the user's
+    config (``vllm.checkpoint``) audited instead of ``families``, checked against the release first."""
     from swa_repro.core.cache import cached, code_hash, interpreter
     from swa_repro.vllm.provision import content_digest, provision
 
@@ -66,6 +67,10 @@ def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, n
          f"(release {'cached' if info['cached'] else 'unpacked now'})")
     args = ["--families", ",".join(families), "--archs", ",".join(arch(g) for g in gpus),
             "--deps", str(overlay / ".deps")]
+    if checkpoint is not None:
+        from swa_repro.vllm.checkpoint import resolve
+
+        args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "sglang", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
@@ -168,7 +173,12 @@ def main(a) -> int:
         from swa_repro.vllm import table
 
         return table.main(a)
-    families, gpus = check(a.vllm, a.model, a.gpu)
+    from swa_repro.vllm.checkpoint import model_arg
+
+    ck = model_arg(a.model, FAMILIES)  # the user's config.json read, or None (family names)
+    families, gpus = check(a.vllm, None if ck else a.model, a.gpu)
+    if ck:
+        families = [ck.architecture]
     fix = None
     if a.fix is not None or a.diff:
         from swa_repro.vllm import fix as vfix
@@ -181,18 +191,27 @@ def main(a) -> int:
             return 0
     note = (lambda s: print(s, file=sys.stderr)) if a.json else print
     mode = live_mode(a.mode)
+    if ck and mode:
+        raise UsageError("--mode with --vllm X --model PATH: the live step drives the table's families; audit the "
+                         "checkpoint without --mode")
     if a.paths and not mode:
         raise UsageError("--paths with --vllm picks the live step's paths: add --mode model (CPU) or --mode live (GPU)")
     live_paths(a.paths)
     if not 1 <= a.live_budget <= 3600:
         raise UsageError(f"--live-budget {a.live_budget:g}: give 1 to 3600 seconds")
-    doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix)
+    doc, seconds, how = run_release(a.vllm, families, gpus, note=note, fix=fix, checkpoint=ck)
+    if ck:
+        from swa_repro.core.checkpoint_config import record
+
+        doc = {**doc, "checkpoint": record(ck)}
     live = run_live(a.vllm, families, gpus, mode=mode, fix=fix, paths=a.paths, budget=a.live_budget,
                     note=note) if mode else None
     status = exit_status(cell_states(doc, families, gpus), a.fail_on)
     if a.json:
         print(json.dumps({**doc, "seconds": seconds, "cache": how.get("cache"), "live": live}, default=str))
         return status
+    if ck:
+        print(read_line(doc["checkpoint"]))
     for g in gpus:
         for f in families:
             d = doc["audits"][arch(g)][f]
@@ -205,6 +224,14 @@ def main(a) -> int:
             print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
     print(f"(child {seconds} s, cache {how.get('cache')})")
     return status
+
+
+def read_line(ck: dict) -> str:
+    """What the audit read of the user's file, and what came from the class's defaults."""
+    mine = [k for k, v in ck["values"].items() if v["from"] == "user"]
+    other = [k for k, v in ck["values"].items() if v["from"] != "user"]
+    return (f"checkpoint {ck['path']}: {ck['architecture']} read with {ck['config_class']}; from the file: "
+            f"{', '.join(mine) or 'none of the attention keys'}; from the class's defaults: {', '.join(other) or 'none'}")
 
 
 def cell_states(doc: dict, families: list[str], gpus: list[sf.GpuClass]) -> list[str]:

@@ -12,7 +12,7 @@ def register(sub) -> None:
     p.add_argument("--vllm", metavar="VERSION", help="audit this vLLM release's FlashInfer backend (0.20.0 or "
                    "later; its wheel's Python files as a cached overlay, run in a subprocess): per layer kind and "
                    "path (prefill, decode, mixed), the window, cap, scale and sinks asked vs told; with --model "
-                   "FAMILY[,..]|all (default gemma2) and --gpu sm80|sm90|sm100[,..] (default sm90). With "
+                   "PATH (a checkpoint's config.json or its folder) or FAMILY[,..]|all (default gemma2) and --gpu sm80|sm90|sm100[,..] (default sm90). With "
                    "--release-table: VERSION[,..] or 'table' (the table's releases) -> --out/vllm-releases.md + .json")
     p.add_argument("--diff", action="store_true", help="with --vllm X --fix cap-route: print the fix as a unified "
                    "diff against release X's flashinfer.py (the upstream diff) instead of auditing")

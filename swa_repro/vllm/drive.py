@@ -175,11 +175,12 @@ def one(fb, rec, fam: dict, arch: tuple) -> dict:
 def run(overlay: Path, a) -> dict:
     from swa_repro.vllm import families
 
-    fams = [families.resolve(n, overlay) for n in a.families.split(",")]
+    fams = a.fams or [families.resolve(n, overlay) for n in a.families.split(",")]
     archs = [tuple(int(x) for x in s.split(".")) for s in a.archs.split(",")]
     rec = standins.Recorder()
     fb = setup(rec)
-    out = {f"{x[0]}.{x[1]}": {fam["family"]: {"family": fam, **in_fork(lambda: one(fb, rec, fam, x))}
+    out = {f"{x[0]}.{x[1]}": {fam["family"]: {"family": fam, **({"error": fam["error"]} if fam.get("error") else
+                                                                 in_fork(lambda: one(fb, rec, fam, x)))}
                               for fam in fams} for x in archs}
     bad = foreign(overlay)
     if bad:
@@ -193,6 +194,8 @@ def run(overlay: Path, a) -> dict:
 def main(argv=None) -> int:
     p = child_parser("swa_repro.vllm.drive")
     p.add_argument("--families", required=True, help="comma-separated families (vllm.families.FAMILIES)")
+    p.add_argument("--fams", type=json.loads, help="the families' parameters as JSON (a checkpoint's: "
+                   "vllm.checkpoint.resolve), instead of resolving --families")
     p.add_argument("--archs", required=True, help="GPU classes' compute capabilities, e.g. 9.0,10.0")
     p.add_argument("--deps", type=Path, help="pure-Python imports the venv lacks or has too old, before the venv")
     a, _ = p.parse_known_args(argv)

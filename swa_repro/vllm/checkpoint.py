@@ -1,0 +1,111 @@
+"""A user's checkpoint for ``audit --vllm X --model PATH``: its ``config.json`` (or the folder holding
+one; ``core.checkpoint_config``) turned into what each of its layer kinds asks vLLM's
+``FlashInferImpl`` for, at the user's values, through release X's own model file.
+
+* ``architectures[0]`` is looked up in the release's registry (``registry.served``: the dicts its
+  ``_VLLM_MODELS`` merges, read with ``ast``); one line when the release lacks it (naming the vLLM
+  releases on this machine that serve it);
+* the files that build its attention (``registry.attention_files``) say how the window reaches the
+  layer (``registry.window``: the model file's ``per_layer_sliding_window``, ``+ 1`` where it adds
+  one, or vLLM's model-level ``cache_config.sliding_window`` where it passes none), whether the cap
+  is passed (``registry.CAP``), the sinks (``registry.SINKS``) and the scale (``registry.QPAS``);
+  each value cites that line of the release;
+* the values are the user's (the window, ``layer_types`` / ``sliding_window_pattern`` /
+  ``use_sliding_window`` / ``max_window_layers`` as transformers' class turns them into layer
+  kinds, cap, head_dim, heads), each labelled user / default in ``record``.
+
+The result has the shape of ``vllm.families.resolve`` (``family``: the architecture), so
+``vllm.drive`` drives every path of it as it drives a table family. A window the model file takes
+from another key (``registry.window``'s ``other``) is the cell's ``error`` (not driven, the line
+cited), never a guess.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swa_repro.core import checkpoint_config as cc
+from swa_repro.core.errors import UsageError
+from swa_repro.vllm import registry
+
+
+def model_arg(text: str | None, families: tuple) -> cc.Checkpoint | None:
+    """``--model`` -> the user's config read (a path), or None (family names: ``audit.check``)."""
+    names = [x.strip() for x in (text or "").split(",")]
+    if not text or all(x in (*families, "all", "") for x in names) or not cc.looks_like_path(text):
+        return None
+    return cc.read(text, "vLLM", families)
+
+
+def model_file(ck: cc.Checkpoint, version: str, overlay: Path) -> list[Path]:
+    """The release's files that build the checkpoint's attention; one line when it serves none."""
+    reg = registry.served(overlay)
+    if ck.architecture not in reg:
+        raise UsageError(f"--model {ck.path}: {ck.architecture} is not in vLLM {version}'s model registry "
+                         f"({registry.REGISTRY}){served_by(ck.architecture, version, overlay)}")
+    files = registry.attention_files(overlay, ck.architecture)
+    if not files:
+        raise UsageError(f"--model {ck.path}: vLLM {version} serves {ck.architecture} from "
+                         f"{registry.MODELS}/{reg[ck.architecture][0]}, which builds no attention layer the audit "
+                         "can read")
+    return files
+
+
+def served_by(arch: str, version: str, overlay: Path) -> str:
+    """``; vLLM 0.29.0, 0.34.0 (already on this machine) serve it`` (the other overlays here)."""
+    from swa_repro.vllm.provision import parse
+
+    have = sorted((d.name for d in overlay.parent.iterdir() if d.name != version and (d / registry.REGISTRY).is_file()
+                   and arch in registry.served(d)), key=parse) if overlay.parent.is_dir() else []
+    return f"; vLLM {', '.join(have)} (already on this machine) {'serves' if len(have) == 1 else 'serve'} it" \
+        if have else ""
+
+
+def window_of(text) -> int | None:
+    """HF's window; 0 is none (vLLM's ``ModelConfig`` turns ``sliding_window: 0`` into None)."""
+    w = getattr(text, "sliding_window", None)
+    return int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else None
+
+
+def layer_windows(effect: str, kinds: tuple, w: int | None) -> dict[str, int | None]:
+    """kind -> the ``sliding_window`` the layer hands ``FlashInferImpl`` (HF's count, inclusive)."""
+    if effect == "cache":  # model-level: only where every layer slides (engine/arg_utils.py)
+        every = w if all(k == cc.SLIDING for k in kinds) else None
+        return {k: every for k in (cc.SLIDING, cc.FULL) if k in kinds}
+    add = 1 if effect == "+1" else 0
+    return {k: (w + add if k == cc.SLIDING and w is not None else None) for k in (cc.SLIDING, cc.FULL) if k in kinds}
+
+
+def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
+    """The checkpoint's per-kind parameters for the release in ``overlay``, each with its source
+    (``vllm.families.resolve``'s shape)."""
+    files = model_file(ck, version, overlay)
+    text = ck.text_config()
+    nq = int(text.num_attention_heads)
+    hd = int(getattr(text, "head_dim", None) or int(text.hidden_size) // nq)
+    nkv = int(getattr(text, "num_key_value_heads", None) or nq)
+    w, kinds = window_of(text), cc.layer_kinds(text)
+    effect, wsrc = registry.window(overlay, files)
+    cap_line, sink_line = registry.line_of(overlay, files, registry.CAP), registry.line_of(overlay, files, registry.SINKS)
+    qpas_line = registry.line_of(overlay, files, registry.QPAS)
+    hf_cap = float(getattr(text, "attn_logit_softcapping", None) or 0.0) or None
+    qpas = getattr(text, "query_pre_attn_scalar", None)
+    scale = float(qpas) ** -0.5 if qpas_line and qpas else hd ** -0.5
+    windows = layer_windows(effect, kinds, w)
+    layers = {k: {"sliding_window": win, "logits_soft_cap": hf_cap if cap_line else None, "scale": scale,
+                  "sinks": bool(sink_line), "hf_window_left": w - 1 if k == cc.SLIDING and w else -1}
+              for k, win in windows.items()}
+    sources = {"window": wsrc, "cap": cap_line or "no line passes attn_logit_softcapping to the layer",
+               "scale": qpas_line or "head_dim ** -0.5 (no query_pre_attn_scalar line)",
+               "sinks": (sink_line + (" (None for some configs in the model file: audited as passed)"
+                                      if registry.sinks_conditional(files) else "")) if sink_line else "no sinks passed", "files": ", ".join(registry.rel(overlay, f) for f in files)}
+    out = {"family": ck.architecture, "num_qo_heads": nq, "num_kv_heads": nkv, "head_dim": hd,
+           "hf_sliding_window": w, "hf_cap": hf_cap, "layers": layers, "sources": sources,
+           "how": f"the user's config ({ck.config_class.split(' ')[0]} for the rest) + the release's model-file "
+                  "line per value", "layer_kinds": sorted(set(kinds))}
+    if effect == "other":
+        out["error"] = (f"the window reaches the layer from another expression ({wsrc}); the audit does not "
+                        "model it")
+    if not layers:
+        out["error"] = f"no sliding or full attention layer ({', '.join(sorted(set(kinds)))})"
+    return out
