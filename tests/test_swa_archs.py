@@ -141,3 +141,39 @@ def test_every_sliding_window_architecture_of_0523_has_a_cell():
     for a, x in smalls.items():  # driven at the class's own defaults, as transformers publishes them
         assert x["small"]["config"]["architectures"] == [a]
     assert "Gemma3nForCausalLM" in smalls  # a published config class the release builds
+
+
+def test_a_crash_cell_is_answered_as_such_and_refusal_comes_first():
+    """A decided cell (arch_cells: no ``kinds``) through the same answer, cell and remedy as a driven one."""
+    from swa_repro.sglang.audit.family_fix import remedy
+    from swa_repro.sglang.audit.family_run import answer
+    from swa_repro.sglang.audit.family_table import cell_of
+
+    crash = {"family": "GraniteForCausalLM", "crash": "the release crashes on FlashInfer: models/granite.py:221 ...",
+             "serving": {"flashinfer_kept": True, "default_backend": {"sm90": "fa3"}}}
+    a = answer(crash, "sm90")
+    assert a["state"] == "crashes on FlashInfer" and a["why"] == [crash["crash"]] and a["default_backend"] == "fa3"
+    c = cell_of({**crash, "answer": a})
+    assert c["state"] == "crashes on FlashInfer" and "granite.py:221" in c["why"][0]
+    assert "--attention-backend fa3" in remedy("GraniteForCausalLM", c, "sm90")["instead"]
+    refused = {**crash, "serving": {"flashinfer_kept": False, "refusal": "model_hook.py:536"}}
+    assert answer(refused, "sm90")["state"] == "flashinfer refused"
+    fb = {"family": "Transformers fallback", "fallback": "served through sglang's Transformers fallback ..."}
+    assert answer(fb, "sm90")["state"] == "fallback: not audited"
+
+
+def test_the_table_groups_architecture_columns_by_what_is_wrong():
+    from swa_repro.sglang.audit import family_table as ft
+
+    def cell(state):
+        return {"state": state, "why": []}
+    rows = [{"sglang": "0.5.22", "gpu": "sm90", "cells": {"gemma2": cell("not affected"), "B": cell("not affected"),
+                                                          "A": cell("crashes on FlashInfer"), "C": cell("not built")}},
+            {"sglang": "0.5.23", "gpu": "sm90", "cells": {"gemma2": cell("not affected"),
+                                                          "B": cell("affected on the default path"),
+                                                          "A": cell("crashes on FlashInfer"), "C": cell("not built")}}]
+    table = {"rows": rows}
+    assert ft._families(table) == ["gemma2", "B", "A", "C"]  # the families first, then the worst state's group
+    text = "\n".join(ft.grouped(table))
+    assert "- **affected** (1): B" in text and "- **crashes (sinks)** (1): A" in text
+    assert "- **not affected** (1): gemma2" in text and "- **not built** (1): C" in text

@@ -146,7 +146,7 @@ def grouped(table: dict) -> list[str]:
     for i, g in enumerate(GROUPS):
         mine = [c for c in cols if group_of(table, c) == i]
         if mine:
-            out.append(f"- **{SHORT.get(g, g)}** ({len(mine)}): " + ", ".join(mine))
+            out.append(f"- **{SHORT.get(g, g).strip('*')}** ({len(mine)}): " + ", ".join(mine))
     return out + [""]
 
 
