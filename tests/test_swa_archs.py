@@ -177,3 +177,15 @@ def test_the_table_groups_architecture_columns_by_what_is_wrong():
     text = "\n".join(ft.grouped(table))
     assert "- **affected** (1): B" in text and "- **crashes (sinks)** (1): A" in text
     assert "- **not affected** (1): gemma2" in text and "- **not built** (1): C" in text
+
+
+def test_the_fallback_column_names_what_only_the_fallback_serves():
+    """Olmo3 (issue #41's `--model olmo3`): a window in transformers' Olmo3Config, no model file of 0.5.23
+    names it, so a 0.5.23 server runs it through models/transformers.py; Gemma2 has its own file."""
+    from swa_repro.sglang.audit import arch_cells
+
+    srt = _srt("0.5.23")
+    only = arch_cells.fallback_only(srt)
+    assert "Olmo3ForCausalLM" in only and "Gemma2ForCausalLM" not in only and "MistralForCausalLM" not in only
+    text = "\n".join(p.read_text(encoding="utf-8-sig") for p in (srt / "models").glob("*.py"))
+    assert not [a for a in only if a in text]

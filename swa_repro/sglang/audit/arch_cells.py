@@ -24,6 +24,7 @@ import ast
 import contextlib
 import hashlib
 import json
+import re
 import tempfile
 from dataclasses import asdict
 from functools import cache
@@ -77,8 +78,11 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
         facts = {"architecture": a.architecture, "model_file": a.model_file, "window_sites": list(a.windows),
                  "hybrid_swa": a.hybrid, "sinks": list(a.sinks)}
         if a.fallback:
-            static.setdefault(FALLBACK, {"family": FALLBACK, "fallback": _fallback_text(a), "discovered": facts,
-                                         "classes": []})["classes"].append(a.architecture)
+            if FALLBACK not in static:
+                serves = fallback_only(srt)
+                static[FALLBACK] = {"family": FALLBACK, "fallback": _fallback_text(a, serves), "discovered": facts,
+                                    "classes": [], "serves": serves}
+            static[FALLBACK]["classes"].append(a.architecture)
             continue
         crash = swa_archs.crash_on_flashinfer(srt, a)
         if crash:
@@ -115,10 +119,36 @@ def published_keys(model_type: str) -> dict:
     return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in mc.MODELS.items() if c == cls), {})
 
 
-def _fallback_text(a) -> str:
+@cache
+def _windowed_config_classes() -> frozenset:
+    """transformers' config classes whose file mentions ``sliding_window``."""
+    import importlib.util
+
+    out = set()
+    for f in (Path(importlib.util.find_spec("transformers").origin).parent / "models").glob("*/configuration_*.py"):
+        text = f.read_text(encoding="utf-8")
+        if "sliding_window" in text:
+            out.update(re.findall(r"^class (\w+)\(", text, re.MULTILINE))
+    return frozenset(out)
+
+
+def fallback_only(srt: Path) -> list[str]:
+    """Causal-LM / conditional-generation architectures whose transformers config class has a
+    ``sliding_window`` and that no file of the release's ``models/`` names: what a server of this
+    release runs through the Transformers fallback (text only: transformers' ``configuration_*.py``)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    windowed = _windowed_config_classes()
+    release = "\n".join(p.read_text(encoding="utf-8-sig") for p in sorted((srt / "models").glob("*.py")))
+    return sorted(a for a, mt in _auto_names().items() if CONFIG_MAPPING_NAMES.get(mt) in windowed
+                  and a.endswith(("ForCausalLM", "ForConditionalGeneration")) and a not in release)
+
+
+def _fallback_text(a, serves) -> str:
     return (f"served through sglang's Transformers fallback (models/{a.model_file}; the window per layer at "
-            f"models/{', models/'.join(a.windows)}) for any architecture no EntryClass lists: the fallback wraps "
-            "transformers' own modeling code, which this audit does not build; not audited")
+            f"models/{', models/'.join(a.windows)}) for any architecture no EntryClass lists ({len(serves)} with a "
+            f"window in transformers' config: {', '.join(serves)}): the fallback wraps transformers' own modeling "
+            "code, which this audit does not build; not audited")
 
 
 def digest(small: dict) -> str:
