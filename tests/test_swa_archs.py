@@ -28,7 +28,7 @@ def oracle(srt: Path) -> tuple[set, set]:
     text = {p: p.read_text(encoding="utf-8-sig") for p in models.glob("*.py")}
     win = {p for p, t in text.items() if re.search(r"\bsliding_window_size=(?!\s*(-1|None|0)\b)", t)
            or "def get_attention_sliding_window_size" in t}
-    imp = {p: {models / f"{m}.py" for m in re.findall(r"^from sglang\.srt\.models\.(\w+) import", t, re.M)}
+    imp = {p: {models / f"{m}.py" for m in re.findall(r"^from sglang\.srt\.models\.(\w+) import", t, re.MULTILINE)}
            for p, t in text.items()}
 
     def reach(p):
@@ -40,15 +40,15 @@ def oracle(srt: Path) -> tuple[set, set]:
                 todo += imp[q]
         return seen
     mc = (srt / "configs" / "model_config.py").read_text()
-    m = re.search(r"def is_hybrid_swa_model\(.*?\n    \}", mc, re.S)
+    m = re.search(r"def is_hybrid_swa_model\(.*?\n    \}", mc, re.DOTALL)
     body = m.group(0) if m else ""
     hyb = set(re.findall(r'"(\w+)"', body))
     for star in re.findall(r"\*(\w+)", body):
-        c = re.search(rf"^{star} = .*?\n\)", mc, re.S | re.M)
+        c = re.search(rf"^{star} = .*?\n\)", mc, re.DOTALL | re.MULTILINE)
         hyb |= set(re.findall(r'"(\w+)"', c.group(0))) if c else set()
     direct, over = set(), set()
     for p, t in text.items():
-        e = re.search(r"^EntryClass\s*=\s*(\[.*?\]|\w+)", t, re.S | re.M)
+        e = re.search(r"^EntryClass\s*=\s*(\[.*?\]|\w+)", t, re.DOTALL | re.MULTILINE)
         for n in set(re.findall(r"\b([A-Za-z_]\w*)\b", e.group(1))) if e else ():
             if p in win or n in hyb:
                 direct.add(n)

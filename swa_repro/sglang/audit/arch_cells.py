@@ -103,7 +103,8 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
             smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)), "discovered": facts}
         except (UsageError, TypeError, ValueError, AttributeError) as e:
             static[a.architecture] = {"family": a.architecture, "discovered": facts,
-                                      "error": f"built from transformers' defaults: {str(e)[:300]}"}
+                                      "error": "not buildable from transformers' defaults: "
+                                      + str(e).removeprefix("--model ").removesuffix(": add it to the config")[:300]}
     return smalls, static
 
 
