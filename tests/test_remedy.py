@@ -61,7 +61,10 @@ def test_every_state_the_table_has_is_placed():
     """A committed cell's state is one the exit status knows (an unknown one would fail every run)."""
     from swa_repro.core.exit_status import DEFAULT_PATH, OK, OTHER_PATHS
 
-    known = OK | DEFAULT_PATH | OTHER_PATHS | {"not built", "unknown (not driven)", HYBRID}
+    # arch_cells' decided cells: answers the audit could not drive, exit 1 under every --fail-on
+    known = OK | DEFAULT_PATH | OTHER_PATHS | {"not built", "unknown (not driven)", HYBRID, "crashes on FlashInfer",
+                                               "fallback: not audited"}
+    assert exit_status(["crashes on FlashInfer"], "never") == exit_status(["fallback: not audited"], "never") == 1
     assert {c["state"] for *_, c in _cells()} <= known
 
 

@@ -39,6 +39,12 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
                 f"this architecture ({'; '.join(cell['why'])}); serve it with "
                 + (f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer"
                    else "one of the backends the refusal names")}
+    if state == "crashes on FlashInfer":
+        be = cell.get("default_backend")
+        return {"fix": None, "instead": "no fix in swa-repro: the model hands FlashInfer's backend an argument it "
+                f"does not take ({'; '.join(cell['why'])}); serve it with "
+                + (f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer"
+                   else "a backend that takes attention sinks, e.g. triton")}
     lw = cell.get("layer_window") or {}
     if cell.get("window_hf") and lw.get("sliding", -1) == -1 and "sliding" in lw:
         w = cell["window_hf"]

@@ -47,13 +47,15 @@ def audit_families(version: str, family, gpu: str | None, *, fixes=None, note=pr
     return audit_release(version, family, [gclass.name], fixes=fixes, note=note)[gclass.name]
 
 
-def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=print) -> dict:
+def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=print, archs: bool = False) -> dict:
     """``{gpu: document}`` for every GPU class in ``gpus``, from one child for the release (one
     import of its sglang, each family built once, driven once per platform switch). Each (family,
     GPU class) is cached on its own (``core.cache.cached_cells``): a later audit of fewer or other
     cells of the same release reuses those made, and computes only the missing ones. ``family``: a
     ``checkpoint.Checkpoint`` audits the user's values (checked against the release's model file
-    before the child: ``checkpoint.check_release``), its cells keyed on the small config too."""
+    before the child: ``checkpoint.check_release``), its cells keyed on the small config too. ``archs``
+    (with ``all``): every other sliding-window architecture the release serves too (``arch_cells``),
+    each at its published defaults, keyed on its small config."""
     from swa_repro.core.cache import cached_cells
     from swa_repro.sglang import provision
 
@@ -70,21 +72,26 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     else:
         names = fam.check_release_has(version, overlay, names, explicit="all" not in family.split(","))
         small_args, key = [], {}
+    from swa_repro.sglang.audit import arch_cells
+
+    smalls, static = arch_cells.plan(version, overlay) if archs and not ck else ({}, {})
     for line in said:
         note(line)
     cells = [{"family": f, "gpu": g, **key} for g in gpus for f in names]
+    cells += [{"family": a, "gpu": g, "config": arch_cells.digest(x["small"])} for g in gpus for a, x in smalls.items()]
 
     def compute(missing):
         fs, gs = list(dict.fromkeys(c["family"] for c in missing)), list(dict.fromkeys(c["gpu"] for c in missing))
-        doc, secs, _ = run_child(MODULE, overlay, ["--families", ",".join(fs), "--gpus", ",".join(gs), *small_args],
-                                 f"auditing sglang {version}", cache=False)
+        with arch_cells.smalls_file({a: x["small"] for a, x in smalls.items() if a in fs}) as extra:
+            doc, secs, _ = run_child(MODULE, overlay, ["--families", ",".join(fs), "--gpus", ",".join(gs),
+                                                       *small_args, *extra], f"auditing sglang {version}", cache=False)
         rel = {**doc["release"], "child_seconds": secs}
         return [{"release": rel, "family": next(x for x in doc["by_gpu"][c["gpu"]] if x["family"] == c["family"])}
                 for c in missing]
 
     docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
                              valid=whole_cell) if cells else ([], {})
-    serving = _serving(overlay, version, ck.architecture if ck else None)
+    serving = _serving(overlay, version, ck.architecture if ck else None, set(smalls) | set(static))
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
 
@@ -93,8 +100,10 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
         mine = [d for c, d in zip(cells, docs) if c["gpu"] == g]
         rel = dict(mine[0]["release"]) if mine else {"sglang": version}
         rel.update(overlay_info=info, result_cache=how, fixes=fixed)
-        fams = [d["family"] for d in mine]
+        fams = [d["family"] for d in mine] + [dict(d) for d in static.values()]
         for f in fams:
+            if f["family"] in smalls:
+                f["discovered"] = smalls[f["family"]]["discovered"]
             f["serving"] = serving.get(f["family"])
             f["answer"] = answer(f, g)
             f["remedy"] = remedy(f["family"], cell_of(f), g, version) if f["answer"]["state"] != NOT_DRIVEN else \
@@ -126,16 +135,19 @@ def checkpoint_args(ck: Checkpoint, version: str, overlay: Path) -> tuple[list[s
     return ["--small", small], {"config": hashlib.sha256(small.encode()).hexdigest()[:16]}
 
 
-def _serving(overlay: Path, version: str, arch: str | None = None) -> dict:
+def _serving(overlay: Path, version: str, arch: str | None = None, archs=frozenset()) -> dict:
     """family -> the release's server facts (``serving_path``), for the families it reads (``arch``:
-    a checkpoint's architecture, whichever family the release's rules file it under)."""
+    a checkpoint's architecture, whichever family the release's rules file it under; ``archs``: the
+    table's architecture columns, by architecture)."""
     from dataclasses import asdict
 
     from swa_repro.sglang import serving_path
 
     out = {}
     for fp in serving_path.analyze_release(overlay / "sglang", version):
-        if arch is not None and fp.architecture == arch:
+        if fp.architecture in archs:
+            out.setdefault(fp.architecture, asdict(fp))
+        elif arch is not None and fp.architecture == arch:
             out[next((f for f, (_, _, a) in fam.mc.MODELS.items() if a == arch), arch)] = asdict(fp)
         elif fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
             out[fp.family] = asdict(fp)
@@ -183,6 +195,9 @@ def _answer(f: dict, gpu: str) -> dict:
         note = "serving_path reads no server rule for this family: default path taken as ragged, default backend unknown"
     if sv.get("flashinfer_kept") is False:
         return {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+    for key, state in (("crash", "crashes on FlashInfer"), ("fallback", "fallback: not audited")):
+        if f.get(key):  # arch_cells: decided from the release's source, not driven
+            return {"state": state, "why": [f[key]], "default_backend": backend, "note": note}
     default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
     other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
     spec = tuple(r["path"] for r in f.get("paths") or [] if "verify" in r["path"])
@@ -224,11 +239,11 @@ def torch_cuda() -> bool:
 
 
 def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live: str | None = None,
-          live_budget_s: float | None = None, small: dict | None = None) -> dict:
+          live_budget_s: float | None = None, small: dict | None = None, smalls: dict | None = None) -> dict:
     """``live_budget_s``: seconds from the child's start after which no more calls are run live
     (each is said not run), so a GPU step that runs out of time still writes what it ran. ``small``:
     a checkpoint's small config (``checkpoint.small_config`` as a dict), built instead of the family's
-    published defaults."""
+    published defaults; ``smalls``: ``{name: small config}`` of the table's architecture columns."""
     t0 = time.monotonic()
     deadline = None if live_budget_s is None else t0 + live_budget_s
     import_release(overlay)
@@ -247,8 +262,9 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     jobs = None if executor is None else []  # every family's driven calls, run live after all are driven
     for name in families:
         try:
+            mine = (smalls or {}).get(name) or small
             docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs,
-                                             small=fam.SmallConfig.from_dict(small) if small else None)
+                                             small=fam.SmallConfig.from_dict(mine) if mine else None)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 
@@ -284,9 +300,14 @@ def main(argv=None) -> int:
     p.add_argument("--live", choices=("cuda", "model"), help="also run each driven call (see executor_of)")
     p.add_argument("--live-budget-s", type=float, help="run no call live after this many seconds (said not run)")
     p.add_argument("--small", type=json.loads, help="a checkpoint's small config as JSON (instead of the family's)")
+    p.add_argument("--smalls-file", help="JSON {architecture: small config} of the table's architecture columns")
     return child_main(p, lambda overlay, a: child(overlay, a.families.split(","), a.gpus.split(","),
                                                   a.paths.split(",") if a.paths else None, a.live,
-                                                  a.live_budget_s, a.small), argv)
+                                                  a.live_budget_s, a.small, _smalls(a.smalls_file)), argv)
+
+
+def _smalls(path: str | None) -> dict | None:
+    return json.loads(Path(path).read_text()) if path else None
 
 
 if __name__ == "__main__":

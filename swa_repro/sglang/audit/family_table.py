@@ -19,8 +19,13 @@ from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
          "only with speculative decoding": "spec only", "not affected": "not affected",
          "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown",
-         "not driven": "not driven",
+         "not driven": "not driven", "crashes on FlashInfer": "crashes (sinks)",
+         "fallback: not audited": "fallback: not audited",
          HYBRID: "SWA pool: not modelled"}
+# "grouped by what is wrong": a column's group is the worst state any of its cells has, in this order
+GROUPS = ("affected on the default path", "only with flags", "only with speculative decoding",
+          "crashes on FlashInfer", "flashinfer refused", HYBRID, "unknown (not driven)", "not driven",
+          "not built", "fallback: not audited", "not affected")
 
 
 NOT_IN = "*not in this release*"  # no model file of the release registers the family's architecture
@@ -49,6 +54,9 @@ def cell_of(f: dict) -> dict:
     a = f["answer"]
     if f.get("error"):
         return {"state": a["state"], "why": [a["why"]]}
+    if "kinds" not in f:  # decided from the release's source (arch_cells: a crash, the fallback), not driven
+        return {"state": a["state"], "why": a["why"], "default_backend": a.get("default_backend"),
+                "note": a.get("note")}
     kinds = f["kinds"]
     caps = sorted({r["cap"].split(" (")[0] for r in f["paths"] if r.get("status") == "driven"})
     bad = {}
@@ -84,7 +92,7 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
         if kind == "fixed":
             return task, fixed_cells(gpus, v, note=note)
         try:
-            return task, audit_release(v, "all", list(gpus), note=note)
+            return task, audit_release(v, "all", list(gpus), note=note, archs=True)
         except UsageError as e:  # a release this machine cannot install or run: a row that says so
             note(f"sglang {v}: {e}")
             return task, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
@@ -112,10 +120,34 @@ def write(table: dict, out: Path = TABLE_DIR) -> tuple[Path, Path]:
 
 
 def _families(table: dict) -> list[str]:
+    """The 8 named families, then every other architecture column, grouped by its worst state
+    (:data:`GROUPS`), by name within a group."""
     from swa_repro.sglang.families import FAMILIES
 
     seen = {f for r in table["rows"] for f in r["cells"]}
-    return [f for f in FAMILIES if f in seen]
+    return [f for f in FAMILIES if f in seen] + sorted(seen - set(FAMILIES), key=lambda f: (group_of(table, f), f))
+
+
+def group_of(table: dict, column: str) -> int:
+    """The index in :data:`GROUPS` of the worst state ``column`` has in any row."""
+    states = [r["cells"][column]["state"] for r in table["rows"] if column in r["cells"]]
+    return min((GROUPS.index(s) if s in GROUPS else len(GROUPS) for s in states), default=len(GROUPS))
+
+
+def grouped(table: dict) -> list[str]:
+    """Markdown: the architecture columns by what is wrong (their worst state over every row)."""
+    out = ["## Every sliding-window architecture, grouped by what is wrong", "",
+           ("Each release's `srt/models/` read for the architectures that hand a window to their attention "
+           "or run on the hybrid SWA pool (`swa_repro.sglang.swa_archs`); each is audited at its published "
+           "defaults (transformers' config class for it), reported for what it is where it cannot be "
+           "(a model passing `sinks=` FlashInfer's backend does not take, a remote-code config, the "
+           "Transformers fallback). A column's group is its worst cell over every release and GPU class."), ""]
+    cols = _families(table)
+    for i, g in enumerate(GROUPS):
+        mine = [c for c in cols if group_of(table, c) == i]
+        if mine:
+            out.append(f"- **{SHORT.get(g, g).strip('*')}** ({len(mine)}): " + ", ".join(mine))
+    return out + [""]
 
 
 def _main(c: dict | None) -> str:
@@ -172,8 +204,10 @@ def markdown(table: dict) -> str:
             for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
         lines.append("")
     from swa_repro.sglang.audit.family_fix import markdown as fix_markdown
+    from swa_repro.sglang.families import FAMILIES
 
-    lines += fix_markdown(table, fams, _main)
+    lines += grouped(table)
+    lines += fix_markdown(table, [f for f in fams if f in FAMILIES], _main)
     lines += ["## Why (per cell: the paths and layer kinds that are not exact)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}, {r['gpu']}" + (f": {r['error']}" if r.get("error") else ""))
