@@ -177,7 +177,7 @@ def cell_text(doc: dict, name: str) -> str:
 # ----------------------------------------------------------------------------- live (H200)
 # ----------------------------------------------------------------------------- README
 def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None,
-           live_diff: str | None = None, cost=None, family: tuple = ()) -> str:
+           live_diff: str | None = None, cost=None, family: tuple = (), prs=()) -> str:
     """``family``: the family- and GPU-class-level fixes the series has (``series.fix_names``)."""
     from swa_repro.sglang.fix import upstream_family as uf
 
@@ -199,15 +199,16 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         "cap to `forward()` on several paths but not to the `plan()` before it, so those layers silently run "
         f"without them. Line numbers are `python/sglang/{REL_PATH}` of sglang {VERSION}.",
         "",
-        f"`series/` is the PR: one commit per finding, stacked (`git am --keep-non-patch docs/upstream/series/*.patch` "
-        f"in an sglang checkout at {VERSION}), ruff-formatted as sglang's pre-commit wants; each `<finding>.diff` "
-        "applies alone. Its commits: the plan-time findings below, ending at `all.diff`'s file (`git apply "
-        f"docs/upstream/all.diff` does them in one step); then {uf.series_text(family)[0]}; then the kit's "
-        f"changes and the regression test. {uf.series_text(family)[1]} "
-        f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is a regression test in the style of sglang's attention "
-        f"test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers replaced by swa-repro's CPU model of them "
-        f"(`tests/test_upstream.py`) it fails on {VERSION} as shipped and passes with `all.diff`; its CUDA run is "
-        "in the live section below when recorded.",
+        "The fixes are five separate PRs, each applying alone on sglang "
+        f"{VERSION} (`git am --keep-non-patch docs/upstream/pr-<x>/*.patch` in a clean checkout), every commit "
+        "bisectable: it carries its fix, the attention-kit expectation that fix needs and the registered-test "
+        "methods it makes pass (see **PR series** below, and each folder's `PR.md`). Each `<finding>.diff` "
+        f"applies alone; `all.diff` is the backend's plan-time findings in one step. {uf.series_text(family)[1]} "
+        f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is the combined "
+        "regression test of all five (for a checkout with every PR; each PR carries the cut of it its finding "
+        f"needs), in the style of sglang's attention test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers "
+        f"replaced by swa-repro's CPU model of them (`tests/test_upstream_kit.py`) it fails on {VERSION} as shipped "
+        "and passes with every fix; its CUDA run is in the live section below when recorded.",
         "",
         "Audit cells: `swa-repro audit --sglang 0.5.23 [--fix NAME]` on a CPU (sglang's own code with recording "
         "FlashInfer stand-ins): **holds** (the layer's parameter reaches `forward()` but not `plan()`, with a "
@@ -221,6 +222,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         mine = runs.get(n)
         lines.append(f"| {at.CLASSES[n].title} | {at.cell(shipped, n)['state']} | "
                      f"{at.cell(mine, n)['state'] if mine else '(nothing to apply)'} | {at.cell(runs['all'], n)['state']} |")
+    lines += list(prs)  # the PR series and the review response (pr_readme)
     for n in ORDER:
         f = FIXES[n]
         lines += ["", f"## {n}: {at.CLASSES[n].title}", "", f"**Problem.** {probs[n]}", ""]
@@ -291,40 +293,14 @@ def series_texts() -> dict[str, str]:
     return {f: release_file(f) for f in dict.fromkeys(FIXES[n].file for n in ALL)}
 
 
-def test_commit(out: Path):
-    """The series' last commit: the attention kit's changes (``kit.diff``, written first) and the
-    regression test in sglang's layout, a new file."""
-    from swa_repro.sglang.fix.series import Commit
-
-    test = (out / TEST).read_text().splitlines(keepends=True)
-    new_file = (f"diff --git a/{TEST} b/{TEST}\nnew file mode 100644\n--- /dev/null\n+++ b/{TEST}\n"
-                f"@@ -0,0 +1,{len(test)} @@\n" + "".join(f"+{ln}" for ln in test))
-    body = ("The attention kit's SWA cases never put a key outside the window (window 4, lengths 3-5), "
-            "it cannot express a logits soft cap, and its DFlash SWA verify expectation encodes the "
-            "request-granular trim that the DFlash fix replaces with the per-element window (as in "
-            "sgl-project/sglang#35208), and its custom-mask reference windows a tree's draft tokens from "
-            "their index in the flattened draft, not their position in the tree. Adds cases past the "
-            "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
-            "per-element DFlash expectation, the tree-position window, and a regression "
-            "test of every plan path for window, cap and window+cap layers, EAGLE, NGRAM, Frozen-KV MTP and "
-            "DFlash verify, the tree verifies eager and under CUDA graphs.")
-    import textwrap
-
-    return Commit("test_plan_time_params", "[FlashInfer] test: plan-time window and soft cap in the attention kit",
-                  textwrap.fill(body, 72, break_on_hyphens=False, break_long_words=False),
-                  (out / "kit.diff").read_text() + new_file)
-
-
 def write(out: Path, *, command: str, note=print) -> list[Path]:
-    from swa_repro.sglang.fix.series import fix_commits, fix_names, write_series
+    from swa_repro.sglang.fix import BACKEND, pr_readme, pr_series
+    from swa_repro.sglang.fix.series import fix_names
     from swa_repro.sglang.provision import provision
-
-    from swa_repro.sglang.fix import BACKEND
 
     texts = series_texts()
     text = texts[BACKEND]
     ds = diffs(text)
-    commits = fix_commits(texts, unified, lambda n: commit_body(texts, n))
     runs = audits(note=note)
     prov = at.provenance(command, list(runs.values()))
     prov["flashinfer_pin"] = provision(VERSION)[1].get("flashinfer_pin")
@@ -340,7 +316,7 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     from swa_repro.sglang.fix import kit_edits
 
     written += kit_edits.write(out)  # kit_*.diff, kit.diff: the attention test kit's side of the change
-    written += write_series(out / "series", commits + [test_commit(out)])
+    written += pr_series.write(out, lambda n: commit_body(texts, n))  # pr-*/: the separate PR series
     from swa_repro.sglang.fix import upstream_family
 
     written += upstream_family.write(out, note=note)  # the family- and GPU-class-level fixes
@@ -355,7 +331,8 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
                          regress.read_text() if regress.is_file() else None,
                          json.loads(kit.read_text()) if kit.is_file() else None,
                          live_diff=live_diff.read_text() if live_diff.is_file() else None,
-                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family).encode())
+                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family,
+                         prs=pr_readme.pr_lines(out) + pr_readme.review_lines()).encode())
     return written + [md]
 
 

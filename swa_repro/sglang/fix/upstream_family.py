@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER, FIXES, apply_fixes, states
+from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
@@ -104,12 +104,11 @@ def series_text(family: tuple) -> tuple[str, str]:
     have = ", ".join(f"`{n}` (`python/sglang/{FIXES[n].file}`)" for n in family)
     commits = (f"the family- and GPU-class-level findings of `families.md` that {VERSION} needs, one commit "
                f"each: {have or 'none'}")
-    after = (f"So the series ends, for the backend, at what `swa-repro patch apply --fix all` makes of {VERSION}'s "
-             f"file" + "".join(f", for `{FIXES[n].file.rsplit('/', 1)[1]}` at `--fix {n}`'s" for n in family
-                                if FIXES[n].file != BACKEND) + ".")
+    after = ""
     for n in (n for n in FAMILY_ORDER if n not in family):
-        after += (f" Not in it: `{n}`, which {VERSION}'s code already has (the fix reads applied there); "
-                  f"`swa-repro patch --fix {n}` backports it to the earlier releases that lack it (`families.md`).")
+        after += (f"Not in any PR: `{n}`, which {VERSION}'s code already has (the fix reads applied there); "
+                  f"`swa-repro patch --fix {n}` backports it to the earlier releases that lack it (`families.md`). ")
+    after = after.rstrip()
     return commits, after
 
 
@@ -124,24 +123,25 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
              "edit on an installed sglang, on every release 0.5.14-0.5.23 whose file has the anchors. Cells: "
              f"as shipped from `docs/audit/families.json`; with the fixes: sglang {VERSION} audited with "
              f"`--fix all` ({fixed['command']}), the families' real windows and head dims on a CPU.", "",
-             f"`series/` (`README.md`), the PR against {VERSION}, has each fix below that {VERSION} needs as a "
-             "commit of its own, after the plan-time fixes and before the regression test; the others are "
+             f"The PR series against {VERSION} (`README.md`, `pr-*/`) have each fix below that {VERSION} needs "
+             "as a commit of its own, in the series of its finding; the others are "
              f"fixed in {VERSION}'s own code, so they have no diff here (every diff of this folder is against "
              f"{VERSION}, what upstream takes a PR against) and `swa-repro patch --fix NAME` is their backport.", ""]
-    from swa_repro.sglang.fix.series import fix_names, patch_name
+    from swa_repro.sglang.fix.pr_series import PRS
+    from swa_repro.sglang.fix.series import patch_name
 
-    order = fix_names({FIXES[n].file: t for n, t in texts.items()})
+    where = {s.fix: f"{pr.dir}/{patch_name(k, s.fix)}" for pr in PRS for k, s in enumerate(pr.steps, 1)}
     for name in FAMILY_ORDER:
         fams, gpus = CELLS[name]
         d = diff_of(name, texts[name])
         if not d:
             lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
-                      f"**Fix.** Nothing to do in {VERSION}: no diff, and not in `series/`. `swa-repro patch "
+                      f"**Fix.** Nothing to do in {VERSION}: no diff, and in no PR series. `swa-repro patch "
                       f"--fix {name}` backports it: {FIXES[name].summary}.", "", upstream_section(name), ""]
             continue
         lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
                   f"**Fix** (`{name}.diff`, `python/sglang/{FIXES[name].file}`, {d.count(chr(10) + '+') - 1} "
-                  f"lines added; in `series/` as `{patch_name(order.index(name) + 1, name)}`): "
+                  f"lines added; in `{where[name]}`): "
                   f"{FIXES[name].summary}.", "", "| family | GPU | as shipped | with --fix all |",
                   "|---|---|---|---|"]
         lines += [f"| {f} | {g} | {_short(shipped.get(g, {}).get(f))} | {_short(fixed['cells'].get(g, {}).get(f))} |"
