@@ -40,15 +40,16 @@ its arguments. Line numbers below are 0.5.23's.
   topk-1 chain takes the same code (depth = index there, so the cut is the plain window).
 * ``dflash_verify_window``: DFlash trims with ``kv_start_idx`` (:2268) request-granularly; the fix
   plans the window in so the cut is per element.
-* ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the model's attention soft cap
-  (``hf_text_config.attn_logit_softcapping``, what gemma2.py gives its layers as ``logit_cap``),
-  read once per indices updater. A ``fast_prefill_plan`` replay (:180) takes no cap and keeps the
+* ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the cap the model's attention layers use
+  (each RadixAttention's ``logit_cap``, read at start-up from ``model_runner.model``: gemma2.py's
+  from ``attn_logit_softcapping``, grok.py:425's with its fallback of 30; a runner whose model holds
+  no layer, as the test kit's, names it in ``hf_text_config``; layers of different caps are refused). A ``fast_prefill_plan`` replay (:180) takes no cap and keeps the
   captured module; ``fast_decode_plan`` takes it (flashinfer decode.py ``fast_decode_plan``).
 * ``soft_cap_cuda_graph``: both of the above. Capture plans go through the same
   ``call_begin_forward``; replays never re-pick the module (the live audit's note, ``audit.live``).
 
-A layer whose cap is not the planned one (grok.py's fallback of 30 without the config key, a
-``logit_capping_method`` other than tanh, a layer of cap 0 in a capped model) is refused with a
+A layer whose cap is not the planned one (a ``logit_capping_method`` other than tanh, grok.py:426;
+a layer of cap 0 in a capped model the kit's runner describes by config) is refused with a
 ValueError that names both caps (``_check_logits_soft_cap``; ``fix.cap_safety`` drives it).
 
 Limits: with the sliding-window KV pool, a tree verify's whole-sequence indices for wrapper 0 also
