@@ -144,4 +144,5 @@ def test_family_commit_messages_cite_the_upstream_threads(texts):
     for name in ("commandr_window_hook", "sm100_no_cutlass_window"):
         body = " ".join(up.commit_body(texts, name).split())
         assert REFS[name] and all(f"{r.repo}#{r.number}" in body for r in REFS[name])
-        assert f"--model cohere2 --gpu {'sm100' if name.startswith('sm100') else 'sm90'} --fix all" in body
+        cell = "gemma2 --gpu sm100" if name.startswith("sm100") else "cohere2 --gpu sm90"  # sm100: the capped family
+        assert f"--model {cell} --fix all" in body

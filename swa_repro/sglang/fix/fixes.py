@@ -98,6 +98,16 @@ def _ragged_gates(src: Source, init, made) -> list[str]:
     return (["skip_prefill"] if "skip_prefill" in [a.arg for a in init.args.args] else []) + gates
 
 
+def _swa_backend(src: Source, kw) -> str:
+    """The sliding-window ragged wrapper's ``backend=``: the shared one's, except cutlass (sm100,
+    0.5.23 :501-522), whose prefill plans no ``window_left`` (flashinfer 0.7.2 prefill.py ``plan``):
+    fa2 there, so the full layers keep cutlass on the shared wrapper."""
+    if kw.arg != "backend":
+        return src.seg(kw)
+    be = src.seg(kw.value)
+    return f'backend="fa2" if {be} == "cutlass" else {be}'
+
+
 def _ragged_common(src: Source) -> list[Edit]:
     """The sliding-window layers' own ragged wrapper: created next to the shared one where ragged
     prefill can run, planned with the window for wrapper 0 in ``update_sliding_window``, and chosen
@@ -110,7 +120,7 @@ def _ragged_common(src: Source) -> list[Edit]:
     if not (isinstance(made.value, ast.Call) and ast.unparse(made.value.func) == "BatchPrefillWithRaggedKVCacheWrapper"):
         raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
     if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
-        args = ", ".join([src.seg(a) for a in made.value.args] + [src.seg(k) for k in made.value.keywords])
+        args = [src.seg(a) for a in made.value.args] + [_swa_backend(src, k) for k in made.value.keywords]
         gates = _ragged_gates(src, init, made)
         edits.append(src.insert_lines_after(made, [
             "# The sliding-window layers' own ragged wrapper: plan() compiles window_left",
@@ -120,7 +130,7 @@ def _ragged_common(src: Source) -> list[Edit]:
             *[f"    {'or ' if i else ''}{g}" for i, g in enumerate(gates)],
             "):",
             f"    self.{SWA_RAGGED} = BatchPrefillWithRaggedKVCacheWrapper(",
-            f"        {args}",
+            *[f"        {a}," for a in args],
             "    )"]))
     idx = _need(src.method(BACKEND, "_get_wrapper_idx"), f"{BACKEND}._get_wrapper_idx")
     if src.method(BACKEND, "_ragged_wrapper") is None:
