@@ -84,8 +84,8 @@ def test_family_fix_applies_on_every_release(version, name):
     if version >= "0.5.20":
         assert _ruff_dirty(new) is None
     if name == "sm100_no_cutlass_window":
-        assert (_cutlass_choice(text, 4095, None), _cutlass_choice(new, 4095, None)) == ("cutlass", "fa2")
-        assert _cutlass_choice(new, None, None) == "cutlass"
+        assert (_cutlass_choice(text, None, 30.0), _cutlass_choice(new, None, 30.0)) == ("cutlass", "fa2")
+        assert _cutlass_choice(new, 4095, None) == "cutlass"
 
 
 def test_commandr_fix_gives_the_window_transformers_intends():
@@ -124,13 +124,49 @@ def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
            "Backend": types.SimpleNamespace(TC_PIECEWISE=0)}
     if ff.CUTLASS_GATE in text:
         env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
-    exec(code, env)
+    exec(code, env)  # noqa: S102
     return env["fmha_backend"]
 
 
-@pytest.mark.parametrize("window, cap, want", [(None, None, "cutlass"), (4095, None, "fa2"), (None, 50.0, "fa2"),
+def _ragged_backends(text: str, window, cap, head_dim=128) -> dict:
+    """The backend each ragged wrapper of ``__init__`` is built with (shared, sliding-window), executing
+    its statements from ``fmha_backend = "auto"`` through the sliding-window wrapper on an sm100."""
+    src = fix.source.Source(text)
+    body = src.method("FlashInferAttnBackend", "__init__").body
+    i = next(k for k, s in enumerate(body) if ast.unparse(s) == "fmha_backend = 'auto'")
+    j = next(k for k, s in enumerate(body) if "prefill_wrapper_ragged_swa = BatchPrefill" in ast.unparse(s))
+    built = []
+    mc = types.SimpleNamespace(head_dim=head_dim, v_head_dim=head_dim,
+                               hf_text_config=types.SimpleNamespace(attn_logit_softcapping=cap))
+    me = types.SimpleNamespace(workspace_buffer=None, is_multimodal=False, enable_mis=False,
+                               enable_deterministic=False, use_paged=False)
+    env = {"model_runner": types.SimpleNamespace(sliding_window_size=window, model_config=mc), "self": me,
+           "skip_prefill": False, "get_platform": lambda: types.SimpleNamespace(is_sm100=True),
+           "is_sm100_supported": lambda: True, "check_cuda_graph_backend": lambda *a: False,
+           "Phase": types.SimpleNamespace(PREFILL=0), "Backend": types.SimpleNamespace(TC_PIECEWISE=0),
+           "BatchPrefillWithRaggedKVCacheWrapper": lambda *a, backend: built.append(backend) or backend}
+    if ff.CUTLASS_GATE in text:
+        env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
+    exec(compile(ast.Module(body=body[i:j + 1], type_ignores=[]), "<init>", "exec"), env)  # noqa: S102
+    return {"shared": me.prefill_wrapper_ragged, "sliding": me.prefill_wrapper_ragged_swa}
+
+
+@pytest.mark.parametrize("window, cap, want", [(4095, None, ("cutlass", "fa2")), (4095, 50.0, ("fa2", "fa2")),
+                                               (None, None, ("cutlass", None))])
+def test_sm100_only_the_sliding_window_wrapper_leaves_cutlass(window, cap, want):
+    """``--fix all`` on 0.5.23: the sliding layers' ragged wrapper is fa2 (cutlass plans no window), the
+    shared one (full layers) stays cutlass unless the layers cap."""
+    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), fix.ALL)
+    got = _ragged_backends(new, window, cap)
+    assert (got["shared"], got["sliding"]) == want
+    assert _ragged_backends(new, window, cap, head_dim=256)["shared"] == "fa2"  # the release's own head-dim gate
+
+
+@pytest.mark.parametrize("window, cap, want", [(None, None, "cutlass"), (4095, None, "cutlass"), (None, 50.0, "fa2"),
                                                (None, 0.0, "cutlass"), (127, 30.0, "fa2")])
-def test_sm100_fix_keeps_fa2_exactly_where_a_window_or_cap_is_planned(window, cap, want):
+def test_sm100_fix_keeps_fa2_on_the_shared_wrapper_only_for_a_cap(window, cap, want):
+    """The shared ragged wrapper serves the full layers once the ragged fixes give the sliding ones their
+    own (issue #40 point 5): a window alone keeps it on cutlass; a cap (which cutlass drops) does not."""
     text, new = _check_fix("0.5.23", "sm100_no_cutlass_window")
     assert _cutlass_choice(text, window, cap) == "cutlass"  # as shipped: whatever the layers ask
     assert _cutlass_choice(new, window, cap) == want
@@ -225,8 +261,10 @@ def test_0_5_23_cohere2_with_the_fixes_is_exact_on_sm100(fixed_sm100):
     assert f["build"]["runner_window"] == small_config("cohere2").intended_window
     driven = [r for r in f["paths"] if r.get("status") == "driven"]
     assert driven and all(r["verdict"] == "exact" for r in driven), [r["path"] for r in driven if r["verdict"] != "exact"]
-    ragged = [w for r in driven for k, ws in r["wrappers"].items() if k.startswith("Ragged") for w in ws]
-    assert ragged and all(w.endswith("-> fa2") for w in ragged)
+    ragged = {kind: [w for r in driven if r["kind"] == kind for k, ws in r["wrappers"].items() if k.startswith("Ragged")
+                     for w in ws] for kind in ("sliding", "full")}
+    assert ragged["sliding"] and any(w == "fa2 -> fa2" for w in ragged["sliding"])  # its own wrapper: off cutlass
+    assert ragged["full"] and all(w.endswith("-> cutlass") for w in ragged["full"])  # no cap: the full layers keep it
     assert f["answer"]["state"] == "not affected"
 
 

@@ -12,13 +12,15 @@ each an AST-anchored edit of the one file of sglang 0.5.14-0.5.23 it names (line
   module-level ``get_attention_sliding_window_size(config)`` (``sliding_window - 1``), the layer's
   window from it, and the hook on ``Cohere2ForCausalLM`` (not on v1's ``CohereForCausalLM``, which
   has no window). The rotary switch (:251, ``sliding_window_size > 0``) keeps HF's value.
-* ``sm100_no_cutlass_window`` (``flashinfer_backend.py``): on sm100 the one ragged wrapper is built
+* ``sm100_no_cutlass_window`` (``flashinfer_backend.py``): on sm100 the shared ragged wrapper is built
   with ``backend="cutlass"`` (:501-522; 0.5.14 :427-432 without the head-dim gate), and FlashInfer's
   cutlass prefill plans neither ``window_left`` nor ``logits_soft_cap`` (flashinfer 0.7.2 prefill.py
-  ``plan``: the cutlass branch takes no window or cap). The fix keeps ``fa2`` where the runner has a
-  sliding window or the model config a soft cap (``_fmha_plans_window_or_cap``), in a statement
-  after the release's own choice, so its head-dim and piecewise-graph gates stay as they are. The backend knows
-  of sliding layers only through the runner's window, so Cohere2 needs ``commandr_window_hook`` too.
+  ``plan``: the cutlass branch takes no window or cap). The window is the ragged fixes' business:
+  their sliding-window wrapper is built with fa2 where the shared one is cutlass (``fix.fixes``
+  ``_swa_backend``), so the full layers keep cutlass (issue #40: forcing the shared wrapper off it
+  slowed every full layer's prefill on B200). This fix keeps ``fa2`` on the shared wrapper only where
+  the model's layers cap (``_fmha_plans_cap``: their ``logit_cap``, as the soft-cap fixes read it),
+  in a statement after the release's own choice, so its head-dim and piecewise-graph gates stay.
 * ``ragged_prefix_full_layers`` (``flashinfer_backend.py``, 0.5.14-0.5.20): where the runner has a
   window, ``update_sliding_window`` plans wrapper 1 (the full layers) over ``seq_lens`` for ragged
   prefill with a prefix too (0.5.20 :1970-1974), while the full layers' paged pass runs before the
@@ -37,7 +39,7 @@ from swa_repro.sglang.fix.source import Edit, Source, keyword
 
 COMMANDR = "srt/models/commandr.py"
 HOOK = "get_attention_sliding_window_size"
-CUTLASS_GATE = "_fmha_plans_window_or_cap"
+CUTLASS_GATE = "_fmha_plans_cap"
 
 
 # ----------------------------------------------------------------------------- commandr.py
@@ -101,19 +103,27 @@ def _sm100_no_cutlass(src: Source) -> list[Edit]:
         anchor = _need(src.cls(BACKEND), f"class {BACKEND}")
         edits.append(src.insert_lines_before(anchor, [
             f"def {CUTLASS_GATE}(model_runner) -> bool:",
-            '    """Whether prefill plans need a window or a soft cap: FlashInfer\'s cutlass',
-            "    prefill plans neither, so the ragged wrapper keeps fa2 (the runner's window:",
-            '    the layers slide; the config\'s attn_logit_softcapping: they cap)."""',
-            '    config = getattr(model_runner.model_config, "hf_text_config", None)',
-            '    cap = getattr(config, "attn_logit_softcapping", None)',
-            "    return model_runner.sliding_window_size is not None or bool(cap and cap > 0)",
+            '    """Whether the model\'s attention layers cap their logits: FlashInfer\'s cutlass',
+            "    prefill plans no logits_soft_cap, so the shared ragged wrapper keeps fa2 then.",
+            "    Read from the layers (their logit_cap); a runner whose model holds none (the",
+            '    attention test kit\'s) names it in its config."""',
+            '    model = getattr(model_runner, "model", None)',
+            "    caps = [",
+            "        module.logit_cap",
+            "        for module in (model.modules() if model is not None else ())",
+            '        if hasattr(module, "logit_cap")',
+            "    ]",
+            "    if not caps:",
+            '        config = getattr(model_runner.model_config, "hf_text_config", None)',
+            '        caps = [getattr(config, "attn_logit_softcapping", None)]',
+            "    return any(cap is not None and cap > 0 for cap in caps)",
             "",
             ""], indent=""))
     block, after = _cutlass_block(src)
     if isinstance(after, ast.If) and ast.unparse(after).startswith(FALLBACK):
         return edits
     edits.append(src.insert_lines_after(block, [
-        "# FlashInfer's cutlass prefill takes no window_left and no logits_soft_cap.",
+        "# FlashInfer's cutlass prefill takes no logits_soft_cap.",
         f'if fmha_backend == "cutlass" and {CUTLASS_GATE}(model_runner):',
         '    fmha_backend = "fa2"']))
     return edits
@@ -162,7 +172,8 @@ FAMILY_FIXES = {f.name: f for f in (
     Fix("ragged_prefix_full_layers", "0.5.14-0.5.20, ragged prefill with a cached prefix in a model with "
         "sliding-window layers: the full layers' paged pass is planned over the prefix only (0.5.21's own "
         "branch), not the whole sequence, whose extend part it would see unmasked", edits=_full_prefix_only),
-    Fix("sm100_no_cutlass_window", "sm100: the ragged prefill wrapper keeps fa2 where the runner has a sliding "
-        "window or the model a soft cap (FlashInfer's cutlass prefill plans neither)", edits=_sm100_no_cutlass),
+    Fix("sm100_no_cutlass_window", "sm100: the shared ragged prefill wrapper keeps fa2 only where the model's "
+        "layers cap their logits (FlashInfer's cutlass prefill plans no cap); the full layers keep cutlass",
+        edits=_sm100_no_cutlass),
 )}
 FAMILY_ORDER = tuple(FAMILY_FIXES)

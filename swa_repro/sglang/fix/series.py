@@ -38,7 +38,7 @@ SUBJECTS = {
     "soft_cap_prefill": "[FlashInfer] plan logits_soft_cap for prefill, refuse a layer with another cap",
     "soft_cap_decode": "[FlashInfer] plan logits_soft_cap for decode, refuse a layer with another cap",
     "commandr_window_hook": "[Model] Cohere2: derive the sliding window, in RadixAttention's count",
-    "sm100_no_cutlass_window": "[FlashInfer] sm100: ragged prefill keeps fa2 for a sliding window or soft cap",
+    "sm100_no_cutlass_window": "[FlashInfer] sm100: the shared ragged prefill wrapper keeps fa2 for a soft cap",
 }
 
 

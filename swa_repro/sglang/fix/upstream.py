@@ -106,8 +106,8 @@ DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
     "buffer the sliding-window wrapper would read the full wrapper's unwindowed mask (the cure #39160 named).",
     "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
     "keys a query sees.",
-    "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
-    "layers as `logit_cap`), read once per indices updater; a `fast_prefill_plan` replay takes no cap and "
+    "soft_cap_prefill": "The cap is the one the model's attention layers use (each `RadixAttention.logit_cap`: "
+    "Gemma-2's from `attn_logit_softcapping`, Grok's with its fallback of 30), read at start-up; a `fast_prefill_plan` replay takes no cap and "
     "keeps the module captured with it. A layer whose cap is not the planned one is refused (ValueError "
     "naming both) instead of running with a module planned for another cap: a capped module divides by a "
     "layer cap of 0, and FlashInfer applies tanh only (`logit_capping_method`).",
@@ -242,10 +242,11 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         lines.append(f"- audit with all fixes: {cell_text(runs['all'], n)}")
         lines += ["", upstream_section(n)]
     lines += ["", "## Limits", "",
-              "- The soft cap is read from the model config (`hf_text_config.attn_logit_softcapping`), where "
-              "gemma2.py takes its layers' `logit_cap` from; a model whose layers cap without that key (grok.py's "
-              "fallback of 30), with another method than tanh, or a layer of cap 0 in a capped model, is refused "
-              "at its first forward with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
+              "- The soft cap is read from the model's attention layers at start-up (their `logit_cap`, so "
+              "grok.py's fallback of 30 without `attn_logit_softcapping` is planned); layers of different caps "
+              "are refused at start-up, a layer with another method than tanh, or (a runner whose model holds no "
+              "layer, as the attention test kit's) a layer whose cap is not the planned one, at its first forward "
+              "with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
               "drives each on 0.5.23: shipped computes them silently, fixed refuses them).",
               "- EAGLE / NGRAM verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name "
               "slots outside the window. The planned (widened) window skips the tiles before it and the mask "

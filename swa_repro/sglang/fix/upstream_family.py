@@ -22,7 +22,7 @@ from swa_repro.sglang.fix.upstream_refs import upstream_section
 
 CELLS = {"commandr_window_hook": (("cohere2",), ("sm90", "sm100", "sm80")),  # the cells each fix answers
          "ragged_prefix_full_layers": ((), ()),  # 0.5.14-0.5.20 only: 0.5.23 has it
-         "sm100_no_cutlass_window": (("cohere2",), ("sm100",))}
+         "sm100_no_cutlass_window": (("gemma2",), ("sm100",))}
 PROBLEM = {
     "commandr_window_hook": "`Cohere2ForCausalLM` ({cls}) has no `get_attention_sliding_window_size`, so the "
     "model runner derives no sliding window for it (Cohere2 is not in `is_hybrid_swa_model`'s list either) and "
@@ -38,8 +38,10 @@ PROBLEM = {
     "sm100_no_cutlass_window": "On sm100 the ragged prefill wrapper is built with `backend=\"cutlass\"` ({gate}) "
     "for head dims 64/128 and 192/128, and FlashInfer's cutlass prefill plans neither `window_left` nor "
     "`logits_soft_cap` (flashinfer 0.7.2 prefill.py `plan`); sglang names the backend explicitly, which "
-    "FlashInfer never rewrites. A model with sliding-window or capped layers then runs its ragged prefill "
-    "without them, whatever the plan says.",
+    "FlashInfer never rewrites. The sliding layers' window is the ragged-window fix's: its own wrapper is "
+    "built with fa2 where the shared one is cutlass, so the full layers keep cutlass. A model whose layers "
+    "cap their logits (Gemma-2) still runs the full layers' ragged prefill uncapped on cutlass: the shared "
+    "wrapper keeps fa2 for such a model only.",
 }
 NO_FIX = ("Refused families never reach the FlashInfer backend (sglang's own server code refuses "
           "`--attention-backend flashinfer` for them, the reason and file:line below). Mistral and Qwen2 with a "

@@ -120,15 +120,15 @@ PR_33987 = _ref(33987, SGLANG, "pr", "fix(flashinfer): plan with logits_soft_cap
                 "closed", "the cap read from the model's attention layers at backend init and planned on "
                 "decode, ragged and paged; `fast_decode_plan` given the cap, a `fast_prefill_plan` replay "
                 "asserting it, startup failure on mixed caps",
-                "reads the config key only, so it misses Grok's fallback cap of 30, which theirs, reading the "
-                "layers, catches; ours is smaller")
+                "the same source of the cap (the layers' `logit_cap`, so Grok's fallback of 30 is planned) and "
+                "the same start-up refusal of mixed caps; ours also refuses, per layer, a non-tanh method")
 PR_38525 = _ref(38525, SGLANG, "pr", "Fix FlashInfer planning for configured attention logits soft cap", "open",
                 "the cap read from `hf_text_config.attn_logit_softcapping` once per indices updater and "
                 "planned on ragged, paged, decode and `fast_decode_plan`, `fast_prefill_plan` taking and keeping "
                 "it; an SM90 CI test incl. CUDA-graph decode replay",
-                "equivalent (same source of the cap, same plan sites); theirs has a CI test and a "
-                "cap-taking `fast_prefill_plan`, ours keeps the captured module there. Neither covers caps "
-                "absent from the config")
+                "the same plan sites; theirs reads the config key, so a Grok checkpoint without it (grok.py's "
+                "fallback of 30) is planned uncapped, ours reads the layers' `logit_cap`; theirs has a CI test "
+                "and a cap-taking `fast_prefill_plan`, ours keeps the captured module there")
 
 PR_4823 = _ref(4823, SGLANG, "pr", "gemma3: impl `get_attention_sliding_window_size` for attn init", "merged",
                "Gemma-3 output turning to garbage past ~2k tokens because the model class had no "
