@@ -43,4 +43,35 @@ def test_main_reports_each_helper_and_exits_1_on_a_failure(fake, capsys):
 def test_an_unknown_helper_is_one_line_exit_2(capsys):
     assert jit_warm.main(["bogus"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "choose from cascade, quantization" in err
+    assert err.count("\n") == 1 and "choose from kit, cascade, quantization, fa2-full" in err
+
+
+def test_kit_builds_every_attention_module_the_kit_plans_with_plans_arguments(monkeypatch, capsys):
+    """``kit``: fp16, head dim 64, int32 indices, no posenc; fa2 and fa3 prefill with and without the
+    window and the cap, decode with and without the cap; and the helpers; each once, as plan() asks
+    (prefill.py:2981-2996, decode.py:2441-2451 in flashinfer 0.7.2)."""
+    import sys
+    import types
+
+    import torch
+
+    asked = []
+    prefill = types.SimpleNamespace(get_batch_prefill_module=lambda *a: asked.append(("prefill", a)))
+    decode = types.SimpleNamespace(get_batch_decode_module=lambda *a: asked.append(("decode", a)))
+    fi = types.ModuleType("flashinfer")
+    fi.prefill, fi.decode = prefill, decode
+    monkeypatch.setitem(sys.modules, "flashinfer", fi)
+    monkeypatch.setitem(sys.modules, "flashinfer.prefill", prefill)
+    monkeypatch.setitem(sys.modules, "flashinfer.decode", decode)
+    helpers = []
+    orig = jit_warm.getter
+    monkeypatch.setattr(jit_warm, "getter",
+                        lambda n: (lambda: helpers.append(n)) if n in jit_warm.HELPERS else orig(n))
+    assert jit_warm.main(["kit"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert set(got) == set(jit_warm.KIT) | set(jit_warm.HELPERS) and len(jit_warm.KIT) == 10
+    assert sorted(helpers) == ["cascade", "quantization"]
+    f16, head = torch.float16, (torch.float16,) * 3 + (torch.int32, 64, 64, 0)
+    want = {("prefill", (b, *head, swa, cap, False)) for b in ("fa2", "fa3") for swa in (0, 1) for cap in (0, 1)}
+    want |= {("decode", (*head, False, cap)) for cap in (0, 1)}
+    assert {(k, tuple(a)) for k, a in asked} == want and len(asked) == 10 and head[0] is f16

@@ -69,6 +69,55 @@ def test_stub_records_lookups_and_raises_on_call(stub):
     assert stub.provenance()["called"] == ["fast_topk", "scalar_type.ScalarType.uint4"]
 
 
+@pytest.mark.parametrize("major,want", [(9, True), (10, True), (8, False)])
+def test_stub_answers_is_arch_support_pdl_as_sgl_kernel_does(stub, monkeypatch, major, want):
+    """Triton's backend asks ``sgl_kernel.utils.is_arch_support_pdl()`` at construction (0.5.23
+    triton_backend.py:70-71, :340); sglang-kernel answers compute capability major >= 9 of the current
+    device (sgl-kernel/python/sgl_kernel/utils.py). The stub answers the same, recorded as answered, not
+    as a call that fails the run; it asks torch once (cached, as the real one)."""
+    import torch
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d: asked.append(d) or (major, 0))
+    stub.ANSWERED["utils.is_arch_support_pdl"].cache_clear()
+    from sgl_kernel.utils import is_arch_support_pdl  # triton_backend.py:71's import
+
+    assert is_arch_support_pdl() is want and is_arch_support_pdl() is want and asked == [0]
+    p = stub.provenance()
+    assert p["called"] == [] and p["answered"] == ["utils.is_arch_support_pdl"]
+    assert "utils.is_arch_support_pdl" in p["looked_up"]
+
+
+def test_backends_ask_sgl_kernel_only_what_the_stub_answers():
+    """Every ``sgl_kernel`` name the kit's SWA backends (FlashInfer, Triton), the modules they construct
+    with and the kit import in 0.5.23 is answered by the stub; FA3's are compiled ops (flash_attn,
+    merge_state_v2), which the stub cannot carry: its kit cases are skipped on the GPU, said so (scripts/gpu_kit.sh)."""
+    import ast
+
+    from conftest import release_overlay
+
+    from swa_repro.sglang.fix import upstream as up
+
+    site = release_overlay(up.VERSION) / "sglang"
+    asked = {}
+    for rel in ("srt/layers/attention/triton_backend.py", "srt/layers/attention/flashinfer_backend.py",
+                "srt/layers/attention/flashattention_backend.py", "kernels/ops/attention/flash_attention_v3.py",
+                "kernels/ops/attention/extend_attention.py", "kernels/ops/attention/decode_attention.py",
+                "srt/layers/radix_attention.py", "srt/model_executor/forward_batch_info.py",
+                *(str(p.relative_to(site)) for p in sorted((site / "test/kits/attention_unittest").rglob("*.py")))):
+        for n in ast.walk(ast.parse((site / rel).read_text())):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sgl_kernel"):
+                sub = n.module[len("sgl_kernel."):] + "." if "." in n.module else ""
+                asked.setdefault(rel, set()).update(sub + a.name for a in n.names)
+    stub_src = (SGL_KERNEL_DIR / "__init__.py").read_text()
+    assert asked.pop("srt/layers/attention/triton_backend.py") == {"utils.is_arch_support_pdl"}
+    fa3 = {"kernels/ops/attention/flash_attention_v3.py", "srt/layers/attention/flashattention_backend.py"}
+    assert set(asked) == fa3  # FA3 only: compiled ops (flash_attn_*, merge_state_v2)
+    assert all(n.startswith("flash_attn.") or n == "merge_state_v2" for r in fa3 for n in asked[r])
+    assert '"utils.is_arch_support_pdl":' in stub_src
+
+
 # ----------------------------------------------------------------------------- sglang-check and the stub
 def _check_args(**kw):
     return types.SimpleNamespace(**{"cases": None, "trace_dir": None, "mode": "model", "peer": False, "json": True, "kit_only": False, "sglang": None, "fix": None} | kw)

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "upstream"
 TEST_FILE = DOCS / up.TEST
 KIT_CASES = REPO / "tests" / "sglang_kit_flashinfer_cases.py"
-NAMES = (*ke.ORDER, ke.ALL)
+NAMES = (*ke.ORDER, *ke.FOLLOW_UPS, ke.ALL)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +58,13 @@ def test_committed_kit_diffs_are_regenerated(texts):
 def test_each_kit_diff_applies_to_the_release_kit(texts, name):
     d = (DOCS / f"{name}.diff").read_text()
     per_file = ke.split(d)
-    want = ke.edit(texts, ke.ORDER if name == ke.ALL else (name,))
+    base = ke.FOLLOW_UPS.get(name, ())  # a follow-up applies on top of the edits it names
+    under = {**texts, **ke.edit(texts, base)} if base else texts
+    want = {p: t for p, t in ke.edit(texts, ke.ORDER if name == ke.ALL else (*base, name)).items()
+            if t != under[p]}
     assert set(per_file) == set(want) and all(f"--- a/python/{p}\n" in d for p in want)
     for path, fd in per_file.items():
-        got = up.plus_side(texts[path], fd)
+        got = up.plus_side(under[path], fd)
         assert got == want[path]
         ast.parse(got)
 
@@ -81,8 +84,11 @@ def test_kit_diffs_touch_only_what_they_say(texts):
     assert "attn_logit_softcapping=logit_cap if logit_cap > 0 else None," in dense
     # DFlash: no request-granular start left
     assert "prefix_start" not in verify and "(k_idx >= q_pos - window) & (k_idx <= q_pos)" in verify
-    assert ke.states(texts) == dict.fromkeys(ke.ORDER, "needed")
-    assert ke.states({**texts, **edited}) == dict.fromkeys(ke.ORDER, "applied")
+    assert ke.states(texts) == dict.fromkeys(ke.EDITS, "needed")
+    assert ke.states({**texts, **edited}) == {**dict.fromkeys(ke.ORDER, "applied"), ke.TRITON: "needed"}
+    # the tree window: by depth, but for the backends the kit declares by index (Triton: its own finding)
+    assert 'TREE_WINDOW_BY_INDEX = frozenset({"triton"})' in dense
+    assert "if case.backend not in TREE_WINDOW_BY_INDEX:" in dense
 
 
 def test_a_missing_anchor_refuses_loudly_and_changes_nothing(texts):

@@ -18,10 +18,18 @@ they are looked for; a kit without one raises :class:`KitEditError` naming it (n
   block), which ``dflash_verify_window`` replaces by FlashInfer's per-element window planned in:
   the query at ``q_pos`` attends keys ``q_pos - window .. q_pos``.
 * ``kit_tree_verify_window`` (dense_attention.py): the custom-mask reference windows a draft token
-  from its index in the flattened draft, FlashInfer's rule (variants.cuh:88-89), which for a tree
-  (topk > 1) cuts keys inside the token's real window: its position is committed + its depth
-  (build_tree_kernel_efficient's positions, eagle_utils.py:138-233), which ``eagle_verify_window``
-  windows by. A chain's index and depth agree, so chain cases are unchanged.
+  from its index in the flattened draft, FlashInfer's kernel rule (variants.cuh:88-89) and Triton's,
+  which for a tree (topk > 1) cuts keys inside the token's real window: its position is committed + its
+  depth (build_tree_kernel_efficient's positions, eagle_utils.py:208-211), which ``eagle_verify_window``
+  windows by. A chain's index and depth agree, so chain cases are unchanged. The backends that still
+  count by index are declared in the kit (``TREE_WINDOW_BY_INDEX``: Triton), so their tests keep their
+  expectation and the deviation stays visible: why depth is right, with the sources, is
+  :data:`TREE_DECISION`.
+
+A follow-up edit, not in ``kit.diff`` (``FOLLOW_UPS``): ``kit_tree_verify_triton`` empties
+``TREE_WINDOW_BY_INDEX``: Triton's tree expectation becomes the tree position too, the kit side of the
+Triton finding (its own PR, with a Triton fix); on 0.5.23's Triton it fails the tree cases past the
+window.
 
 ``python -m swa_repro.sglang.fix.kit_edits --site DIR [--names ...]`` edits DIR/sglang's kit in place
 (scripts/gpu_fix.sh); an edit already there is left as it is.
@@ -37,6 +45,16 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.sglang.fix.kit_anchor import Anchored, KitEditError, _lines
+from swa_repro.sglang.fix.kit_tree import (
+    FOLLOW_UPS,
+    TREE,
+    TREE_DECISION,
+    TRITON,
+    TRITON_TREE,
+)
+
+__all__ = ["FOLLOW_UPS", "TREE_DECISION", "TRITON", "Anchored", "KitEditError"]
 
 KIT = "sglang/test/kits/attention_unittest"
 DENSE = f"{KIT}/attention_methods/dense_attention.py"
@@ -45,53 +63,6 @@ FILES = (DENSE, VERIFY)
 ORDER = ("kit_swa_cases", "kit_logit_cap", "kit_dflash_swa_verify", "kit_tree_verify_window")
 ALL = "kit"  # every edit, one diff over both files
 
-
-class KitEditError(RuntimeError):
-    """An anchor is missing or not unique: this is not the kit the edits were written against."""
-
-
-class Anchored:
-    """``old`` -> ``new``, ``old`` exactly once in the region from the first ``after`` to the next
-    ``before`` (both optional)."""
-
-    def __init__(self, what: str, old: str, new: str, *, after: str | None = None, before: str | None = None):
-        self.what, self.old, self.new, self.after, self.before = what, old, new, after, before
-
-    def _region(self, text: str, path: str) -> tuple[int, int]:
-        a = 0
-        if self.after is not None:
-            a = text.find(self.after)
-            if a < 0:
-                raise KitEditError(f"{path}: {self.what}: anchor {self.after!r} is gone")
-        b = len(text)
-        if self.before is not None:
-            b = text.find(self.before, a)
-            if b < 0:
-                raise KitEditError(f"{path}: {self.what}: anchor {self.before!r} is gone")
-        return a, b
-
-    def state(self, text: str, path: str) -> str:
-        """``needed`` / ``applied``; raises when neither the old nor the new text is there once."""
-        a, b = self._region(text, path)
-        region = text[a:b]
-        old, new = region.count(self.old), region.count(self.new)
-        if new == 1 and old == (1 if self.old in self.new else 0):
-            return "applied"
-        if new == 0 and old == 1:
-            return "needed"
-        raise KitEditError(f"{path}: {self.what}: anchor {self.old.strip().splitlines()[0]!r} "
-                           f"{'is gone' if old == 0 else f'occurs {old} times'}")
-
-    def apply(self, text: str, path: str) -> str:
-        if self.state(text, path) == "applied":
-            return text
-        a, b = self._region(text, path)
-        i = text.index(self.old, a, b)
-        return text[:i] + self.new + text[i + len(self.old):]
-
-
-def _lines(*ls: str) -> str:
-    return "".join(ln + "\n" for ln in ls)
 
 
 _NO_PREFIX = "def make_swa_no_prefix_input_config_cases("
@@ -209,37 +180,28 @@ DFLASH = [
         after="def _make_spec_verify_input(", before="def _make_eagle_verify_input("),
 ]
 
-TREE = [
-    Anchored(
-        "custom-mask reference: a draft token's window from its tree position", _lines(
-            "                query_pos = case.prefix_lens[req_idx] + offset",
-            "                # Target-verify draft tokens are appended through the extend",
-            "                # kernel, which applies `kv_id >= q_id - sliding_window_size`",
-            "                # (see `dense_attention_reference` note). The custom-mask",
-            "                # reference must use the same rule."),
-        _lines(
-            "                # A draft token sits at its depth in the tree (its ancestors",
-            "                # and itself in the draft part of its mask row), not at its",
-            "                # index in the flattened draft: that is the position its",
-            "                # window counts from (a chain's are the same).",
-            "                draft = req_mask[offset, case.prefix_lens[req_idx] :]",
-            "                query_pos = case.prefix_lens[req_idx] + int(draft.sum()) - 1"),
-        after=_REF_MASK, before="def _copy_dense_weights("),
-]
-
 EDITS: dict[str, tuple[str, list[Anchored]]] = {
     "kit_swa_cases": (DENSE, SWA_CASES),
     "kit_logit_cap": (DENSE, LOGIT_CAP),
     "kit_dflash_swa_verify": (VERIFY, DFLASH),
     "kit_tree_verify_window": (DENSE, TREE),
+    TRITON: (DENSE, TRITON_TREE),
 }
 
 
 def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
-    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied; only
-    the files they touch are in the result. Raises :class:`KitEditError` before changing anything."""
+    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied (a follow-up,
+    ``FOLLOW_UPS``, after the edits it goes on top of); only the files they touch are in the result.
+    Raises :class:`KitEditError` before changing anything."""
+    unknown = set(names) - set(EDITS)
+    if unknown:
+        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(EDITS)}")
+    for name in set(names) & set(FOLLOW_UPS):
+        missing = [b for b in FOLLOW_UPS[name] if b not in names]
+        if missing:
+            raise KitEditError(f"kit edit {name} goes on top of {', '.join(missing)}: name it too")
     out: dict[str, str] = {}
-    for name in ORDER:
+    for name in (*ORDER, *FOLLOW_UPS):
         if name not in names:
             continue
         path, edits = EDITS[name]
@@ -247,19 +209,28 @@ def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
         for e in edits:
             text = e.apply(text, path)
         out[path] = text
-    unknown = set(names) - set(ORDER)
-    if unknown:
-        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(ORDER)}")
     return out
 
 
 def states(texts: dict[str, str]) -> dict[str, str]:
-    """Each edit's state: needed / applied (all its anchored parts agree) or mixed."""
-    out = {}
-    for name, (path, edits) in EDITS.items():
-        got = {e.state(texts[path], path) for e in edits}
+    """Each edit's state: needed / applied (all its anchored parts agree) or mixed. An applied follow-up
+    is read off first and the edits under it judged without it; one whose base is not there: needed."""
+    view, out = dict(texts), {}
+    for name in FOLLOW_UPS:
+        path, edits = EDITS[name]
+        try:
+            got = {e.state(view[path], path) for e in edits}
+        except KitEditError:  # its anchor comes with its base: not there yet
+            got = {"needed"}
         out[name] = got.pop() if len(got) == 1 else "mixed"
-    return out
+        if out[name] == "applied":
+            for e in edits:
+                view[path] = view[path].replace(e.new, e.old, 1)
+    for name in ORDER:
+        path, edits = EDITS[name]
+        got = {e.state(view[path], path) for e in edits}
+        out[name] = got.pop() if len(got) == 1 else "mixed"
+    return {n: out[n] for n in EDITS}
 
 
 def read(site: Path) -> dict[str, str]:
@@ -274,8 +245,11 @@ def unified(old: dict[str, str], new: dict[str, str]) -> str:
 
 
 def diffs(texts: dict[str, str]) -> dict[str, str]:
-    """name -> diff against the kit ``texts`` (each edit alone), and ``kit``: all of them."""
+    """name -> diff against the kit ``texts`` (each edit alone; a follow-up against the kit with the
+    edits it goes on top of), and ``kit``: every edit of ORDER (no follow-up)."""
     out = {n: unified(texts, edit(texts, (n,))) for n in ORDER}
+    for n, base in FOLLOW_UPS.items():
+        out[n] = unified({**texts, **edit(texts, base)}, edit(texts, (*base, n)))
     out[ALL] = unified(texts, edit(texts, ORDER))
     return out
 
@@ -339,11 +313,14 @@ def _kit_overlay(overlay: Path, names=ORDER) -> Path:
     import hashlib
     import json
 
+    from swa_repro.sglang.fix import kit_anchor, kit_tree
+
     texts = read(overlay)
     h = hashlib.sha256(",".join(names).encode())
     for p in FILES:
         h.update(texts[p].encode())
-    h.update(Path(__file__).read_bytes())
+    for m in (__file__, kit_anchor.__file__, kit_tree.__file__):
+        h.update(Path(m).read_bytes())
     dst = overlay.parent.parent / "sglang-kit" / f"{overlay.parent.name}-{overlay.name}-{h.hexdigest()[:12]}"
     marker = ".swa-repro-kit.json"
     if (dst / marker).is_file():

@@ -210,7 +210,9 @@ PIECE_TEXT = {
     "q_pos attends q_pos - window .. q_pos), not the request-granular trim; "
     "runner_dflash_verify_swa_chain becomes this fix's regression test",
     "kit_tree_verify_window": "the custom-mask reference windows a draft token from its position in "
-    "the tree (committed length + depth), not its index in the flattened draft; chains are unchanged",
+    "the tree (committed length + depth), not its index in the flattened draft; chains are unchanged; "
+    "the backends that still count by index are declared (TREE_WINDOW_BY_INDEX: Triton, a finding of its "
+    "own) and keep their expectation",
 }
 
 

@@ -253,6 +253,9 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "masks the rest, but the indices are listed (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
+    from swa_repro.sglang.fix.kit_edits import TREE_DECISION
+
+    lines += ["", "## The kit's window for a tree draft token (Triton apart)", "", *TREE_DECISION]
     lines += alternative_lines(runs, cost)
     stale = stale_live(text, live_diff) if after is not None else None
     also = live_fix_set(text, live_diff) if after is not None else None

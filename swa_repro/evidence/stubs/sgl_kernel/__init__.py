@@ -5,10 +5,14 @@ all sites measured for 0.5.15.post1: swa_repro/evidence/stubs/__init__.py), in m
 FlashInferAttnBackend's imports pull in; its paged-prefill path calls none of them. So every attribute
 lookup and every ``sgl_kernel.<sub>`` import is recorded and gives a placeholder, and calling a
 placeholder is recorded and raises. ``provenance()`` reports both: ``swa-repro sglang-check`` puts it in
-its JSON and fails the run if anything was called. Standard library only; ``swa-repro bundle --sglang``
+its JSON and fails the run if anything was called. The names in :data:`ANSWERED` are the exception: a
+question the attention backends ask at construction, answered as sglang-kernel answers it (Triton's
+backend: ``from sgl_kernel.utils import is_arch_support_pdl``, triton_backend.py:70-71, called at
+:340 in 0.5.23); their calls are recorded apart (``answered``) and never fail a run. Standard library only; ``swa-repro bundle --sglang``
 copies this file into the bundle as the package ``sgl_kernel``, with ``_stub.json`` (what it replaces).
 """
 
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -54,9 +58,28 @@ class _Placeholder:
         return f"<sgl_kernel stub {self._stub_name}>"
 
 
-def _lookup(name: str) -> _Placeholder:
+ANSWERED_CALLS: list = []
+
+
+def _is_arch_support_pdl() -> bool:
+    """As sglang-kernel's ``sgl_kernel/utils.py`` (sgl-project/sglang, sgl-kernel/python/sgl_kernel/utils.py
+    at 4b5835f, lines 46-51): cached once, the current CUDA device's compute capability major >= 9
+    (Hopper's programmatic dependent launch). Pure torch: nothing compiled is needed to answer it."""
+    import torch
+
+    ANSWERED_CALLS.append("utils.is_arch_support_pdl")
+    device = torch.cuda.current_device()
+    major, _minor = torch.cuda.get_device_capability(device)
+    return major >= 9
+
+
+# name relative to sgl_kernel -> the function that answers it as the real package does
+ANSWERED = {"utils.is_arch_support_pdl": functools.lru_cache(maxsize=1)(_is_arch_support_pdl)}
+
+
+def _lookup(name: str):
     LOOKED_UP.append(name)
-    return _Placeholder(name)
+    return ANSWERED.get(name) or _Placeholder(name)
 
 
 def _module_getattr(prefix: str):
@@ -72,7 +95,8 @@ __getattr__ = _module_getattr("")
 
 def provenance() -> dict:
     return {"stubbed": "sgl_kernel", "replaces": _INFO.get("replaces", "sglang-kernel (version not recorded)"),
-            "looked_up": sorted(set(LOOKED_UP)), "called": sorted(set(CALLED))}
+            "looked_up": sorted(set(LOOKED_UP)), "called": sorted(set(CALLED)),
+            "answered": sorted(set(ANSWERED_CALLS))}
 
 
 class _SubmoduleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
