@@ -82,7 +82,12 @@ def review_lines() -> list[str]:
          "#40 (`tests/test_upstream_kit.py`)."),
         ("The kit's tree reference and the other backends",
          ("PR d carries the kit's tree-position reference (`kit_tree_verify_window`) in the fix's own commit, "
-          "not in a last kit commit" if tree else
+          "not in a last kit commit"
+          + ("; the backends the kit declares as counting a tree token by its flattened index "
+             "(`TREE_WINDOW_BY_INDEX`: Triton) keep their expectation, and "
+             + ", ".join(f"`{n}.diff`" for n in getattr(ke, "FOLLOW_UPS", {}))
+             + " (in no PR here) is the kit side of that backend's own fix" if getattr(ke, "FOLLOW_UPS", None) else "")
+          if tree else
           "The kit's reference is kept: PR d changes no kit expectation and the fix is expressed against it")
          + "; whether the kit's expectation holds for its other SWA backends (Triton, FA3) takes their GPU "
          "run (the live section, where recorded)."),
