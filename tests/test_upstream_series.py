@@ -250,3 +250,23 @@ def test_family_commit_messages_cite_the_upstream_threads(release):
     for name in ("commandr_window_hook", "sm100_no_cutlass_window"):
         body = " ".join(up.commit_body(texts, name).split())
         assert REFS[name] and all(f"{r.repo}#{r.number}" in body for r in REFS[name])
+
+
+def test_record_rewrites_only_the_readmes_bisect_section_and_a_stale_record_says_so(tmp_path):
+    """``pr_check --record``: pr-check.json with the patches' digest and README's bisect table from it,
+    the rest of the README unchanged; patches changed after it make the README say it is stale."""
+    import shutil
+
+    for pr in ps.PRS:
+        shutil.copytree(DOCS / pr.dir, tmp_path / pr.dir)
+    (tmp_path / "README.md").write_text("# x\n\n### Bisect check on a CPU\n\nold\n\n## Review response (issue #40)\n\nkept\n")
+    row = {"commit": "0001-a.patch", "touched": ["a", "b"], "verdict": "ok", "ruff": [],
+           "after": {"t.py": {"tests": {"x": "pass"}, "subtests": {"x[a]": "pass", "x[b]": "pass"}}},
+           "before": {"t.py": {"tests": {"x": "fail: y"}, "subtests": {}}}}
+    pr_readme.record(tmp_path, {"pr-a-ragged-window": [row]}, "abc1234", "2026-12-06")
+    md = (tmp_path / "README.md").read_text()
+    assert md.startswith("# x\n\n### Bisect check on a CPU\n\n`python -m") and md.endswith(
+        "\n## Review response (issue #40)\n\nkept\n") and "old" not in md
+    assert "| `pr-a-ragged-window` | `0001-a.patch` | 2 files | 2 cases | 1 failing | ok |" in md
+    (tmp_path / "pr-c-dflash-window" / "series").write_text("")
+    assert "from other patches than these" in "\n".join(pr_readme.bisect_lines(tmp_path))

@@ -247,7 +247,8 @@ def main(argv=None) -> int:
 
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, check=False,
                                 text=True).stdout.strip() or "unknown"
-        print(f"wrote {record(DOCS, res, commit, datetime.date.today().isoformat())}")
+        for f in record(DOCS, res, commit, datetime.date.today().isoformat()):
+            print(f"wrote {f}")
     return 0 if all(r["verdict"] == "ok" for rows in res.values() for r in rows) else 1
 
 

@@ -17,6 +17,7 @@ from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix.pr_series import PRS, kit_pieces_known, test_path
 
 RECORD = "pr-check.json"
+_BISECT = "### Bisect check on a CPU"
 
 
 def patches_digest(out: Path) -> str:
@@ -47,7 +48,7 @@ def pr_lines(out: Path) -> list[str]:
 
 def bisect_lines(out: Path) -> list[str]:
     rec = out / RECORD
-    head = ["", "### Bisect check on a CPU", "",
+    head = ["", _BISECT, "",
             "`python -m swa_repro.sglang.fix.pr_check --record` applies each series alone to 0.5.23's files, one "
             "commit at a time, and after each runs `ruff format --check` on the files it touches, the series' "
             "registered test as it stands and the kit's FlashInfer cases (`tests/sglang_kit_flashinfer_cases.py`) "
@@ -61,6 +62,8 @@ def bisect_lines(out: Path) -> list[str]:
     lines = head + ["", f"Recorded {doc['date']} (swa-repro {doc['swa_repro_commit']}):", "",
                     "| PR | commit | touched | tests after it | its tests without its fix | verdict |",
                     "|---|---|---|---|---|---|"]
+    from swa_repro.sglang.fix.pr_check import NOT_ON_CPU
+
     for d, rows in doc["results"].items():
         for r in rows:
             after = sum(len(v["subtests"]) or len(v["tests"]) for v in r["after"].values())
@@ -68,7 +71,7 @@ def bisect_lines(out: Path) -> list[str]:
             bad = sum(1 for v in (before or {}).values() for s in v["tests"].values() if s != "pass")
             lines.append(f"| `{d}` | `{r['commit']}` | {len(r['touched'])} files | {after} cases | "
                          f"{f'{bad} failing' if before else '(adds no test)'} | {r['verdict']} |")
-    return lines
+    return lines + [""] + [f"Not judged on a CPU (GPU only): `{m}`: {why}." for m, why in NOT_ON_CPU.items()]
 
 
 def review_lines() -> list[str]:
@@ -108,10 +111,18 @@ def review_lines() -> list[str]:
     return lines
 
 
-def record(out: Path, results: dict, commit: str, date: str) -> Path:
+def record(out: Path, results: dict, commit: str, date: str) -> list[Path]:
+    """``out/pr-check.json``, and README.md's bisect section rewritten from it (the section is
+    ``bisect_lines``' whatever ran the generator; the rest of the README is left as it is)."""
     from swa_repro.core.outputs import write_atomic
 
     p = out / RECORD
     write_atomic(p, json.dumps({"date": date, "swa_repro_commit": commit, "patches_sha256": patches_digest(out),
                                 "results": results}, indent=1).encode())
-    return p
+    md = out / "README.md"
+    text = md.read_text()
+    head, rest = text.split(_BISECT, 1)
+    tail = rest[rest.index("\n## "):]
+    write_atomic(md, (head + "\n".join(bisect_lines(out)[1:]) + "\n" + tail).encode())
+    return [p, md]
+
