@@ -88,23 +88,30 @@ def test_family_fix_applies_on_every_release(version, name):
         assert _cutlass_choice(new, 4095, None) == "cutlass"
 
 
-def test_commandr_fix_gives_the_window_transformers_intends():
+def test_commandr_fix_plans_the_window_the_layers_ask():
+    """Issue #40 point 4: the hook returns what the sliding layers pass to RadixAttention (CohereAttention's
+    own ``self.sliding_window_size = ...`` for a sliding layer, executed), HF's inclusive count, which vLLM
+    keeps on purpose; the layers are not edited (the old fix gave the runner, and them, ``- 1``)."""
     from swa_repro.sglang.families import small_config
 
     small = small_config("cohere2")
-    _, new = _check_fix("0.5.23", "commandr_window_hook")
-    cfg = types.SimpleNamespace(sliding_window=small.sliding_window)
-    assert _fn(new, ff.HOOK)(cfg) == small.intended_window
+    text, new = _check_fix("0.5.23", "commandr_window_hook")
+    cfg = types.SimpleNamespace(sliding_window=small.sliding_window, layer_types=["sliding_attention"])
+    init = fix.source.Source(text).method("CohereAttention", "__init__")
+    branch = next(n for n in ast.walk(init) if isinstance(n, ast.If) and "sliding_attention" in ast.unparse(n.test))
+    me = types.SimpleNamespace(v2=True)
+    exec(compile(ast.Module(body=[branch], type_ignores=[]), "<layer>", "exec"),  # noqa: S102
+         {"self": me, "config": cfg, "layer_id": 0})
     tree = ast.parse(new)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    methods = lambda c: {m.name for m in classes[c].body if isinstance(m, ast.FunctionDef)}  # noqa: E731
+    methods = lambda c: {m.name: m for m in classes[c].body if isinstance(m, ast.FunctionDef)}  # noqa: E731
     assert ff.HOOK in methods("Cohere2ForCausalLM") and ff.HOOK not in methods("CohereForCausalLM")
-    kw = ff._radix_window_kw(fix.source.Source(new))
-    expr = compile(ast.Expression(kw.value), "<kw>", "eval")
-    hook = _fn(new, ff.HOOK)
-    for layer_attr, want in ((small.sliding_window, small.intended_window), (-1, -1)):
-        me = types.SimpleNamespace(sliding_window_size=layer_attr)
-        assert eval(expr, {ff.HOOK: hook, "config": cfg, "self": me}) == want
+    env: dict = {}
+    exec(compile(ast.Module(body=[methods("Cohere2ForCausalLM")[ff.HOOK]], type_ignores=[]), "<hook>", "exec"),  # noqa: S102
+         env)
+    assert env[ff.HOOK](types.SimpleNamespace(config=cfg)) == me.sliding_window_size == small.sliding_window
+    assert ast.unparse(ff._radix_window_kw(fix.source.Source(new)).value) == "self.sliding_window_size"
+    assert small.intended_window == small.sliding_window - 1  # what the audit reports as layer != HF
 
 
 def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
@@ -254,23 +261,26 @@ def fixed_sm100():
 
 
 @pytest.mark.slow
-def test_0_5_23_cohere2_with_the_fixes_is_exact_on_sm100(fixed_sm100):
+def test_0_5_23_cohere2_with_the_fixes_plans_what_its_layers_ask_on_sm100(fixed_sm100):
+    """Every kernel is told the layers' window (HF's inclusive count, kept as vLLM keeps it): exact against
+    the layer, one key more than transformers' mask: layer != HF, as vLLM's table says it."""
     from swa_repro.sglang.families import small_config
 
     f = fixed_sm100["cohere2"]
-    assert f["build"]["runner_window"] == small_config("cohere2").intended_window
+    assert f["build"]["runner_window"] == small_config("cohere2").sliding_window
     driven = [r for r in f["paths"] if r.get("status") == "driven"]
-    assert driven and all(r["verdict"] == "exact" for r in driven), [r["path"] for r in driven if r["verdict"] != "exact"]
+    assert driven and all(r.get("verdict_vs_layer", r["verdict"]) == "exact" for r in driven), \
+        [r["path"] for r in driven if r.get("verdict_vs_layer", r["verdict"]) != "exact"]
     ragged = {kind: [w for r in driven if r["kind"] == kind for k, ws in r["wrappers"].items() if k.startswith("Ragged")
                      for w in ws] for kind in ("sliding", "full")}
     assert ragged["sliding"] and any(w == "fa2 -> fa2" for w in ragged["sliding"])  # its own wrapper: off cutlass
     assert ragged["full"] and all(w.endswith("-> cutlass") for w in ragged["full"])  # no cap: the full layers keep it
-    assert f["answer"]["state"] == "not affected"
+    assert f["answer"]["state"] == "layer != HF" and f["remedy"]["fix"] is None
 
 
 @pytest.mark.slow
 def test_0_5_23_without_a_fix_in_sglang_stays_as_it_was(fixed_sm100):
-    assert fixed_sm100["mistral"]["answer"]["state"] == "affected on the default path"
+    assert fixed_sm100["mistral"]["answer"]["state"] == "layer != HF"  # its layers ask no window: the model file
     assert fixed_sm100["mistral"]["remedy"]["fix"] is None
     assert fixed_sm100["gpt-oss"]["answer"]["state"] == "flashinfer refused"
 
@@ -288,8 +298,10 @@ def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
     _text(version, fix.BACKEND)
     doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
     for f in doc["families"]:
-        assert f["build"]["runner_window"] == small_config(f["family"]).intended_window
+        sliding = f["kinds"]["sliding"]
+        assert f["build"]["runner_window"] == sliding["layer_window"]  # the runner plans what the layers ask
         driven = [r for r in f["paths"] if r.get("status") == "driven"]
-        assert driven and all(r["verdict"] == "exact" for r in driven), \
-            [(r["kind"], r["path"]) for r in driven if r["verdict"] != "exact"]
-        assert f["answer"]["state"] == "not affected"
+        assert driven and all(r.get("verdict_vs_layer", r["verdict"]) == "exact" for r in driven), \
+            [(r["kind"], r["path"]) for r in driven if r.get("verdict_vs_layer", r["verdict"]) != "exact"]
+        off = sliding["layer_window"] != small_config(f["family"]).intended_window  # cohere2: HF's count
+        assert f["answer"]["state"] == ("layer != HF" if off else "not affected")

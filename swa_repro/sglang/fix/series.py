@@ -37,7 +37,7 @@ SUBJECTS = {
     "dflash_verify_window": "[FlashInfer] DFlash verify: plan window_left on the sliding-window wrapper",
     "soft_cap_prefill": "[FlashInfer] plan logits_soft_cap for prefill, refuse a layer with another cap",
     "soft_cap_decode": "[FlashInfer] plan logits_soft_cap for decode, refuse a layer with another cap",
-    "commandr_window_hook": "[Model] Cohere2: derive the sliding window, in RadixAttention's count",
+    "commandr_window_hook": "[Model] Cohere2: give the runner the sliding window its layers use",
     "sm100_no_cutlass_window": "[FlashInfer] sm100: the shared ragged prefill wrapper keeps fa2 for a soft cap",
 }
 

@@ -27,9 +27,11 @@ PROBLEM = {
     "commandr_window_hook": "`Cohere2ForCausalLM` ({cls}) has no `get_attention_sliding_window_size`, so the "
     "model runner derives no sliding window for it (Cohere2 is not in `is_hybrid_swa_model`'s list either) and "
     "the FlashInfer backend builds no sliding-window wrapper: ragged, paged and decode plans of the sliding "
-    "layers are windowless. The layers also get HF's inclusive count as their window ({kw}: "
-    "`sliding_window_size=self.sliding_window_size`, `= config.sliding_window`), where `RadixAttention` counts "
-    "the keys left of the query (gemma2.py subtracts 1): one key too many on every backend that reads it.",
+    "layers are windowless, while the layers ask for `config.sliding_window` ({kw}). The hook returns that "
+    "window, so the runner plans what the layers ask; the layers are unchanged. Their window is HF's count, "
+    "which includes the query, one key more than transformers' mask in `RadixAttention`'s count (keys left of "
+    "the query): vLLM keeps it on purpose (vLLM's commandr.py:237-243, Cohere's training convention), and the audit "
+    "reports it as `layer != HF`, as vLLM's table does, not as a backend finding.",
     "ragged_prefix_full_layers": "Fixed in sglang 0.5.21 ({full}: `elif use_ragged:` plans the full layers' "
     "paged pass over `prefix_lens`). In 0.5.14-0.5.20 a model with sliding-window layers (Gemma-2, Gemma-3; "
     "Cohere2 with `commandr_window_hook`) plans it over `seq_lens` under ragged prefill with a cached prefix, "

@@ -133,14 +133,15 @@ PR_38525 = _ref(38525, SGLANG, "pr", "Fix FlashInfer planning for configured att
 PR_4823 = _ref(4823, SGLANG, "pr", "gemma3: impl `get_attention_sliding_window_size` for attn init", "merged",
                "Gemma-3 output turning to garbage past ~2k tokens because the model class had no "
                "`get_attention_sliding_window_size`, so the attention backends were built without a window",
-               "the same hook for Cohere2, plus the layer's window in sglang's count (`sliding_window - 1`, "
-               "as gemma2.py/gemma3 give it); commandr.py passes HF's inclusive count")
+               "the same hook for Cohere2, returning the window its layers already pass "
+               "(`config.sliding_window`, kept as vLLM keeps it); the layers are unchanged")
 ISSUE_4570 = _ref(4570, SGLANG, "issue", "[Feature] Support Cohere Command-A (Cohere2ForCausalLM arch)", "open",
                   "Cohere2's interleaved sliding-window layers, when `Cohere2ForCausalLM` was a stub",
                   "the class now builds sliding layers, but no runner window: the hook is what it lacks")
 ISSUE_34354 = _ref(34354, SGLANG, "issue", "[Bug] 请问sglang的语义上 sliding_window_size 到底包不包含当前的token呢？",
                    "closed", "the question (unanswered) whether `sliding_window_size` counts the query (Triton's "
-                   "prefill and decode kernels read it differently)", "answers it for Cohere2 the way gemma2.py does: keys left of the query")
+                   "prefill and decode kernels read it differently)", "keys left of the query, as gemma2.py counts; Cohere2's layers "
+                   "keep HF's count (Cohere's convention, as vLLM keeps it), which the audit reports as `layer != HF`")
 FI_5133 = _ref(5133, FLASHINFER, "pr", "feat(prefill): let backend=\"auto\" reach cuDNN/CUTLASS on Blackwell "
                "ragged prefill", "merged", "`auto` moving windowless, capless ragged prefill on sm100 to cuDNN or "
                "CUTLASS, and staying on fa2 otherwise",
