@@ -175,3 +175,18 @@ def test_the_decision_cites_its_sources(texts, tmp_path):
     for cite in ("eagle_utils.py:208-211", "extend_attention.py:563-569", "flashattention_backend.py:1116-1168",
                  "masking_utils.py:94-95", "triton_backend.py:2869-2879", ":3410-3472", "#39287"):
         assert cite in text
+
+
+def test_the_edits_again_on_a_kit_with_the_follow_up_change_nothing(texts, tmp_path, capsys):
+    """gpu_kit.sh edits a site with the follow-up; ``kit_edits`` run on it again (its default edits, as
+    gpu_fix.sh does) leaves it as it is: the edits under the follow-up are judged without it, not
+    inserted a second time."""
+    for p, t in texts.items():
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / p).write_text(t)
+    assert ke.main(["--site", str(tmp_path), "--names", ",".join((*ke.ORDER, ke.TRITON))]) == 0
+    both = ke.read(tmp_path)
+    assert ke.main(["--site", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("already applied") == len(ke.ORDER)
+    assert ke.read(tmp_path) == both and both[ke.DENSE].count("TREE_WINDOW_BY_INDEX = ") == 1
+    assert ke.edit(both) == {p: both[p] for p in ke.edit(both)}

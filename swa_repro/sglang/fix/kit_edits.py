@@ -189,32 +189,9 @@ EDITS: dict[str, tuple[str, list[Anchored]]] = {
 }
 
 
-def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
-    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied (a follow-up,
-    ``FOLLOW_UPS``, after the edits it goes on top of); only the files they touch are in the result.
-    Raises :class:`KitEditError` before changing anything."""
-    unknown = set(names) - set(EDITS)
-    if unknown:
-        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(EDITS)}")
-    for name in set(names) & set(FOLLOW_UPS):
-        missing = [b for b in FOLLOW_UPS[name] if b not in names]
-        if missing:
-            raise KitEditError(f"kit edit {name} goes on top of {', '.join(missing)}: name it too")
-    out: dict[str, str] = {}
-    for name in (*ORDER, *FOLLOW_UPS):
-        if name not in names:
-            continue
-        path, edits = EDITS[name]
-        text = out.get(path, texts[path])
-        for e in edits:
-            text = e.apply(text, path)
-        out[path] = text
-    return out
-
-
-def states(texts: dict[str, str]) -> dict[str, str]:
-    """Each edit's state: needed / applied (all its anchored parts agree) or mixed. An applied follow-up
-    is read off first and the edits under it judged without it; one whose base is not there: needed."""
+def _follow_ups_off(texts: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``(texts with every applied follow-up read off, each follow-up's state)``: the edits under a
+    follow-up are judged and applied on the kit as they made it (a follow-up rewrites their text)."""
     view, out = dict(texts), {}
     for name in FOLLOW_UPS:
         path, edits = EDITS[name]
@@ -226,6 +203,38 @@ def states(texts: dict[str, str]) -> dict[str, str]:
         if out[name] == "applied":
             for e in edits:
                 view[path] = view[path].replace(e.new, e.old, 1)
+    return view, out
+
+
+def edit(texts: dict[str, str], names=ORDER) -> dict[str, str]:
+    """``{kit path: text}`` (paths as in a site: sglang/test/kits/...) with ``names`` applied (a follow-up,
+    ``FOLLOW_UPS``, after the edits it goes on top of; one already applied stays); only the files they
+    touch are in the result. Raises :class:`KitEditError` before changing anything."""
+    unknown = set(names) - set(EDITS)
+    if unknown:
+        raise KitEditError(f"unknown kit edit(s): {', '.join(sorted(unknown))}; choose from {', '.join(EDITS)}")
+    for name in set(names) & set(FOLLOW_UPS):
+        missing = [b for b in FOLLOW_UPS[name] if b not in names]
+        if missing:
+            raise KitEditError(f"kit edit {name} goes on top of {', '.join(missing)}: name it too")
+    view, fu = _follow_ups_off(texts)
+    keep = {n for n, st in fu.items() if st == "applied"}
+    out: dict[str, str] = {}
+    for name in (*ORDER, *FOLLOW_UPS):
+        if name not in names and name not in keep:
+            continue
+        path, edits = EDITS[name]
+        text = out.get(path, view[path])
+        for e in edits:
+            text = e.apply(text, path)
+        out[path] = text
+    return out
+
+
+def states(texts: dict[str, str]) -> dict[str, str]:
+    """Each edit's state: needed / applied (all its anchored parts agree) or mixed. An applied follow-up
+    is read off first and the edits under it judged without it; one whose base is not there: needed."""
+    view, out = _follow_ups_off(texts)
     for name in ORDER:
         path, edits = EDITS[name]
         got = {e.state(view[path], path) for e in edits}
