@@ -15,6 +15,7 @@ from pathlib import Path
 from swa_repro.sglang.fix import FIXES
 from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix.pr_series import PRS, kit_pieces_known, test_path
+from swa_repro.sglang.fix.upstream import DETAIL
 
 RECORD = "pr-check.json"
 _BISECT = "### Bisect check on a CPU"
@@ -74,6 +75,21 @@ def bisect_lines(out: Path) -> list[str]:
     return lines + [""] + [f"Not judged on a CPU (GPU only): `{m}`: {why}." for m, why in NOT_ON_CPU.items()]
 
 
+def sliding_backend() -> str:
+    """The ``backend=`` the ragged fix gives the sliding-window wrapper, read from the fix's own
+    edit of 0.5.23's file (an added ``backend=...`` line)."""
+    import re
+
+    from swa_repro.sglang.fix import BACKEND, apply_fixes
+    from swa_repro.sglang.fix.upstream_family import release_file
+
+    text = release_file(BACKEND)
+    old = set(text.splitlines())
+    added = [ln.strip() for ln in apply_fixes(text, ("ragged_no_prefix_window",)).splitlines() if ln not in old]
+    return next((m.group(1) for ln in added if (m := re.fullmatch(r"backend=(.+?),?", ln))),
+                "the shared wrapper's backend")
+
+
 def review_lines() -> list[str]:
     """Per point of the review (issue #40), what changed."""
     tree = "kit_tree_verify_window" in ke.EDITS
@@ -95,12 +111,13 @@ def review_lines() -> list[str]:
          + "; whether the kit's expectation holds for its other SWA backends (Triton, FA3) takes their GPU "
          "run (the live section, where recorded)."),
         ("Grok-1 and the soft cap", f"PR b: {FIXES['soft_cap_prefill'].summary}; "
-         f"{FIXES['soft_cap_decode'].summary}."),
+         f"{FIXES['soft_cap_decode'].summary}. {DETAIL['soft_cap_prefill'].split('; ', 1)[0]}."),
         ("Cohere2's window", f"PR e: {FIXES['commandr_window_hook'].summary}. Its test "
          "(`test_cohere2_runner_window.py`) asserts the runner's window is `config.sliding_window`, the value "
          "the layers are given."),
-        ("sm100 and full layers", f"PR a, its last commit: {FIXES['sm100_no_cutlass_window'].summary}. PR a's "
-         "test is registered on the B200 runner too (`1-gpu-b200`)."),
+        ("sm100 and full layers", f"PR a, its last commit: {FIXES['sm100_no_cutlass_window'].summary}. The "
+         "sliding-window ragged wrapper of its first commit (`ragged_no_prefix_window`) is built with "
+         f"`{sliding_backend()}`. PR a's test is registered on the B200 runner too (`1-gpu-b200`)."),
         ("Bisectable", "The one stacked series (kit changes last) is replaced by five PRs; each commit carries its "
          "kit expectation and test methods (the table above), and `pr_check` runs the kit after every commit. "
          "`est_time` is the recorded seconds per test method on an H100/H200 times the file's GPU methods "
