@@ -144,5 +144,22 @@ def test_family_commit_messages_cite_the_upstream_threads(texts):
     for name in ("commandr_window_hook", "sm100_no_cutlass_window"):
         body = " ".join(up.commit_body(texts, name).split())
         assert REFS[name] and all(f"{r.repo}#{r.number}" in body for r in REFS[name])
-        cell = "gemma2 --gpu sm100" if name.startswith("sm100") else "cohere2 --gpu sm90"  # sm100: the capped family
-        assert f"--model {cell} --fix all" in body
+        assert "swa-repro" not in body and "swa_repro" not in body  # no tool advertised (issue #40)
+
+
+def test_no_commit_advertises_a_tool_and_the_author_is_neutral_or_the_senders(texts, monkeypatch):
+    """Issue #40 (non-blocking): no "found with swa-repro" line, no placeholder tool author; the sender
+    sets the author (``SWA_REPRO_PATCH_AUTHOR``); a malformed one is one line (UsageError)."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.fix import series
+
+    for name in series.fix_names(texts):
+        assert "swa-repro" not in up.commit_body(texts, name).lower(), name
+    c = series.Commit("x", "[FlashInfer] x", "body", "")
+    monkeypatch.delenv(series.AUTHOR_ENV, raising=False)
+    assert "swa-repro" not in series.patch_text(c, 1, 1).split("\n")[1].lower()
+    monkeypatch.setenv(series.AUTHOR_ENV, "Ada Lovelace <ada@example.org>")
+    assert series.patch_text(c, 1, 1).split("\n")[1] == "From: Ada Lovelace <ada@example.org>"
+    monkeypatch.setenv(series.AUTHOR_ENV, "nobody")
+    with pytest.raises(UsageError, match="is not 'Name <email>'"):
+        series.patch_text(c, 1, 1)
