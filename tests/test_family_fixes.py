@@ -135,7 +135,7 @@ def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
     return env["fmha_backend"]
 
 
-def _ragged_backends(text: str, window, cap, head_dim=128) -> dict:
+def _ragged_backends(text: str, window, cap, head_dim=128, switch: str | None = None) -> dict:
     """The backend each ragged wrapper of ``__init__`` is built with (shared, sliding-window), executing
     its statements from ``fmha_backend = "auto"`` through the sliding-window wrapper on an sm100."""
     src = fix.source.Source(text)
@@ -147,8 +147,10 @@ def _ragged_backends(text: str, window, cap, head_dim=128) -> dict:
                                hf_text_config=types.SimpleNamespace(attn_logit_softcapping=cap))
     me = types.SimpleNamespace(workspace_buffer=None, is_multimodal=False, enable_mis=False,
                                enable_deterministic=False, use_paged=False)
+    if switch is not None and switch != "skip_prefill":
+        setattr(me, switch, True)
     env = {"model_runner": types.SimpleNamespace(sliding_window_size=window, model_config=mc), "self": me,
-           "skip_prefill": False, "get_platform": lambda: types.SimpleNamespace(is_sm100=True),
+           "skip_prefill": switch == "skip_prefill", "get_platform": lambda: types.SimpleNamespace(is_sm100=True),
            "is_sm100_supported": lambda: True, "check_cuda_graph_backend": lambda *a: False,
            "Phase": types.SimpleNamespace(PREFILL=0), "Backend": types.SimpleNamespace(TC_PIECEWISE=0),
            "BatchPrefillWithRaggedKVCacheWrapper": lambda *a, backend: built.append(backend) or backend}
@@ -156,6 +158,15 @@ def _ragged_backends(text: str, window, cap, head_dim=128) -> dict:
         env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
     exec(compile(ast.Module(body=body[i:j + 1], type_ignores=[]), "<init>", "exec"), env)  # noqa: S102
     return {"shared": me.prefill_wrapper_ragged, "sliding": me.prefill_wrapper_ragged_swa}
+
+
+@pytest.mark.parametrize("switch", ["skip_prefill", "is_multimodal", "enable_mis", "enable_deterministic", "use_paged"])
+def test_the_sliding_window_ragged_wrapper_exists_whenever_the_runner_has_a_window(switch):
+    """Issue #40 (non-blocking): built whatever the backend's switches, as the shared one is (a hand copy
+    of use_ragged's gates left it None where a path still plans it, e.g. the dLLM CUDA-graph path)."""
+    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), fix.ORDER)
+    assert _ragged_backends(new, 4095, None, switch=switch)["sliding"] is not None
+    assert _ragged_backends(new, None, None, switch=switch)["sliding"] is None  # no window, no wrapper
 
 
 @pytest.mark.parametrize("window, cap, want", [(4095, None, ("cutlass", "fa2")), (4095, 50.0, ("fa2", "fa2")),

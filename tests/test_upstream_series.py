@@ -250,6 +250,7 @@ def test_family_commit_messages_cite_the_upstream_threads(release):
     for name in ("commandr_window_hook", "sm100_no_cutlass_window"):
         body = " ".join(up.commit_body(texts, name).split())
         assert REFS[name] and all(f"{r.repo}#{r.number}" in body for r in REFS[name])
+        assert "swa-repro" not in body and "swa_repro" not in body  # no tool advertised (issue #40)
 
 
 def test_record_rewrites_only_the_readmes_bisect_section_and_a_stale_record_says_so(tmp_path):
@@ -270,3 +271,22 @@ def test_record_rewrites_only_the_readmes_bisect_section_and_a_stale_record_says
     assert "| `pr-a-ragged-window` | `0001-a.patch` | 2 files | 2 cases | 1 failing | ok |" in md
     (tmp_path / "pr-c-dflash-window" / "series").write_text("")
     assert "from other patches than these" in "\n".join(pr_readme.bisect_lines(tmp_path))
+
+
+def test_no_commit_advertises_a_tool_and_the_author_is_neutral_or_the_senders(release, monkeypatch):
+    """Issue #40 (non-blocking): no "found with swa-repro" line, no placeholder tool author; the sender
+    sets the author (``SWA_REPRO_PATCH_AUTHOR``); a malformed one is one line (UsageError)."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.fix import series
+
+    texts = release[0]
+    for name in series.fix_names(texts):
+        assert "swa-repro" not in up.commit_body(texts, name).lower(), name
+    c = series.Commit("x", "[FlashInfer] x", "body", "")
+    monkeypatch.delenv(series.AUTHOR_ENV, raising=False)
+    assert "swa-repro" not in series.patch_text(c, 1, 1).split("\n")[1].lower()
+    monkeypatch.setenv(series.AUTHOR_ENV, "Ada Lovelace <ada@example.org>")
+    assert series.patch_text(c, 1, 1).split("\n")[1] == "From: Ada Lovelace <ada@example.org>"
+    monkeypatch.setenv(series.AUTHOR_ENV, "nobody")
+    with pytest.raises(UsageError, match="is not 'Name <email>'"):
+        series.patch_text(c, 1, 1)

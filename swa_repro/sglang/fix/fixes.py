@@ -82,22 +82,6 @@ def _paged_only(src: Source):
 
 
 # ----------------------------------------------------------------------------- ragged windows
-RAGGED_GATES = ("self.is_multimodal", "self.enable_mis", "self.enable_deterministic", "self.use_paged")
-
-
-def _ragged_gates(src: Source, init, made) -> list[str]:
-    """What keeps a backend off ragged prefill for good (``init_forward_metadata``'s ``use_ragged``,
-    :1048-1062: multimodal, multi-item scoring, deterministic, ``SGLANG_FLASHINFER_USE_PAGED``; a
-    draft backend's ``skip_prefill``): the attributes the release sets in ``__init__`` before the
-    ragged wrapper and reads there, so no wrapper is built for a backend that never plans it."""
-    ifm = _need(src.method(BACKEND, "init_forward_metadata"), f"{BACKEND}.init_forward_metadata")
-    read = {ast.unparse(n) for n in ast.walk(ifm) if isinstance(n, ast.Attribute)}
-    set_before = {ast.unparse(t) for s in ast.walk(init) if isinstance(s, ast.Assign) and s.lineno < made.lineno
-                  for t in s.targets}
-    gates = [g for g in RAGGED_GATES if g in read and g in set_before]
-    return (["skip_prefill"] if "skip_prefill" in [a.arg for a in init.args.args] else []) + gates
-
-
 def _swa_backend(src: Source, kw) -> str:
     """The sliding-window ragged wrapper's ``backend=``: the shared one's, except cutlass (sm100,
     0.5.23 :501-522), whose prefill plans no ``window_left`` (flashinfer 0.7.2 prefill.py ``plan``):
@@ -109,9 +93,11 @@ def _swa_backend(src: Source, kw) -> str:
 
 
 def _ragged_common(src: Source) -> list[Edit]:
-    """The sliding-window layers' own ragged wrapper: created next to the shared one where ragged
-    prefill can run, planned with the window for wrapper 0 in ``update_sliding_window``, and chosen
-    per layer (``_ragged_wrapper``)."""
+    """The sliding-window layers' own ragged wrapper: created next to the shared one whenever the
+    runner has a window (as the shared one is created whatever the backend's switches: a hand copy of
+    ``init_forward_metadata``'s ``use_ragged`` would miss a path that plans it, and plan() would get
+    ``None``), planned with the window for wrapper 0 in ``update_sliding_window``, and chosen per
+    layer (``_ragged_wrapper``)."""
     edits = []
     init = _need(src.method(BACKEND, "__init__"), f"{BACKEND}.__init__")
     made = _need(next((s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
@@ -121,14 +107,11 @@ def _ragged_common(src: Source) -> list[Edit]:
         raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
     if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
         args = [src.seg(a) for a in made.value.args] + [_swa_backend(src, k) for k in made.value.keywords]
-        gates = _ragged_gates(src, init, made)
         edits.append(src.insert_lines_after(made, [
             "# The sliding-window layers' own ragged wrapper: plan() compiles window_left",
             "# in, and the shared one above stays planned for the full-attention layers.",
             f"self.{SWA_RAGGED} = None",
-            "if model_runner.sliding_window_size is not None and not (",
-            *[f"    {'or ' if i else ''}{g}" for i, g in enumerate(gates)],
-            "):",
+            "if model_runner.sliding_window_size is not None:",
             f"    self.{SWA_RAGGED} = BatchPrefillWithRaggedKVCacheWrapper(",
             *[f"        {a}," for a in args],
             "    )"]))

@@ -268,7 +268,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
 def commit_body(texts: dict, name: str) -> str:
     """A commit message body: the problem (file:line in the release; ``texts``: sglang-package file
     -> 0.5.23's text), the fix, the upstream threads on the same finding (``fix.upstream_refs``),
-    wrapped at 72 as git wants."""
+    wrapped at 72 as git wants. No tool is advertised in it (a maintainer's review, issue #40)."""
     import textwrap
 
     from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER
@@ -278,14 +278,12 @@ def commit_body(texts: dict, name: str) -> str:
     f = FIXES[name]
     if name in FAMILY_ORDER:
         problem = uf.problem(name, {n: texts[FIXES[n].file] for n in FAMILY_ORDER})
-        audit = uf.audit_command(name)
     else:
-        problem, audit = problems(texts[BACKEND])[name], f"swa-repro audit --sglang {VERSION} --fix {name}"
+        problem = problems(texts[BACKEND])[name]
     paras = [f"Problem: {problem}", f"Fix: {f.summary}. {DETAIL.get(name, '')}".rstrip()]
     refs = REFS.get(name, ())
     if refs:
         paras.append("Upstream: " + "; ".join(f"{r.repo}#{r.number} ({r.kind}, {r.state})" for r in refs) + ".")
-    paras.append(f"Found and checked with swa-repro (`{audit}`).")
     return "\n\n".join(textwrap.fill(p, 72, break_on_hyphens=False, break_long_words=False) for p in paras)
 
 

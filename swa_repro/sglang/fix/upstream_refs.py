@@ -99,10 +99,13 @@ PR_39287 = _ref(39287, SGLANG, "pr", "[Bugfix] Fix EAGLE sliding-window verifica
                 "open", "FlashInfer and Triton: a compact tree mask over the retained keys (window applied at "
                 "the tree's edge), the KV start passed to EAGLE's FlashInfer metadata; EAGLE SWA chain/tree and "
                 "graph-replay tests",
-                "wrapper 0 keeps the whole sequence and full tree mask and plans `window_left` (5 lines); "
-                "theirs reads only the window's keys, which matters with the sliding-window KV pool, where "
-                "ours reads (masked) slots outside the window; theirs is the better fix there, ours the "
-                "smaller one, and theirs also fixes Triton")
+                "both window the tree mask on each node's tree position (theirs opened 2026-09-13, still "
+                "open when re-read on 2026-12-06). Ours keeps wrapper 0 on the whole sequence and the tree mask, cuts the window "
+                "into the mask, plans it widened by `draft_token_num - 1` and gives each CUDA-graph verify "
+                "wrapper its own packed-mask buffer (#39160's cure); theirs reads only the window's keys, which "
+                "matters with the sliding-window KV pool, where ours lists (masked) slots outside the window; "
+                "theirs is the better fix there and also fixes Triton's flattened-index window; ours changes "
+                "FlashInfer's backend only")
 PR_27469 = _ref(27469, SGLANG, "pr", "dflash add sliding window attention draft layer support", "merged",
                 "sliding-window layers for DFlash drafters, and DFlash verify's request-granular "
                 "`kv_start_idx` trim", "keeps that trim and plans the window, so early draft queries no "
