@@ -108,7 +108,8 @@ checks.expect(drawn and all(key_heatmap.agrees(r) for r in drawn),
 # The audit's own remedy for this family on this GPU class (`sglang.audit.family_fix.remedy`, the one
 # `swa-repro audit --model` and `doctor --model` print: the backend's fixes, the model file's and the
 # GPU class's, or what to do where sglang has no fix); then the family audited again on a copy of the
-# release with the remedy's fixes, which must say not affected.
+# release with the remedy's fixes, which must say not affected, or layer != HF where the model file
+# gives its layers another window than transformers' mask (Cohere2's, kept as vLLM keeps it).
 
 # %%
 fix = family_answer.fix_answer(release, family, gpu_class.name, audit)
@@ -127,8 +128,9 @@ checks.expect(fix["exact"] == (not family_answer.bad(fix["fixed"] if fix["fixed"
               "the fix's verdict is the fixed copy's own audit", fixes=fix["fixes"])
 checks.expect(fix["fixed"] is None or len(family_answer.bad(fix["fixed"])) < len(family_answer.bad(audit)),
               "the fixes leave fewer wrong paths than the release as shipped")
-checks.expect(not fix["fixes"] or fix["fixed_state"] == "not affected",
-              "with the audit's remedy, the audit of the release says not affected", remedy=fix["command"],
+checks.expect(not fix["fixes"] or fix["fixed_state"] in ("not affected", "layer != HF"),
+              "with the audit's remedy, the audit of the release says not affected (or layer != HF: every "
+              "path serves what the layer asks, the model file's window is not HF's)", remedy=fix["command"],
               answer=fix["fixed_state"]);
 
 # %% [markdown]

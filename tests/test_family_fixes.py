@@ -84,27 +84,34 @@ def test_family_fix_applies_on_every_release(version, name):
     if version >= "0.5.20":
         assert _ruff_dirty(new) is None
     if name == "sm100_no_cutlass_window":
-        assert (_cutlass_choice(text, 4095, None), _cutlass_choice(new, 4095, None)) == ("cutlass", "fa2")
-        assert _cutlass_choice(new, None, None) == "cutlass"
+        assert (_cutlass_choice(text, None, 30.0), _cutlass_choice(new, None, 30.0)) == ("cutlass", "fa2")
+        assert _cutlass_choice(new, 4095, None) == "cutlass"
 
 
-def test_commandr_fix_gives_the_window_transformers_intends():
+def test_commandr_fix_plans_the_window_the_layers_ask():
+    """Issue #40 point 4: the hook returns what the sliding layers pass to RadixAttention (CohereAttention's
+    own ``self.sliding_window_size = ...`` for a sliding layer, executed), HF's inclusive count, which vLLM
+    keeps on purpose; the layers are not edited (the old fix gave the runner, and them, ``- 1``)."""
     from swa_repro.sglang.families import small_config
 
     small = small_config("cohere2")
-    _, new = _check_fix("0.5.23", "commandr_window_hook")
-    cfg = types.SimpleNamespace(sliding_window=small.sliding_window)
-    assert _fn(new, ff.HOOK)(cfg) == small.intended_window
+    text, new = _check_fix("0.5.23", "commandr_window_hook")
+    cfg = types.SimpleNamespace(sliding_window=small.sliding_window, layer_types=["sliding_attention"])
+    init = fix.source.Source(text).method("CohereAttention", "__init__")
+    branch = next(n for n in ast.walk(init) if isinstance(n, ast.If) and "sliding_attention" in ast.unparse(n.test))
+    me = types.SimpleNamespace(v2=True)
+    exec(compile(ast.Module(body=[branch], type_ignores=[]), "<layer>", "exec"),  # noqa: S102
+         {"self": me, "config": cfg, "layer_id": 0})
     tree = ast.parse(new)
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    methods = lambda c: {m.name for m in classes[c].body if isinstance(m, ast.FunctionDef)}  # noqa: E731
+    methods = lambda c: {m.name: m for m in classes[c].body if isinstance(m, ast.FunctionDef)}  # noqa: E731
     assert ff.HOOK in methods("Cohere2ForCausalLM") and ff.HOOK not in methods("CohereForCausalLM")
-    kw = ff._radix_window_kw(fix.source.Source(new))
-    expr = compile(ast.Expression(kw.value), "<kw>", "eval")
-    hook = _fn(new, ff.HOOK)
-    for layer_attr, want in ((small.sliding_window, small.intended_window), (-1, -1)):
-        me = types.SimpleNamespace(sliding_window_size=layer_attr)
-        assert eval(expr, {ff.HOOK: hook, "config": cfg, "self": me}) == want
+    env: dict = {}
+    exec(compile(ast.Module(body=[methods("Cohere2ForCausalLM")[ff.HOOK]], type_ignores=[]), "<hook>", "exec"),  # noqa: S102
+         env)
+    assert env[ff.HOOK](types.SimpleNamespace(config=cfg)) == me.sliding_window_size == small.sliding_window
+    assert ast.unparse(ff._radix_window_kw(fix.source.Source(new)).value) == "self.sliding_window_size"
+    assert small.intended_window == small.sliding_window - 1  # what the audit reports as layer != HF
 
 
 def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
@@ -124,13 +131,60 @@ def _cutlass_choice(text: str, window, cap, head_dim=128) -> str:
            "Backend": types.SimpleNamespace(TC_PIECEWISE=0)}
     if ff.CUTLASS_GATE in text:
         env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
-    exec(code, env)
+    exec(code, env)  # noqa: S102
     return env["fmha_backend"]
 
 
-@pytest.mark.parametrize("window, cap, want", [(None, None, "cutlass"), (4095, None, "fa2"), (None, 50.0, "fa2"),
+def _ragged_backends(text: str, window, cap, head_dim=128, switch: str | None = None) -> dict:
+    """The backend each ragged wrapper of ``__init__`` is built with (shared, sliding-window), executing
+    its statements from ``fmha_backend = "auto"`` through the sliding-window wrapper on an sm100."""
+    src = fix.source.Source(text)
+    body = src.method("FlashInferAttnBackend", "__init__").body
+    i = next(k for k, s in enumerate(body) if ast.unparse(s) == "fmha_backend = 'auto'")
+    j = next(k for k, s in enumerate(body) if "prefill_wrapper_ragged_swa = BatchPrefill" in ast.unparse(s))
+    built = []
+    mc = types.SimpleNamespace(head_dim=head_dim, v_head_dim=head_dim,
+                               hf_text_config=types.SimpleNamespace(attn_logit_softcapping=cap))
+    me = types.SimpleNamespace(workspace_buffer=None, is_multimodal=False, enable_mis=False,
+                               enable_deterministic=False, use_paged=False)
+    if switch is not None and switch != "skip_prefill":
+        setattr(me, switch, True)
+    env = {"model_runner": types.SimpleNamespace(sliding_window_size=window, model_config=mc), "self": me,
+           "skip_prefill": switch == "skip_prefill", "get_platform": lambda: types.SimpleNamespace(is_sm100=True),
+           "is_sm100_supported": lambda: True, "check_cuda_graph_backend": lambda *a: False,
+           "Phase": types.SimpleNamespace(PREFILL=0), "Backend": types.SimpleNamespace(TC_PIECEWISE=0),
+           "BatchPrefillWithRaggedKVCacheWrapper": lambda *a, backend: built.append(backend) or backend}
+    if ff.CUTLASS_GATE in text:
+        env[ff.CUTLASS_GATE] = _fn(text, ff.CUTLASS_GATE)
+    exec(compile(ast.Module(body=body[i:j + 1], type_ignores=[]), "<init>", "exec"), env)  # noqa: S102
+    return {"shared": me.prefill_wrapper_ragged, "sliding": me.prefill_wrapper_ragged_swa}
+
+
+@pytest.mark.parametrize("switch", ["skip_prefill", "is_multimodal", "enable_mis", "enable_deterministic", "use_paged"])
+def test_the_sliding_window_ragged_wrapper_exists_whenever_the_runner_has_a_window(switch):
+    """Issue #40 (non-blocking): built whatever the backend's switches, as the shared one is (a hand copy
+    of use_ragged's gates left it None where a path still plans it, e.g. the dLLM CUDA-graph path)."""
+    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), fix.ORDER)
+    assert _ragged_backends(new, 4095, None, switch=switch)["sliding"] is not None
+    assert _ragged_backends(new, None, None, switch=switch)["sliding"] is None  # no window, no wrapper
+
+
+@pytest.mark.parametrize("window, cap, want", [(4095, None, ("cutlass", "fa2")), (4095, 50.0, ("fa2", "fa2")),
+                                               (None, None, ("cutlass", None))])
+def test_sm100_only_the_sliding_window_wrapper_leaves_cutlass(window, cap, want):
+    """``--fix all`` on 0.5.23: the sliding layers' ragged wrapper is fa2 (cutlass plans no window), the
+    shared one (full layers) stays cutlass unless the layers cap."""
+    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), fix.ALL)
+    got = _ragged_backends(new, window, cap)
+    assert (got["shared"], got["sliding"]) == want
+    assert _ragged_backends(new, window, cap, head_dim=256)["shared"] == "fa2"  # the release's own head-dim gate
+
+
+@pytest.mark.parametrize("window, cap, want", [(None, None, "cutlass"), (4095, None, "cutlass"), (None, 50.0, "fa2"),
                                                (None, 0.0, "cutlass"), (127, 30.0, "fa2")])
-def test_sm100_fix_keeps_fa2_exactly_where_a_window_or_cap_is_planned(window, cap, want):
+def test_sm100_fix_keeps_fa2_on_the_shared_wrapper_only_for_a_cap(window, cap, want):
+    """The shared ragged wrapper serves the full layers once the ragged fixes give the sliding ones their
+    own (issue #40 point 5): a window alone keeps it on cutlass; a cap (which cutlass drops) does not."""
     text, new = _check_fix("0.5.23", "sm100_no_cutlass_window")
     assert _cutlass_choice(text, window, cap) == "cutlass"  # as shipped: whatever the layers ask
     assert _cutlass_choice(new, window, cap) == want
@@ -218,21 +272,26 @@ def fixed_sm100():
 
 
 @pytest.mark.slow
-def test_0_5_23_cohere2_with_the_fixes_is_exact_on_sm100(fixed_sm100):
+def test_0_5_23_cohere2_with_the_fixes_plans_what_its_layers_ask_on_sm100(fixed_sm100):
+    """Every kernel is told the layers' window (HF's inclusive count, kept as vLLM keeps it): exact against
+    the layer, one key more than transformers' mask: layer != HF, as vLLM's table says it."""
     from swa_repro.sglang.families import small_config
 
     f = fixed_sm100["cohere2"]
-    assert f["build"]["runner_window"] == small_config("cohere2").intended_window
+    assert f["build"]["runner_window"] == small_config("cohere2").sliding_window
     driven = [r for r in f["paths"] if r.get("status") == "driven"]
-    assert driven and all(r["verdict"] == "exact" for r in driven), [r["path"] for r in driven if r["verdict"] != "exact"]
-    ragged = [w for r in driven for k, ws in r["wrappers"].items() if k.startswith("Ragged") for w in ws]
-    assert ragged and all(w.endswith("-> fa2") for w in ragged)
-    assert f["answer"]["state"] == "not affected"
+    assert driven and all(r.get("verdict_vs_layer", r["verdict"]) == "exact" for r in driven), \
+        [r["path"] for r in driven if r.get("verdict_vs_layer", r["verdict"]) != "exact"]
+    ragged = {kind: [w for r in driven if r["kind"] == kind for k, ws in r["wrappers"].items() if k.startswith("Ragged")
+                     for w in ws] for kind in ("sliding", "full")}
+    assert ragged["sliding"] and any(w == "fa2 -> fa2" for w in ragged["sliding"])  # its own wrapper: off cutlass
+    assert ragged["full"] and all(w.endswith("-> cutlass") for w in ragged["full"])  # no cap: the full layers keep it
+    assert f["answer"]["state"] == "layer != HF" and f["remedy"]["fix"] is None
 
 
 @pytest.mark.slow
 def test_0_5_23_without_a_fix_in_sglang_stays_as_it_was(fixed_sm100):
-    assert fixed_sm100["mistral"]["answer"]["state"] == "affected on the default path"
+    assert fixed_sm100["mistral"]["answer"]["state"] == "layer != HF"  # its layers ask no window: the model file
     assert fixed_sm100["mistral"]["remedy"]["fix"] is None
     assert fixed_sm100["gpt-oss"]["answer"]["state"] == "flashinfer refused"
 
@@ -250,8 +309,10 @@ def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
     _text(version, fix.BACKEND)
     doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
     for f in doc["families"]:
-        assert f["build"]["runner_window"] == small_config(f["family"]).intended_window
+        sliding = f["kinds"]["sliding"]
+        assert f["build"]["runner_window"] == sliding["layer_window"]  # the runner plans what the layers ask
         driven = [r for r in f["paths"] if r.get("status") == "driven"]
-        assert driven and all(r["verdict"] == "exact" for r in driven), \
-            [(r["kind"], r["path"]) for r in driven if r["verdict"] != "exact"]
-        assert f["answer"]["state"] == "not affected"
+        assert driven and all(r.get("verdict_vs_layer", r["verdict"]) == "exact" for r in driven), \
+            [(r["kind"], r["path"]) for r in driven if r.get("verdict_vs_layer", r["verdict"]) != "exact"]
+        off = sliding["layer_window"] != small_config(f["family"]).intended_window  # cohere2: HF's count
+        assert f["answer"]["state"] == ("layer != HF" if off else "not affected")

@@ -18,7 +18,7 @@ from swa_repro.cli import main
 from swa_repro.core.exit_status import FAIL_ON, exit_status
 from swa_repro.notebook import family_answer as FA
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import HYBRID, fix_names, remedy, remedy_text
+from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF, fix_names, remedy, remedy_text
 from swa_repro.sglang.fix import ALL, parse_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,6 +77,37 @@ def test_help_says_what_the_tool_is_for(capsys):
                             "FlashInfer backends") and "exit status: 0 not affected, 1 affected" in text.replace("\n", " ")
 
 
+# ----------------------------------------------------------------------------- layer != HF, as vLLM says it
+def _cohere2_fixed(verdict_vs_layer: str) -> dict:
+    """A family document as ``audit.family`` writes it for Cohere2 with the hook: the runner plans the
+    layers' window (HF's inclusive 4096), one key more than transformers' mask (4095) on every path."""
+    runs = [{"status": "driven", "kind": "sliding", "path": p, "verdict": "extra", "verdict_vs_layer": verdict_vs_layer,
+             "cap": "none"} for p in ("extend_ragged_no_prefix", "decode")]
+    runs.append({"status": "driven", "kind": "full", "path": "decode", "verdict": "exact", "cap": "none"})
+    return {"family": "cohere2", "paths": runs, "serving": {"default_backend": {"sm90": "flashinfer"}},
+            "kinds": {"sliding": {"layer_window": 4096, "intended_window": 4095},
+                      "full": {"layer_window": -1, "intended_window": -1}}}
+
+
+def test_a_layer_asking_another_window_than_hf_is_layer_not_hf_as_in_vllm():
+    """Issue #40 point 4: every kernel told what the layer asks, the layer asking HF's inclusive count:
+    ``layer != HF`` (vllm.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
+    there; no fix offered. A kernel told something else is still affected, with the window line beside."""
+    from swa_repro.sglang.audit.family_run import answer
+    from swa_repro.vllm.verdict import judge
+
+    a = answer(_cohere2_fixed("exact"), "sm90")
+    assert a["state"] == LAYER_NOT_HF and a["why"] == ["sliding layer asks window_left 4096, transformers' mask 4095"]
+    doc = {"family": {"layers": {"sliding": {"hf_window_left": 4095}}}}
+    row = {"layer": "sliding", "path": "decode", "asked": {"window_left": 4096}, "kernels": [{"kernel": "k", "differs": []}]}
+    assert judge(doc, [row])["state"] == a["state"] and judge(doc, [row])["why"] == a["why"]  # both engines alike
+    assert [exit_status([a["state"]], f) for f in FAIL_ON] == [1, 1, 0]
+    r = remedy("cohere2", {**a, "layer_window": {"sliding": 4096}}, "sm90")
+    assert r["fix"] is None and "no fix in swa-repro" in r["instead"] and "4096" in r["instead"]
+    b = answer(_cohere2_fixed("extra"), "sm90")
+    assert b["state"] == "affected on the default path" and b["why"][-1] == a["why"][0]
+
+
 # ----------------------------------------------------------------------------- one remedy: the committed table
 def _fake_family(family, cell, gpu):
     """What ``family_run.audit_release`` gives ``family_answer`` for a cell: its answer and the audit's remedy."""
@@ -103,7 +134,9 @@ def test_doctor_and_notebook_take_the_audits_remedy_and_it_is_confirmed(gpu, fam
     assert FA.fix_sentence(fx).startswith(remedy_text(r) if r["fix"] else r["instead"] or "nothing to fix")
     if r["fix"]:
         assert asked == [ALL] == [fix_names(r)] and TABLE["fixed"]["command"].endswith("--fix all")
-        assert fx["exact"] and fx["fixed_state"] == "not affected", (family, gpu, fx)
+        # not affected, or layer != HF where the model file's window is not HF's (Cohere2's, kept on purpose)
+        assert fx["fixed_state"] in ("not affected", LAYER_NOT_HF), (family, gpu, fx)
+        assert fx["exact"] == (fx["fixed_state"] == "not affected")
         assert ("commandr_window_hook" in r["fix"]) == (family == "cohere2") and \
             ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
     else:
@@ -185,7 +218,8 @@ def test_sweep_doctor_notebook_and_audit_give_one_remedy_the_audit_confirms(rele
             assert exit_status([v["answer"]["state"]]) == (v["answer"]["state"] != "not affected"
                                                           and v["answer"]["state"] != "flashinfer refused")
             if r["fix"]:
-                assert fix_names(r) == ALL and fx["fixed_state"] == "not affected" and fx["exact"], (g, family, fx)
+                assert fix_names(r) == ALL and fx["fixed_state"] in ("not affected", LAYER_NOT_HF) and fx["exact"], \
+                    (g, family, fx)
                 seen += 1
             else:
                 assert r["instead"] or f["answer"]["state"] == "not affected", (g, family)
@@ -208,14 +242,15 @@ def test_doctor_model_cohere2_sm100_recommends_the_audits_remedy_and_exits_1(mon
     out = capfd.readouterr().out
     assert "ANSWER: affected on the default path" in out
     assert ("WHAT TO DO: swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit "
-            "of the release with it says not affected") in out
+            "of the release with it says layer != HF (sliding layer asks window_left 4096, transformers' mask 4095") in out
     assert main(["doctor", "--model", "cohere2", "--gpu", "sm100", "--fail-on", "never"]) == 0
 
 
 @pytest.mark.slow
 def test_audit_exit_status_and_first_line(capfd, audits):
     """Issue #42's checks: ``audit --sglang 0.5.23 --model gemma2`` exits 1 and its first line does not
-    say "backend fixed"; with the remedy's fixes (``all`` beside names) cohere2 on sm100 exits 0."""
+    say "backend fixed"; with the remedy's fixes (``all`` beside names) cohere2 on sm100 is layer != HF (its
+    layers' own window, HF's count), a finding for --fail-on any as in vLLM's audit, 0 with --fail-on never."""
     capfd.readouterr()
     assert main(["audit", "--sglang", "0.5.23", "--model", "gemma2"]) == 1
     out = capfd.readouterr().out
@@ -224,10 +259,12 @@ def test_audit_exit_status_and_first_line(capfd, audits):
     assert "ANSWER: affected on the default path" in out and "WHAT TO DO: swa-repro patch --fix all" in out
     assert main(["audit", "--sglang", "0.5.23", "--model", "gemma2", "--fail-on", "never"]) == 0
     capfd.readouterr()
-    assert main(["audit", "--sglang", "0.5.20", "--model", "cohere2", "--gpu", "sm100", "--fix",
-                 "all,commandr_window_hook,sm100_no_cutlass_window"]) == 0
+    fixed = ["audit", "--sglang", "0.5.20", "--model", "cohere2", "--gpu", "sm100", "--fix",
+             "all,commandr_window_hook,sm100_no_cutlass_window"]
+    assert main(fixed) == 1
     out = capfd.readouterr().out
-    assert out.startswith("PATCHED COPY (swa-repro patch --fix ") and "ANSWER: not affected" in out
+    assert out.startswith("PATCHED COPY (swa-repro patch --fix ") and "ANSWER: layer != HF" in out
+    assert main([*fixed, "--fail-on", "never"]) == 0
 
 
 @pytest.mark.slow
@@ -241,7 +278,7 @@ def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path, audits
     assert r["status"] == "ok" and r["checks_failed"] == 0, r.get("error")
     html = (tmp_path / "07_my_model_my_gpu.html").read_text()
     assert ("swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit of "
-            "the release with it says not affected") in html
+            "the release with it says layer != HF (sliding layer asks window_left 4096") in html
 
 
 # ----------------------------------------------------------------------------- the vLLM audit's answer

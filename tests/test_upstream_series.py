@@ -1,35 +1,38 @@
-"""docs/upstream/series, the PR against sglang 0.5.23, in a git checkout of 0.5.23's files: each
-``<finding>.diff`` (the backend's plan-time findings and the family- and GPU-class-level ones of
-families.md) applies alone with ``git apply`` and is ruff-clean; the series is what the generator
-makes, ``git am`` stacks it, every file ruff-clean after every commit, and it ends at the files
-``swa-repro patch apply`` makes (``--fix all`` on the backend, ``--fix commandr_window_hook`` on
-commandr.py)."""
+"""docs/upstream/pr-*: the fixes as separate PR series against sglang 0.5.23 (issue #40), in a git
+checkout of 0.5.23's files: each ``<finding>.diff`` applies alone with ``git apply``; each series
+is what the generator makes, ``git am`` applies it alone, every commit ruff-clean and carrying its
+fix, the kit piece that fix needs and the test methods it adds (so the kit is never ahead of or
+behind the fix: review point 6), and it ends at the fixes and kit edits it names. The CPU run of
+the kit after each commit: tests/test_upstream_pr_check.py (``make test-matrix``)."""
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 import subprocess
 
 import pytest
 from test_upstream import DOCS, _ruff_clean
 
-from swa_repro.cli import main
-from swa_repro.sglang.fix import ALL, BACKEND, FAMILY_ORDER, FIXES, ORDER, apply_fixes, states
-from swa_repro.sglang.fix import series
+from swa_repro.sglang.fix import (
+    FAMILY_ORDER,
+    FIXES,
+    ORDER,
+    apply_fixes,
+    pr_check,
+    pr_readme,
+    pr_tests,
+    states,
+)
+from swa_repro.sglang.fix import kit_edits as ke
+from swa_repro.sglang.fix import pr_series as ps
 from swa_repro.sglang.fix import upstream as up
-from swa_repro.sglang.fix.family_fixes import COMMANDR
-
-FILES = (BACKEND, COMMANDR)  # every file a fix of the series edits, under the sglang package
 
 
 @pytest.fixture(scope="module")
-def texts():
-    """sglang-package file -> 0.5.23's text, from the provisioned overlay."""
-    from conftest import release_overlay
-
-    overlay = release_overlay(up.VERSION)
-    return {f: (overlay / "sglang" / f).read_text() for f in FILES}
+def release():
+    """(sglang-package file -> 0.5.23's text, 0.5.23's kit)."""
+    return ps.release_texts()
 
 
 def _git(cwd, *args):
@@ -40,38 +43,22 @@ def _git(cwd, *args):
 
 
 @pytest.fixture()
-def checkout(texts, tmp_path):
-    """A git repository holding 0.5.23's files the fixes edit and its attention kit, where sglang's
-    repository holds them."""
-    from swa_repro.sglang.fix import kit_edits
-    from swa_repro.sglang.provision import provision
-
-    for rel, t in texts.items():
-        f = tmp_path / "python" / "sglang" / rel
+def checkout(release, tmp_path):
+    """A clean git repository holding 0.5.23's files the fixes and the kit edits touch, where
+    sglang's repository holds them."""
+    texts, kit = release
+    for rel, t in [*((f"python/sglang/{f}", t) for f, t in texts.items()), *((f"python/{p}", t) for p, t in kit.items())]:
+        f = tmp_path / rel
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(t)
-    for rel in kit_edits.FILES:  # the attention kit the last commit edits, as 0.5.23 ships it
-        kit = tmp_path / "python" / rel
-        kit.parent.mkdir(parents=True, exist_ok=True)
-        kit.write_text((provision(up.VERSION)[0] / rel).read_text())
     for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "0.5.23")):
         r = _git(tmp_path, *args)
         assert r.returncode == 0, r.stderr
     return tmp_path
 
 
-def test_the_series_has_the_fixes_0_5_23_needs(texts):
-    """Read from 0.5.23's code: the family fixes it needs are in, the one it has is not."""
-    names = series.fix_names(texts)
-    assert [n for n in names if n in FAMILY_ORDER] == ["commandr_window_hook", "sm100_no_cutlass_window"]
-    assert states(texts[BACKEND], ("ragged_prefix_full_layers",))["ragged_prefix_full_layers"].state == "applied"
-    assert names[:len(names) - 2] == tuple(n for n in ORDER if n not in ("paged_only_window", "soft_cap_cuda_graph"))
-    md = (DOCS / "README.md").read_text() + (DOCS / "families.md").read_text()
-    assert "Not in it: `ragged_prefix_full_layers`" in md and "no diff, and not in `series/`" in md
-
-
 @pytest.mark.parametrize("name", [*ORDER, "all", *FAMILY_ORDER])
-def test_each_diff_applies_alone_with_git_apply(checkout, texts, name):
+def test_each_diff_applies_alone_with_git_apply(checkout, release, name):
     p = DOCS / f"{name}.diff"
     if not p.exists():
         assert name in ("paged_only_window", "soft_cap_cuda_graph", "ragged_prefix_full_layers")
@@ -79,69 +66,227 @@ def test_each_diff_applies_alone_with_git_apply(checkout, texts, name):
     r = _git(checkout, "apply", "--check", str(p))
     assert r.returncode == 0, r.stderr
     if name in FAMILY_ORDER:  # on its own file, ruff-clean (the backend's: tests/test_upstream.py)
-        rel = FIXES[name].file
+        rel, texts = FIXES[name].file, release[0]
         assert p.read_text().startswith(f"--- a/python/sglang/{rel}\n")
         new = up.plus_side(texts[rel], p.read_text())
         assert new == apply_fixes(texts[rel], (name,), rel) and _ruff_clean(new) is None
 
 
-def test_committed_series_is_regenerated(texts):
-    """The fix commits are what ``series.fix_commits`` makes of 0.5.23's files (messages included),
-    the last the kit's changes and the regression test (``up.test_commit``)."""
-    commits = series.fix_commits(texts, up.unified, lambda n: up.commit_body(texts, n)) + [up.test_commit(DOCS)]
-    names = [series.patch_name(k, c.slug) for k, c in enumerate(commits, 1)]
-    assert (DOCS / "series" / "series").read_text().split() == names
-    for k, (name, c) in enumerate(zip(names, commits), 1):
-        assert (DOCS / "series" / name).read_text() == series.patch_text(c, k, len(commits)), \
-            f"{name} is stale: run python -m swa_repro.sglang.fix.upstream"
-    assert sorted(p.name for p in (DOCS / "series").glob("*.patch")) == names
+def test_every_fix_and_kit_edit_is_in_exactly_one_series(release):
+    """Every finding 0.5.23 needs a diff for is one commit of one series; every kit edit is placed,
+    whole (kit_swa_cases in its two halves, with the ragged fix each half tests), in a fix's commit;
+    no series has a kit-only or test-only commit (the old series' last commit)."""
+    texts = release[0]
+    need = [n for n in (*ORDER, *FAMILY_ORDER)
+            if not FIXES[n].requires and states(texts[FIXES[n].file], (n,), FIXES[n].file)[n].state == "needed"]
+    steps = [s for pr in ps.PRS for s in pr.steps]
+    assert sorted(s.fix for s in steps) == sorted(need)
+    placed = [p for s in steps for p in ps.kit_pieces_known(s.kit)]
+    assert len(placed) == len(set(placed)) and {ps.PIECES[p][0] for p in placed} == set(ke.ORDER)
+    for edit in ke.ORDER:  # the pieces of an edit cover each of its parts once (a follow-up is no PR's)
+        anchored = ke.EDITS[edit][1]
+        parts = [ps.PIECES[p][1] for p in placed if ps.PIECES[p][0] == edit]
+        for a in anchored:
+            assert sum(a.what.startswith(part) for part in parts) == 1, (edit, a.what)
+    assert ps.kit_state(release[1], placed) == {**release[1], **ke.edit(release[1])}
+    assert [pr.key for pr in ps.PRS] == list("abcde") and len({pr.dir for pr in ps.PRS}) == 5
 
 
-def _patch_apply(tmp_path, rel: str, text: str, fixes: str) -> str:
-    """``swa-repro patch apply --fix FIXES`` on a copy of ``rel``'s text: the file it writes."""
-    src, out = tmp_path / f"src-{rel.replace('/', '_')}", tmp_path / f"out-{rel.replace('/', '_')}"
-    src.write_text(text)
-    assert main(["patch", "apply", "--fix", fixes, "--source", str(src), "--out", str(out)]) == 0
-    return out.read_text()
+def test_committed_series_are_regenerated(release):
+    """Each pr-*/ folder is what ``pr_series.commits`` makes of 0.5.23's files (messages included), with
+    its PR.md; the old stacked series/ is gone."""
+    from swa_repro.sglang.fix import series
+
+    texts, kit = release
+    assert not (DOCS / "series").exists()
+    for pr in ps.PRS:
+        cs = ps.commits(pr, texts, kit, lambda n: up.commit_body(texts, n))
+        names = [series.patch_name(k, c.slug) for k, c in enumerate(cs, 1)]
+        d = DOCS / pr.dir
+        assert (d / "series").read_text().split() == names
+        for k, (name, c) in enumerate(zip(names, cs), 1):
+            assert (d / name).read_text() == series.patch_text(c, k, len(cs)), \
+                f"{pr.dir}/{name} is stale: run python -m swa_repro.sglang.fix.upstream"
+        assert sorted(p.name for p in d.glob("*.patch")) == names
+        assert (d / "PR.md").read_text() == ps.pr_description(pr, cs)
 
 
-def test_series_applies_stacked_with_git_am_and_ends_at_patch_fix(checkout, texts, tmp_path):
-    series_dir = DOCS / "series"
-    names = (series_dir / "series").read_text().split()
-    fixes = series.fix_names(texts)
-    assert names == sorted(names) and len(names) == len(fixes) + 1
-    files = {rel: checkout / "python" / "sglang" / rel for rel in FILES}
-    for k, name in enumerate(names, 1):
-        r = _git(checkout, "am", "-q", "--keep-non-patch", str(series_dir / name))
-        assert r.returncode == 0, f"{name} does not apply on top of the {k - 1} before it: {r.stderr}"
-        for rel, f in files.items():
-            assert _ruff_clean(f.read_text()) is None, f"after {name} {rel} is not ruff-clean"
-        if k <= len(fixes):  # a fix commit edits the one file its fix names
-            touched = _git(checkout, "show", "--name-only", "--format=", "HEAD").stdout.split()
-            assert touched == [f"python/sglang/{FIXES[fixes[k - 1]].file}"], (name, touched)
-    backend, commandr = files[BACKEND].read_text(), files[COMMANDR].read_text()
-    # the backend: all.diff's file plus the family fixes of the backend, what `patch apply --fix all` makes
-    assert backend == _patch_apply(tmp_path, BACKEND, texts[BACKEND], "all") == apply_fixes(texts[BACKEND], ALL)
-    assert apply_fixes(texts[BACKEND], ORDER) == up.plus_side(texts[BACKEND], (DOCS / "all.diff").read_text())
-    assert backend == apply_fixes(apply_fixes(texts[BACKEND], ORDER), ("sm100_no_cutlass_window",))
-    # commandr.py: the one commit of it is commandr_window_hook.diff, and `patch apply --fix commandr_window_hook`
-    assert commandr == _patch_apply(tmp_path, COMMANDR, texts[COMMANDR], "commandr_window_hook")
-    assert commandr == up.plus_side(texts[COMMANDR], (DOCS / "commandr_window_hook.diff").read_text()) != texts[COMMANDR]
+@pytest.mark.parametrize("pr", ps.PRS, ids=lambda pr: pr.dir)
+def test_series_applies_alone_with_git_am_each_commit_with_its_kit_and_test(checkout, release, pr):
+    texts, kit = release
+    names = (DOCS / pr.dir / "series").read_text().split()
+    assert len(names) == len(pr.steps)
+    for k, (name, step) in enumerate(zip(names, pr.steps), 1):
+        r = _git(checkout, "am", "-q", "--keep-non-patch", str(DOCS / pr.dir / name))
+        assert r.returncode == 0, f"{pr.dir}/{name} does not apply on the {k - 1} before it: {r.stderr}"
+        touched = set(_git(checkout, "show", "--name-only", "--format=", "HEAD").stdout.split())
+        want = {f"python/sglang/{FIXES[step.fix].file}"}
+        want |= {f"python/{ke.EDITS[ps.PIECES[p][0]][0]}" for p in ps.kit_pieces_known(step.kit)}
+        if step.tests or step.sm100:
+            want.add(ps.test_path(pr))
+        assert touched == want, (name, touched)  # its fix, its kit piece and its test: nothing later, nothing else
+        for path in touched:
+            assert _ruff_clean((checkout / path).read_text()) is None, f"after {name} {path} is not ruff-clean"
+        state = ps.state(pr, k, texts, kit)
+        assert {p: (checkout / p).read_text() for p in state} == state
+    fixes = tuple(s.fix for s in pr.steps)
+    for f in {FIXES[n].file for n in fixes}:  # the end: the series' fixes, nothing of another series
+        assert (checkout / "python" / "sglang" / f).read_text() == apply_fixes(texts[f], fixes, f)
+    edited = ps.kit_state(kit, ps.pieces(pr))
+    assert {p: (checkout / "python" / p).read_text() for p in kit} == edited
     log = _git(checkout, "log", "--format=%s", f"-{len(names)}").stdout.splitlines()[::-1]
-    assert all(re.match(r"\[(FlashInfer|Model)\] ", s) for s in log) and len(set(log)) == len(names)
-    assert log[fixes.index("commandr_window_hook")] == series.SUBJECTS["commandr_window_hook"]
-    # the last commit adds the regression test where sglang keeps its attention tests
-    assert (checkout / up.TEST).read_text() == (DOCS / up.TEST).read_text()
-    from swa_repro.sglang.fix import kit_edits
-
-    touched = set(_git(checkout, "show", "--name-only", "--format=", "HEAD").stdout.split())
-    assert "test" in log[-1] and touched == {up.TEST, *(f"python/{rel}" for rel in kit_edits.FILES)}
+    assert log == [ps_subject(s.fix) for s in pr.steps]
 
 
-def test_family_commit_messages_cite_the_upstream_threads(texts):
+def ps_subject(fix: str) -> str:
+    from swa_repro.sglang.fix.series import SUBJECTS
+
+    return SUBJECTS[fix]
+
+
+@pytest.mark.parametrize("pr", [pr for pr in ps.PRS if pr.key != "e"], ids=lambda pr: pr.dir)
+def test_each_series_test_is_registered_as_sglangs_with_an_honest_est_time(release, pr):
+    """The test at the series' end holds exactly its steps' methods (and the kit precondition), is
+    registered as sglang's attention tests are (stage + runner_config, ci_register's rule), on
+    the B200 runner where the series has the sm100 change, with est_time the recorded seconds per
+    test method times its GPU methods."""
+    text = ps.state(pr, len(pr.steps), *release)[ps.test_path(pr)]
+    tree = ast.parse(text)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef))
+    methods = [n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    added = [m for s in pr.steps for m in s.tests]
+    assert sorted(methods) == sorted([*added, *(["test_kit_cases_and_expectations"] if pr.precondition else [])])
+    assert pr.precondition == (pr.key != "b")  # the window PRs; the cap's cases need no key outside the window
+    regs = [{k.arg: ast.literal_eval(k.value) for k in n.value.keywords} for n in tree.body
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and n.value.func.id == "register_cuda_ci"]
+    runners = ["1-gpu-large", *(["1-gpu-b200"] if any(s.sm100 for s in pr.steps) else [])]
+    assert [r["runner_config"] for r in regs] == runners and all(r["stage"] == "base-b" for r in regs)
+    rate = pr_tests.seconds_per_test()
+    assert 15 < rate < 60  # the recorded H100/H200 runs: ~20 s per method, JIT builds included
+    gpu = sum(pr_tests.METHODS[m].gpu for m in added)
+    assert all(gpu * rate <= r["est_time"] < gpu * rate + 5 for r in regs), (regs, gpu, rate)
+    assert "swa_repro" not in text and _ruff_clean(text) is None
+
+
+def test_est_time_reads_the_recorded_runs(tmp_path, monkeypatch):
+    """The estimate comes from the recorded logs' ``Ran N tests in Xs`` lines, the slowest rate; none
+    there is an error, not a guess."""
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "regress.log").write_text("Ran 4 tests in 1.3s\nRan 10 tests in 300.0s\nRan 20 tests in 200s\n")
+    monkeypatch.setattr(pr_tests, "LIVE", tmp_path)
+    monkeypatch.setattr(pr_tests, "TIMINGS", ("x/regress.log",))
+    assert pr_tests.seconds_per_test() == 30.0
+    assert pr_tests.est_time(("test_ragged_no_prefix_window", "test_dflash_expectation")) == 30
+    (tmp_path / "x" / "regress.log").write_text("nothing\n")
+    with pytest.raises(LookupError, match="cannot estimate"):
+        pr_tests.seconds_per_test()
+
+
+def test_a_commit_adds_the_sm100_registration_only_with_the_sm100_fix(release):
+    pr = ps.PRS[0]
+    k = next(k for k, s in enumerate(pr.steps, 1) if s.fix == "sm100_no_cutlass_window")
+    before, after = (ps.state(pr, j, *release)[ps.test_path(pr)] for j in (k - 1, k))
+    assert "1-gpu-b200" not in before and 'runner_config="1-gpu-b200"' in after
+
+
+def test_patch_files_and_apply_patch_keep_the_overlay(tmp_path, release):
+    """pr_check's applier: a patch's files as (new?, diff); applied on a hard-linked copy, the
+    original file keeps its text (a new inode), a new file is created, and ``keep`` limits it."""
+    pr = ps.PRS[2]  # DFlash: the backend, the kit's verify runner and a new test
+    patch = (DOCS / pr.dir / "0001-dflash-verify-window.patch").read_text()
+    files = pr_check.patch_files(patch)
+    assert [new for new, _ in files.values()] == [False, False, True] and ps.test_path(pr) in files
+    texts, kit = release
+    src = tmp_path / "src"
+    for rel, t in [*((f"sglang/{f}", t) for f, t in texts.items()), *kit.items()]:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(t)
+    site = pr_check.copy_overlay(src, tmp_path / "c" / "site")
+    assert pr_check.apply_patch(site, patch, lambda p: not p.startswith("python/sglang/srt/")) == [
+        f"python/{ke.VERIFY}", ps.test_path(pr)]
+    assert (site / "sglang" / FIXES["dflash_verify_window"].file).read_text() == texts[FIXES["dflash_verify_window"].file]
+    pr_check.apply_patch(site, patch, lambda p: p.startswith("python/sglang/srt/"))
+    state = ps.state(pr, 1, texts, kit)
+    for path, text in state.items():
+        assert pr_check.site_path(site, path).read_text() == text
+    assert (src / ke.VERIFY).read_text() == kit[ke.VERIFY]  # the hard-linked original is untouched
+
+
+def test_verdict_flags_a_failing_case_a_test_that_passes_without_its_fix_and_ruff():
+    pr = ps.PRS[2]
+    ok = {"after": {pr.test: {"tests": {"test_dflash_verify_window": "pass"}, "subtests": {}}},
+          "before": {pr.test: {"tests": {"test_dflash_verify_window": "fail: x", "test_dflash_expectation": "fail: y"},
+                               "subtests": {}}}, "ruff": []}
+    assert pr_check.verdict(pr, 1, ok) == ""
+    bad = {**ok, "ruff": ["a.py"], "after": {pr.test: {"tests": {"t": "fail: z"}, "subtests": {}}},
+           "before": {pr.test: {"tests": {"test_dflash_verify_window": "pass"}, "subtests": {}}}}
+    v = pr_check.verdict(pr, 1, bad)
+    assert "ruff format rewrites a.py" in v and "1 failing" in v and "(test nothing): test_dflash_verify_window" in v
+
+
+def test_pr_check_refuses_an_unknown_series_in_one_line(capsys):
+    assert pr_check.main(["--series", "z"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert pr_check.main(["--series", "a", "--record"]) == 2
+
+
+def test_readme_lists_each_pr_and_answers_each_review_point():
+    md = (DOCS / "README.md").read_text()
+    for pr in ps.PRS:
+        assert f"[`{pr.dir}`]({pr.dir}/PR.md)" in md and (DOCS / pr.dir / "PR.md").is_file()
+    review = md.split("## Review response (issue #40)", 1)[1].split("\n## ", 1)[0]
+    assert [ln.split(".", 1)[0] for ln in review.strip().splitlines()] == [str(k) for k in range(1, 7)]
+    assert md.split("### Bisect check on a CPU", 1)[1].split("\n## ", 1)[0].strip() == "\n".join(
+        pr_readme.bisect_lines(DOCS)[3:]).strip()  # as recorded for these patches, or saying it is not
+    families = (DOCS / "families.md").read_text()
+    assert "in `pr-a-ragged-window/0003-sm100-no-cutlass-window.patch`" in families
+    assert "in `pr-e-cohere2-window/0001-commandr-window-hook.patch`" in families
+
+
+def test_family_commit_messages_cite_the_upstream_threads(release):
     from swa_repro.sglang.fix.upstream_refs import REFS
 
+    texts = release[0]
     for name in ("commandr_window_hook", "sm100_no_cutlass_window"):
         body = " ".join(up.commit_body(texts, name).split())
         assert REFS[name] and all(f"{r.repo}#{r.number}" in body for r in REFS[name])
-        assert f"--model cohere2 --gpu {'sm100' if name.startswith('sm100') else 'sm90'} --fix all" in body
+        assert "swa-repro" not in body and "swa_repro" not in body  # no tool advertised (issue #40)
+
+
+def test_record_rewrites_only_the_readmes_bisect_section_and_a_stale_record_says_so(tmp_path):
+    """``pr_check --record``: pr-check.json with the patches' digest and README's bisect table from it,
+    the rest of the README unchanged; patches changed after it make the README say it is stale."""
+    import shutil
+
+    for pr in ps.PRS:
+        shutil.copytree(DOCS / pr.dir, tmp_path / pr.dir)
+    (tmp_path / "README.md").write_text("# x\n\n### Bisect check on a CPU\n\nold\n\n## Review response (issue #40)\n\nkept\n")
+    row = {"commit": "0001-a.patch", "touched": ["a", "b"], "verdict": "ok", "ruff": [],
+           "after": {"t.py": {"tests": {"x": "pass"}, "subtests": {"x[a]": "pass", "x[b]": "pass"}}},
+           "before": {"t.py": {"tests": {"x": "fail: y"}, "subtests": {}}}}
+    pr_readme.record(tmp_path, {"pr-a-ragged-window": [row]}, "abc1234", "2026-12-06")
+    md = (tmp_path / "README.md").read_text()
+    assert md.startswith("# x\n\n### Bisect check on a CPU\n\n`python -m") and md.endswith(
+        "\n## Review response (issue #40)\n\nkept\n") and "old" not in md
+    assert "| `pr-a-ragged-window` | `0001-a.patch` | 2 files | 2 cases | 1 failing | ok |" in md
+    (tmp_path / "pr-c-dflash-window" / "series").write_text("")
+    assert "from other patches than these" in "\n".join(pr_readme.bisect_lines(tmp_path))
+
+
+def test_no_commit_advertises_a_tool_and_the_author_is_neutral_or_the_senders(release, monkeypatch):
+    """Issue #40 (non-blocking): no "found with swa-repro" line, no placeholder tool author; the sender
+    sets the author (``SWA_REPRO_PATCH_AUTHOR``); a malformed one is one line (UsageError)."""
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang.fix import series
+
+    texts = release[0]
+    for name in series.fix_names(texts):
+        assert "swa-repro" not in up.commit_body(texts, name).lower(), name
+    c = series.Commit("x", "[FlashInfer] x", "body", "")
+    monkeypatch.delenv(series.AUTHOR_ENV, raising=False)
+    assert "swa-repro" not in series.patch_text(c, 1, 1).split("\n")[1].lower()
+    monkeypatch.setenv(series.AUTHOR_ENV, "Ada Lovelace <ada@example.org>")
+    assert series.patch_text(c, 1, 1).split("\n")[1] == "From: Ada Lovelace <ada@example.org>"
+    monkeypatch.setenv(series.AUTHOR_ENV, "nobody")
+    with pytest.raises(UsageError, match="is not 'Name <email>'"):
+        series.patch_text(c, 1, 1)

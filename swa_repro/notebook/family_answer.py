@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import families as fam
+from swa_repro.sglang.audit.family_fix import LAYER_NOT_HF
 
 CAPABILITY = {8: "sm80", 9: "sm90", 10: "sm100"}  # torch.cuda.get_device_capability()[0] -> GPU class
 EXTEND = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix")
@@ -96,11 +97,14 @@ def family_audit(release: str, model: str, gpu: str, fixes=None) -> dict:
 
 
 def bad(f: dict) -> list[tuple[str, str, str]]:
-    """``(kind, path, what)`` for every driven path x kind that is not exact or drops the cap."""
+    """``(kind, path, what)`` for every driven path x kind whose keys are not what its layer asks (the
+    verdict against transformers' mask where the layer asks that window; against the layer's own
+    where it asks another: that is ``layer != HF``, the model file's, ``family_run.layer_off``) or
+    that drops the cap."""
     out = []
     for r in f.get("paths", []):
         if r.get("status") == "driven":
-            if r["verdict"] != "exact":
+            if r.get("verdict_vs_layer", r["verdict"]) != "exact":
                 out.append((r["kind"], r["path"], r["verdict"]))
             if r["cap"].startswith("dropped"):
                 out.append((r["kind"], r["path"], "cap dropped"))
@@ -129,7 +133,9 @@ def fix_answer(release: str, model: str, gpu: str, f: dict) -> dict:
     """``{"remedy", "command", "fixes", "exact", "fixed_state", "remaining", "fixed"}``: the audit's remedy
     of the family (``f["remedy"]``: ``family_fix.remedy``), and with fixes, the family audited again on a
     copy of the release with them (``fixed``, its answer ``fixed_state``); ``exact``: with fixes, that
-    audit's answer is "not affected"; without, no driven path of the release is wrong (``bad``)."""
+    audit's answer is "not affected", or ``layer != HF`` (every path serves what the layer asks; the model
+    file's window is not HF's, ``fixed_state`` says so); without, no driven path of the release is wrong
+    (``bad``)."""
     from swa_repro.sglang.audit.family_fix import fix_names, remedy_text
 
     r = f.get("remedy") or {"fix": None, "instead": None}
@@ -142,14 +148,16 @@ def fix_answer(release: str, model: str, gpu: str, f: dict) -> dict:
         return {**out, "exact": not left, "fixed_state": None, "remaining": left, "fixed": None}
     fixed = family_audit(release, model, gpu, fixes=names)
     state = fixed["answer"]["state"]
-    return {**out, "exact": state == "not affected", "fixed_state": state,
+    return {**out, "exact": state in ("not affected", LAYER_NOT_HF), "fixed_state": state,
             "remaining": [" ".join(b) for b in bad(fixed)], "fixed": fixed}
 
 
 def fix_sentence(fx: dict) -> str:
     """What to do, and what the audit of the fixed copy said of it."""
     if fx["fixes"] and fx["exact"]:
-        return f"{fx['command']}: the audit of the release with it says not affected"
+        said = fx["fixed_state"] if fx["fixed_state"] == "not affected" else \
+            f"{fx['fixed_state']} ({'; '.join(fx['fixed']['answer'].get('why') or [])}: the model file's window)"
+        return f"{fx['command']}: the audit of the release with it says {said}"
     if fx["fixes"]:
         return (f"{fx['command']}; the audit of the release with it still says {fx['fixed_state']}: "
                 + "; ".join(fx["remaining"][:6]))

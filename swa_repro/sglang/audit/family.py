@@ -76,6 +76,7 @@ class FamilyLayer(ap.LayerConfig):
                                                deterministic=use_paged and not releases.has_paged_switch())
         runner.model_config = self.built.model_config
         runner.sliding_window_size = self.built.runner_window
+        runner.model = torch.nn.ModuleList(self.built.layers)  # a backend reading its layers finds the model's
         releases.newer_release_attrs(runner)
         layer = copy.copy(self.attn)
         layer.layer_id = 0  # the kit's pool holds one layer

@@ -24,7 +24,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import HYBRID
+from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
 from swa_repro.sglang.checkpoint import Checkpoint
 from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
     overlay_for, run_child
@@ -155,11 +155,13 @@ def _serving(overlay: Path, version: str, arch: str | None = None, archs=frozens
 
 
 def _bad(f: dict, paths) -> list[str]:
-    """``kind path: verdict`` / ``kind path: cap dropped`` of the driven runs on ``paths``."""
+    """``kind path: verdict`` / ``kind path: cap dropped`` of the driven runs on ``paths`` whose keys
+    are not what the layer asks (``verdict_vs_layer`` where the layer asks another window than
+    transformers' mask: that difference is :func:`layer_off`'s, not the backend's)."""
     out = []
     for r in f.get("paths", []):
         if r["path"] in paths and r.get("status") == "driven":
-            if r["verdict"] != "exact":
+            if r.get("verdict_vs_layer", r["verdict"]) != "exact":
                 out.append(f"{r['kind']} {r['path']}: {r['verdict']}")
             if r["cap"].startswith("dropped"):
                 out.append(f"{r['kind']} {r['path']}: cap dropped")
@@ -184,6 +186,15 @@ def answer(f: dict, gpu: str) -> dict:
                 f"pool's (--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
 
 
+def layer_off(f: dict) -> list[str]:
+    """Each layer kind whose own window is not transformers' mask (the model file's choice, as vLLM's
+    verdict words it: ``vllm.verdict.judge``), where a driven run's keys show it."""
+    shown = {r["kind"] for r in f.get("paths") or [] if r.get("status") == "driven" and r["verdict"] != "exact"}
+    return [f"{kind} layer asks window_left {k['layer_window']}, transformers' mask {k['intended_window']}"
+            for kind, k in sorted((f.get("kinds") or {}).items())
+            if kind in shown and k.get("layer_window") != k.get("intended_window")]
+
+
 def _answer(f: dict, gpu: str) -> dict:
     if f.get("error"):
         return {"state": "not built", "why": f["error"]}
@@ -206,7 +217,11 @@ def _answer(f: dict, gpu: str) -> dict:
                                 ("only with speculative decoding", spec, None)):
         bad = _bad(f, paths)
         if bad:
-            return {"state": state, "why": bad, "flags": flags, "default_backend": backend, "note": note}
+            return {"state": state, "why": bad + layer_off(f), "flags": flags, "default_backend": backend,
+                    "note": note}
+    off = layer_off(f)
+    if off:  # every kernel is told what the layer asks; the layer asks another window than HF's
+        return {"state": LAYER_NOT_HF, "why": off, "default_backend": backend, "note": note}
     undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f.get("paths") or []
                 if r.get("status") not in ("driven", "absent")]
     if not any(r.get("status") == "driven" for r in f.get("paths") or []):  # no run is no evidence (issue #43)

@@ -1,24 +1,26 @@
 """The fixes of the family- and GPU-class-level findings (``swa-repro audit --model FAMILY --gpu G``),
 each an AST-anchored edit of the one file of sglang 0.5.14-0.5.23 it names (line numbers: 0.5.23's).
 
-* ``commandr_window_hook`` (``srt/models/commandr.py``): Cohere2 (Command R7B) gives its sliding
-  layers ``sliding_window_size=config.sliding_window`` (:206-218), HF's count, which includes the
-  query (transformers' ``sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``), where
-  ``RadixAttention`` takes keys left of the query (gemma2.py:52-53 subtracts 1); and the model class
-  has no ``get_attention_sliding_window_size`` (:429-430, ``pass``), so the runner's window stays
-  ``None`` (load_model_utils.py:144-157: Cohere2 is not in ``is_hybrid_swa_model``'s list) and the
-  FlashInfer backend builds no sliding-window wrapper: every ragged, paged and decode plan is
-  windowless. The fix does what gemma2.py / gemma3_causal.py do (sglang#4823 for Gemma-3): a
-  module-level ``get_attention_sliding_window_size(config)`` (``sliding_window - 1``), the layer's
-  window from it, and the hook on ``Cohere2ForCausalLM`` (not on v1's ``CohereForCausalLM``, which
-  has no window). The rotary switch (:251, ``sliding_window_size > 0``) keeps HF's value.
-* ``sm100_no_cutlass_window`` (``flashinfer_backend.py``): on sm100 the one ragged wrapper is built
+* ``commandr_window_hook`` (``srt/models/commandr.py``): the model class has no
+  ``get_attention_sliding_window_size`` (:429-430, ``pass``), so the runner's window stays ``None``
+  (load_model_utils.py:144-157: Cohere2 is not in ``is_hybrid_swa_model``'s list) and the FlashInfer
+  backend builds no sliding-window wrapper: every ragged, paged and decode plan is windowless while
+  the sliding layers ask for ``sliding_window_size=config.sliding_window`` (:206-218). The fix adds the
+  hook on ``Cohere2ForCausalLM`` (not on v1's ``CohereForCausalLM``, which has no window), as
+  sglang#4823 did for Gemma-3, returning what the layers pass, so the runner plans what they ask.
+  That is HF's count, which includes the query (transformers: ``kv_idx > q_idx - sliding_window``),
+  one key more than transformers' mask in ``RadixAttention``'s count (keys left of the query); vLLM
+  keeps it on purpose (commandr.py:237-243, Cohere's training convention), so the layers are left
+  as they are and the audit reports the difference as ``layer != HF``, as vLLM's table does.
+* ``sm100_no_cutlass_window`` (``flashinfer_backend.py``): on sm100 the shared ragged wrapper is built
   with ``backend="cutlass"`` (:501-522; 0.5.14 :427-432 without the head-dim gate), and FlashInfer's
   cutlass prefill plans neither ``window_left`` nor ``logits_soft_cap`` (flashinfer 0.7.2 prefill.py
-  ``plan``: the cutlass branch takes no window or cap). The fix keeps ``fa2`` where the runner has a
-  sliding window or the model config a soft cap (``_fmha_plans_window_or_cap``), in a statement
-  after the release's own choice, so its head-dim and piecewise-graph gates stay as they are. The backend knows
-  of sliding layers only through the runner's window, so Cohere2 needs ``commandr_window_hook`` too.
+  ``plan``: the cutlass branch takes no window or cap). The window is the ragged fixes' business:
+  their sliding-window wrapper is built with fa2 where the shared one is cutlass (``fix.fixes``
+  ``_swa_backend``), so the full layers keep cutlass (issue #40: forcing the shared wrapper off it
+  slowed every full layer's prefill on B200). This fix keeps ``fa2`` on the shared wrapper only where
+  the model's layers cap (``_fmha_plans_cap``: their ``logit_cap``, as the soft-cap fixes read it),
+  in a statement after the release's own choice, so its head-dim and piecewise-graph gates stay.
 * ``ragged_prefix_full_layers`` (``flashinfer_backend.py``, 0.5.14-0.5.20): where the runner has a
   window, ``update_sliding_window`` plans wrapper 1 (the full layers) over ``seq_lens`` for ragged
   prefill with a prefix too (0.5.20 :1970-1974), while the full layers' paged pass runs before the
@@ -37,7 +39,7 @@ from swa_repro.sglang.fix.source import Edit, Source, keyword
 
 COMMANDR = "srt/models/commandr.py"
 HOOK = "get_attention_sliding_window_size"
-CUTLASS_GATE = "_fmha_plans_window_or_cap"
+CUTLASS_GATE = "_fmha_plans_cap"
 
 
 # ----------------------------------------------------------------------------- commandr.py
@@ -51,33 +53,23 @@ def _radix_window_kw(src: Source):
 
 
 def _commandr_hook(src: Source) -> list[Edit]:
-    edits = []
-    if src.func(HOOK) is None:
-        anchor = _need(src.cls("CohereAttention"), "class CohereAttention")
-        edits.append(src.insert_lines_before(anchor, [
-            f"def {HOOK}(config):",
-            "    # HF counts the window with the query (sliding_window keys in all); sglang's",
-            "    # sliding_window_size counts the keys left of it, as gemma2.py does.",
-            "    return config.sliding_window - 1",
-            "",
-            ""], indent=""))
+    """``Cohere2ForCausalLM.get_attention_sliding_window_size``: the window the sliding layers pass to
+    RadixAttention (``config.sliding_window``, unchanged: Cohere's convention, which vLLM's commandr.py
+    also keeps), so the runner plans what the layers ask. The layers are not edited."""
     kw = _radix_window_kw(src)
-    value = ast.unparse(kw.value)
-    if f"{HOOK}(config)" not in value:
-        if value != "self.sliding_window_size":
-            raise Unknown(f"CohereAttention passes sliding_window_size={value}, not self.sliding_window_size")
-        ind = src.indent_of(kw)
-        edits.append(src.replace(kw.value, f"(\n{ind}    {HOOK}(config)\n{ind}    if self.sliding_window_size > 0\n"
-                                           f"{ind}    else -1\n{ind})"))
+    if ast.unparse(kw.value) != "self.sliding_window_size":
+        raise Unknown(f"CohereAttention passes sliding_window_size={ast.unparse(kw.value)}, not self.sliding_window_size")
     v2 = _need(src.cls("Cohere2ForCausalLM"), "class Cohere2ForCausalLM")
-    if src.method("Cohere2ForCausalLM", HOOK) is None:
-        body = [f"def {HOOK}(self):", f"    return {HOOK}(self.config)"]
-        if len(v2.body) == 1 and isinstance(v2.body[0], ast.Pass):
-            ind = src.indent_of(v2.body[0])
-            edits.append(src.replace(v2.body[0], body[0] + "".join(f"{src.nl}{ind}{ln}" for ln in body[1:])))
-        else:
-            edits.append(src.insert_lines_after(v2.body[-1], ["", *body], indent=src.indent_of(v2.body[-1])))
-    return edits
+    if src.method("Cohere2ForCausalLM", HOOK) is not None:
+        return []
+    body = [f"def {HOOK}(self):",
+            "    # The window the sliding layers pass to RadixAttention (CohereAttention:",
+            "    # config.sliding_window), so the runner plans the window the layers ask.",
+            "    return self.config.sliding_window"]
+    if len(v2.body) == 1 and isinstance(v2.body[0], ast.Pass):
+        ind = src.indent_of(v2.body[0])
+        return [src.replace(v2.body[0], body[0] + "".join(f"{src.nl}{ind}{ln}" for ln in body[1:]))]
+    return [src.insert_lines_after(v2.body[-1], ["", *body], indent=src.indent_of(v2.body[-1]))]
 
 
 # ----------------------------------------------------------------------------- sm100 ragged backend
@@ -101,19 +93,27 @@ def _sm100_no_cutlass(src: Source) -> list[Edit]:
         anchor = _need(src.cls(BACKEND), f"class {BACKEND}")
         edits.append(src.insert_lines_before(anchor, [
             f"def {CUTLASS_GATE}(model_runner) -> bool:",
-            '    """Whether prefill plans need a window or a soft cap: FlashInfer\'s cutlass',
-            "    prefill plans neither, so the ragged wrapper keeps fa2 (the runner's window:",
-            '    the layers slide; the config\'s attn_logit_softcapping: they cap)."""',
-            '    config = getattr(model_runner.model_config, "hf_text_config", None)',
-            '    cap = getattr(config, "attn_logit_softcapping", None)',
-            "    return model_runner.sliding_window_size is not None or bool(cap and cap > 0)",
+            '    """Whether the model\'s attention layers cap their logits: FlashInfer\'s cutlass',
+            "    prefill plans no logits_soft_cap, so the shared ragged wrapper keeps fa2 then.",
+            "    Read from the layers (their logit_cap); a runner whose model holds none (the",
+            '    attention test kit\'s) names it in its config."""',
+            '    model = getattr(model_runner, "model", None)',
+            "    caps = [",
+            "        module.logit_cap",
+            "        for module in (model.modules() if model is not None else ())",
+            '        if hasattr(module, "logit_cap")',
+            "    ]",
+            "    if not caps:",
+            '        config = getattr(model_runner.model_config, "hf_text_config", None)',
+            '        caps = [getattr(config, "attn_logit_softcapping", None)]',
+            "    return any(cap is not None and cap > 0 for cap in caps)",
             "",
             ""], indent=""))
     block, after = _cutlass_block(src)
     if isinstance(after, ast.If) and ast.unparse(after).startswith(FALLBACK):
         return edits
     edits.append(src.insert_lines_after(block, [
-        "# FlashInfer's cutlass prefill takes no window_left and no logits_soft_cap.",
+        "# FlashInfer's cutlass prefill takes no logits_soft_cap.",
         f'if fmha_backend == "cutlass" and {CUTLASS_GATE}(model_runner):',
         '    fmha_backend = "fa2"']))
     return edits
@@ -155,14 +155,15 @@ def _line_at(index: int):
 
 
 FAMILY_FIXES = {f.name: f for f in (
-    Fix("commandr_window_hook", "Cohere2 (Command R7B): the sliding layers' window as sglang counts it "
-        "(sliding_window - 1) and the model's get_attention_sliding_window_size hook, so the runner "
-        "derives the window and FlashInfer builds its sliding-window wrappers (as gemma2.py does)",
+    Fix("commandr_window_hook", "Cohere2 (Command R7B): the model's get_attention_sliding_window_size hook, "
+        "returning the window its sliding layers pass (config.sliding_window), so the runner plans what the "
+        "layers ask and FlashInfer builds its sliding-window wrappers (as gemma2.py's hook does)",
         edits=_commandr_hook, file=COMMANDR),
     Fix("ragged_prefix_full_layers", "0.5.14-0.5.20, ragged prefill with a cached prefix in a model with "
         "sliding-window layers: the full layers' paged pass is planned over the prefix only (0.5.21's own "
         "branch), not the whole sequence, whose extend part it would see unmasked", edits=_full_prefix_only),
-    Fix("sm100_no_cutlass_window", "sm100: the ragged prefill wrapper keeps fa2 where the runner has a sliding "
-        "window or the model a soft cap (FlashInfer's cutlass prefill plans neither)", edits=_sm100_no_cutlass),
+    Fix("sm100_no_cutlass_window", "sm100: the shared ragged prefill wrapper keeps fa2 only where the model's "
+        "layers cap their logits (FlashInfer's cutlass prefill plans no cap); the full layers keep cutlass",
+        edits=_sm100_no_cutlass),
 )}
 FAMILY_ORDER = tuple(FAMILY_FIXES)

@@ -40,15 +40,16 @@ its arguments. Line numbers below are 0.5.23's.
   topk-1 chain takes the same code (depth = index there, so the cut is the plain window).
 * ``dflash_verify_window``: DFlash trims with ``kv_start_idx`` (:2268) request-granularly; the fix
   plans the window in so the cut is per element.
-* ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the model's attention soft cap
-  (``hf_text_config.attn_logit_softcapping``, what gemma2.py gives its layers as ``logit_cap``),
-  read once per indices updater. A ``fast_prefill_plan`` replay (:180) takes no cap and keeps the
+* ``soft_cap_prefill`` / ``soft_cap_decode``: plan with the cap the model's attention layers use
+  (each RadixAttention's ``logit_cap``, read at start-up from ``model_runner.model``: gemma2.py's
+  from ``attn_logit_softcapping``, grok.py:425's with its fallback of 30; a runner whose model holds
+  no layer, as the test kit's, names it in ``hf_text_config``; layers of different caps are refused). A ``fast_prefill_plan`` replay (:180) takes no cap and keeps the
   captured module; ``fast_decode_plan`` takes it (flashinfer decode.py ``fast_decode_plan``).
 * ``soft_cap_cuda_graph``: both of the above. Capture plans go through the same
   ``call_begin_forward``; replays never re-pick the module (the live audit's note, ``audit.live``).
 
-A layer whose cap is not the planned one (grok.py's fallback of 30 without the config key, a
-``logit_capping_method`` other than tanh, a layer of cap 0 in a capped model) is refused with a
+A layer whose cap is not the planned one (a ``logit_capping_method`` other than tanh, grok.py:426;
+a layer of cap 0 in a capped model the kit's runner describes by config) is refused with a
 ValueError that names both caps (``_check_logits_soft_cap``; ``fix.cap_safety`` drives it).
 
 Limits: with the sliding-window KV pool, a tree verify's whole-sequence indices for wrapper 0 also
@@ -81,26 +82,22 @@ def _paged_only(src: Source):
 
 
 # ----------------------------------------------------------------------------- ragged windows
-RAGGED_GATES = ("self.is_multimodal", "self.enable_mis", "self.enable_deterministic", "self.use_paged")
-
-
-def _ragged_gates(src: Source, init, made) -> list[str]:
-    """What keeps a backend off ragged prefill for good (``init_forward_metadata``'s ``use_ragged``,
-    :1048-1062: multimodal, multi-item scoring, deterministic, ``SGLANG_FLASHINFER_USE_PAGED``; a
-    draft backend's ``skip_prefill``): the attributes the release sets in ``__init__`` before the
-    ragged wrapper and reads there, so no wrapper is built for a backend that never plans it."""
-    ifm = _need(src.method(BACKEND, "init_forward_metadata"), f"{BACKEND}.init_forward_metadata")
-    read = {ast.unparse(n) for n in ast.walk(ifm) if isinstance(n, ast.Attribute)}
-    set_before = {ast.unparse(t) for s in ast.walk(init) if isinstance(s, ast.Assign) and s.lineno < made.lineno
-                  for t in s.targets}
-    gates = [g for g in RAGGED_GATES if g in read and g in set_before]
-    return (["skip_prefill"] if "skip_prefill" in [a.arg for a in init.args.args] else []) + gates
+def _swa_backend(src: Source, kw) -> str:
+    """The sliding-window ragged wrapper's ``backend=``: the shared one's, except cutlass (sm100,
+    0.5.23 :501-522), whose prefill plans no ``window_left`` (flashinfer 0.7.2 prefill.py ``plan``):
+    fa2 there, so the full layers keep cutlass on the shared wrapper."""
+    if kw.arg != "backend":
+        return src.seg(kw)
+    be = src.seg(kw.value)
+    return f'backend="fa2" if {be} == "cutlass" else {be}'
 
 
 def _ragged_common(src: Source) -> list[Edit]:
-    """The sliding-window layers' own ragged wrapper: created next to the shared one where ragged
-    prefill can run, planned with the window for wrapper 0 in ``update_sliding_window``, and chosen
-    per layer (``_ragged_wrapper``)."""
+    """The sliding-window layers' own ragged wrapper: created next to the shared one whenever the
+    runner has a window (as the shared one is created whatever the backend's switches: a hand copy of
+    ``init_forward_metadata``'s ``use_ragged`` would miss a path that plans it, and plan() would get
+    ``None``), planned with the window for wrapper 0 in ``update_sliding_window``, and chosen per
+    layer (``_ragged_wrapper``)."""
     edits = []
     init = _need(src.method(BACKEND, "__init__"), f"{BACKEND}.__init__")
     made = _need(next((s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
@@ -109,17 +106,14 @@ def _ragged_common(src: Source) -> list[Edit]:
     if not (isinstance(made.value, ast.Call) and ast.unparse(made.value.func) == "BatchPrefillWithRaggedKVCacheWrapper"):
         raise Unknown("self.prefill_wrapper_ragged is not built by BatchPrefillWithRaggedKVCacheWrapper(...)")
     if not any(isinstance(n, ast.Attribute) and n.attr == SWA_RAGGED for n in ast.walk(init)):
-        args = ", ".join([src.seg(a) for a in made.value.args] + [src.seg(k) for k in made.value.keywords])
-        gates = _ragged_gates(src, init, made)
+        args = [src.seg(a) for a in made.value.args] + [_swa_backend(src, k) for k in made.value.keywords]
         edits.append(src.insert_lines_after(made, [
             "# The sliding-window layers' own ragged wrapper: plan() compiles window_left",
             "# in, and the shared one above stays planned for the full-attention layers.",
             f"self.{SWA_RAGGED} = None",
-            "if model_runner.sliding_window_size is not None and not (",
-            *[f"    {'or ' if i else ''}{g}" for i, g in enumerate(gates)],
-            "):",
+            "if model_runner.sliding_window_size is not None:",
             f"    self.{SWA_RAGGED} = BatchPrefillWithRaggedKVCacheWrapper(",
-            f"        {args}",
+            *[f"        {a}," for a in args],
             "    )"]))
     idx = _need(src.method(BACKEND, "_get_wrapper_idx"), f"{BACKEND}._get_wrapper_idx")
     if src.method(BACKEND, "_ragged_wrapper") is None:

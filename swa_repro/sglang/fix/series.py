@@ -13,12 +13,16 @@ plus the family fixes of the backend); each finding's stand-alone ``<finding>.di
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
+from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, apply_fixes, states
 
-AUTHOR = "swa-repro <swa-repro@users.noreply.github.com>"
+AUTHOR_ENV = "SWA_REPRO_PATCH_AUTHOR"  # "Name <email>": who sends the series (git am makes them the author)
+AUTHOR = "SGLang Contributor <contributor@users.noreply.github.com>"  # neutral: no tool named as the author
 DATE = "Thu, 1 Jan 1970 00:00:00 +0000"  # fixed, so that a regenerated series is byte-identical
 
 
@@ -37,8 +41,8 @@ SUBJECTS = {
     "dflash_verify_window": "[FlashInfer] DFlash verify: plan window_left on the sliding-window wrapper",
     "soft_cap_prefill": "[FlashInfer] plan logits_soft_cap for prefill, refuse a layer with another cap",
     "soft_cap_decode": "[FlashInfer] plan logits_soft_cap for decode, refuse a layer with another cap",
-    "commandr_window_hook": "[Model] Cohere2: derive the sliding window, in RadixAttention's count",
-    "sm100_no_cutlass_window": "[FlashInfer] sm100: ragged prefill keeps fa2 for a sliding window or soft cap",
+    "commandr_window_hook": "[Model] Cohere2: give the runner the sliding window its layers use",
+    "sm100_no_cutlass_window": "[FlashInfer] sm100: the shared ragged prefill wrapper keeps fa2 for a soft cap",
 }
 
 
@@ -74,10 +78,21 @@ def fix_commits(texts: dict[str, str], unified, body) -> list[Commit]:
     return out
 
 
+def author() -> str:
+    """The patches' ``From:``: :data:`AUTHOR_ENV` where set (the person who sends them), else the
+    neutral :data:`AUTHOR`; a value that is not ``Name <email>`` is one line, exit 2."""
+    who = os.environ.get(AUTHOR_ENV, "").strip()
+    if not who:
+        return AUTHOR
+    if not re.fullmatch(r"[^<>\n]+ <[^<>@\s]+@[^<>@\s]+>", who):
+        raise UsageError(f"{AUTHOR_ENV}={who!r} is not 'Name <email>': set it to the patches' author, or unset it")
+    return who
+
+
 def patch_text(c: Commit, k: int, total: int) -> str:
     """``git format-patch``'s mbox form, so ``git am`` takes the series as commits."""
     return (f"From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-            f"From: {AUTHOR}\nDate: {DATE}\nSubject: [PATCH {k}/{total}] {c.subject}\n\n"
+            f"From: {author()}\nDate: {DATE}\nSubject: [PATCH {k}/{total}] {c.subject}\n\n"
             f"{c.body.rstrip()}\n---\n{c.diff}--\n2.43.0\n\n")
 
 

@@ -106,8 +106,8 @@ DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
     "buffer the sliding-window wrapper would read the full wrapper's unwindowed mask (the cure #39160 named).",
     "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
     "keys a query sees.",
-    "soft_cap_prefill": "The cap is the model's `hf_text_config.attn_logit_softcapping` (what Gemma-2 gives its "
-    "layers as `logit_cap`), read once per indices updater; a `fast_prefill_plan` replay takes no cap and "
+    "soft_cap_prefill": "The cap is the one the model's attention layers use (each `RadixAttention.logit_cap`: "
+    "Gemma-2's from `attn_logit_softcapping`, Grok's with its fallback of 30), read at start-up; a `fast_prefill_plan` replay takes no cap and "
     "keeps the module captured with it. A layer whose cap is not the planned one is refused (ValueError "
     "naming both) instead of running with a module planned for another cap: a capped module divides by a "
     "layer cap of 0, and FlashInfer applies tanh only (`logit_capping_method`).",
@@ -177,7 +177,7 @@ def cell_text(doc: dict, name: str) -> str:
 # ----------------------------------------------------------------------------- live (H200)
 # ----------------------------------------------------------------------------- README
 def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None, regress_log=None, kit=None,
-           live_diff: str | None = None, cost=None, family: tuple = ()) -> str:
+           live_diff: str | None = None, cost=None, family: tuple = (), prs=()) -> str:
     """``family``: the family- and GPU-class-level fixes the series has (``series.fix_names``)."""
     from swa_repro.sglang.fix import upstream_family as uf
 
@@ -199,15 +199,16 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         "cap to `forward()` on several paths but not to the `plan()` before it, so those layers silently run "
         f"without them. Line numbers are `python/sglang/{REL_PATH}` of sglang {VERSION}.",
         "",
-        f"`series/` is the PR: one commit per finding, stacked (`git am --keep-non-patch docs/upstream/series/*.patch` "
-        f"in an sglang checkout at {VERSION}), ruff-formatted as sglang's pre-commit wants; each `<finding>.diff` "
-        "applies alone. Its commits: the plan-time findings below, ending at `all.diff`'s file (`git apply "
-        f"docs/upstream/all.diff` does them in one step); then {uf.series_text(family)[0]}; then the kit's "
-        f"changes and the regression test. {uf.series_text(family)[1]} "
-        f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is a regression test in the style of sglang's attention "
-        f"test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers replaced by swa-repro's CPU model of them "
-        f"(`tests/test_upstream.py`) it fails on {VERSION} as shipped and passes with `all.diff`; its CUDA run is "
-        "in the live section below when recorded.",
+        "The fixes are five separate PRs, each applying alone on sglang "
+        f"{VERSION} (`git am --keep-non-patch docs/upstream/pr-<x>/*.patch` in a clean checkout), every commit "
+        "bisectable: it carries its fix, the attention-kit expectation that fix needs and the registered-test "
+        "methods it makes pass (see **PR series** below, and each folder's `PR.md`). Each `<finding>.diff` "
+        f"applies alone; `all.diff` is the backend's plan-time findings in one step. {uf.series_text(family)[1]} "
+        f"Each finding's section names the upstream issues and PRs on the same finding. `{TEST}` is the combined "
+        "regression test of all five (for a checkout with every PR; each PR carries the cut of it its finding "
+        f"needs), in the style of sglang's attention test kit (CUDA; `python {TEST}`): with FlashInfer's wrappers "
+        f"replaced by swa-repro's CPU model of them (`tests/test_upstream_kit.py`) it fails on {VERSION} as shipped "
+        "and passes with every fix; its CUDA run is in the live section below when recorded.",
         "",
         "Audit cells: `swa-repro audit --sglang 0.5.23 [--fix NAME]` on a CPU (sglang's own code with recording "
         "FlashInfer stand-ins): **holds** (the layer's parameter reaches `forward()` but not `plan()`, with a "
@@ -221,6 +222,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         mine = runs.get(n)
         lines.append(f"| {at.CLASSES[n].title} | {at.cell(shipped, n)['state']} | "
                      f"{at.cell(mine, n)['state'] if mine else '(nothing to apply)'} | {at.cell(runs['all'], n)['state']} |")
+    lines += list(prs)  # the PR series and the review response (pr_readme)
     for n in ORDER:
         f = FIXES[n]
         lines += ["", f"## {n}: {at.CLASSES[n].title}", "", f"**Problem.** {probs[n]}", ""]
@@ -240,10 +242,11 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
         lines.append(f"- audit with all fixes: {cell_text(runs['all'], n)}")
         lines += ["", upstream_section(n)]
     lines += ["", "## Limits", "",
-              "- The soft cap is read from the model config (`hf_text_config.attn_logit_softcapping`), where "
-              "gemma2.py takes its layers' `logit_cap` from; a model whose layers cap without that key (grok.py's "
-              "fallback of 30), with another method than tanh, or a layer of cap 0 in a capped model, is refused "
-              "at its first forward with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
+              "- The soft cap is read from the model's attention layers at start-up (their `logit_cap`, so "
+              "grok.py's fallback of 30 without `attn_logit_softcapping` is planned); layers of different caps "
+              "are refused at start-up, a layer with another method than tanh, or (a runner whose model holds no "
+              "layer, as the attention test kit's) a layer whose cap is not the planned one, at its first forward "
+              "with a ValueError naming both caps (`swa_repro/sglang/fix/cap_safety.py` "
               "drives each on 0.5.23: shipped computes them silently, fixed refuses them).",
               "- EAGLE / NGRAM verify with the sliding-window KV pool: wrapper 0's whole-sequence indices also name "
               "slots outside the window. The planned (widened) window skips the tiles before it and the mask "
@@ -265,7 +268,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
 def commit_body(texts: dict, name: str) -> str:
     """A commit message body: the problem (file:line in the release; ``texts``: sglang-package file
     -> 0.5.23's text), the fix, the upstream threads on the same finding (``fix.upstream_refs``),
-    wrapped at 72 as git wants."""
+    wrapped at 72 as git wants. No tool is advertised in it (a maintainer's review, issue #40)."""
     import textwrap
 
     from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER
@@ -275,14 +278,12 @@ def commit_body(texts: dict, name: str) -> str:
     f = FIXES[name]
     if name in FAMILY_ORDER:
         problem = uf.problem(name, {n: texts[FIXES[n].file] for n in FAMILY_ORDER})
-        audit = uf.audit_command(name)
     else:
-        problem, audit = problems(texts[BACKEND])[name], f"swa-repro audit --sglang {VERSION} --fix {name}"
+        problem = problems(texts[BACKEND])[name]
     paras = [f"Problem: {problem}", f"Fix: {f.summary}. {DETAIL.get(name, '')}".rstrip()]
     refs = REFS.get(name, ())
     if refs:
         paras.append("Upstream: " + "; ".join(f"{r.repo}#{r.number} ({r.kind}, {r.state})" for r in refs) + ".")
-    paras.append(f"Found and checked with swa-repro (`{audit}`).")
     return "\n\n".join(textwrap.fill(p, 72, break_on_hyphens=False, break_long_words=False) for p in paras)
 
 
@@ -294,42 +295,14 @@ def series_texts() -> dict[str, str]:
     return {f: release_file(f) for f in dict.fromkeys(FIXES[n].file for n in ALL)}
 
 
-def test_commit(out: Path):
-    """The series' last commit: the attention kit's changes (``kit.diff``, written first) and the
-    regression test in sglang's layout, a new file."""
-    from swa_repro.sglang.fix.series import Commit
-
-    test = (out / TEST).read_text().splitlines(keepends=True)
-    new_file = (f"diff --git a/{TEST} b/{TEST}\nnew file mode 100644\n--- /dev/null\n+++ b/{TEST}\n"
-                f"@@ -0,0 +1,{len(test)} @@\n" + "".join(f"+{ln}" for ln in test))
-    body = ("The attention kit's SWA cases never put a key outside the window (window 4, lengths 3-5), "
-            "it cannot express a logits soft cap, and its DFlash SWA verify expectation encodes the "
-            "request-granular trim that the DFlash fix replaces with the per-element window (as in "
-            "sgl-project/sglang#35208), and its custom-mask reference windows a tree's draft tokens from "
-            "their index in the flattened draft, not their position in the tree. Adds cases past the "
-            "window, a logit_cap case field (default 0.0: every existing case unchanged), the "
-            "per-element DFlash expectation, the tree-position window (the backends that window a "
-            "tree token by its flattened index are declared and keep their expectation: Triton, a finding "
-            "of its own), and a regression "
-            "test of every plan path for window, cap and window+cap layers, EAGLE, NGRAM, Frozen-KV MTP and "
-            "DFlash verify, the tree verifies eager and under CUDA graphs.")
-    import textwrap
-
-    return Commit("test_plan_time_params", "[FlashInfer] test: plan-time window and soft cap in the attention kit",
-                  textwrap.fill(body, 72, break_on_hyphens=False, break_long_words=False),
-                  (out / "kit.diff").read_text() + new_file)
-
-
 def write(out: Path, *, command: str, note=print) -> list[Path]:
-    from swa_repro.sglang.fix.series import fix_commits, fix_names, write_series
+    from swa_repro.sglang.fix import BACKEND, pr_readme, pr_series
+    from swa_repro.sglang.fix.series import fix_names
     from swa_repro.sglang.provision import provision
-
-    from swa_repro.sglang.fix import BACKEND
 
     texts = series_texts()
     text = texts[BACKEND]
     ds = diffs(text)
-    commits = fix_commits(texts, unified, lambda n: commit_body(texts, n))
     runs = audits(note=note)
     prov = at.provenance(command, list(runs.values()))
     prov["flashinfer_pin"] = provision(VERSION)[1].get("flashinfer_pin")
@@ -345,7 +318,7 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     from swa_repro.sglang.fix import kit_edits
 
     written += kit_edits.write(out)  # kit_*.diff, kit.diff: the attention test kit's side of the change
-    written += write_series(out / "series", commits + [test_commit(out)])
+    written += pr_series.write(out, lambda n: commit_body(texts, n))  # pr-*/: the separate PR series
     from swa_repro.sglang.fix import upstream_family
 
     written += upstream_family.write(out, note=note)  # the family- and GPU-class-level fixes
@@ -360,7 +333,8 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
                          regress.read_text() if regress.is_file() else None,
                          json.loads(kit.read_text()) if kit.is_file() else None,
                          live_diff=live_diff.read_text() if live_diff.is_file() else None,
-                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family).encode())
+                         cost=json.loads(cost.read_text()) if cost.is_file() else None, family=family,
+                         prs=pr_readme.pr_lines(out) + pr_readme.review_lines()).encode())
     return written + [md]
 
 

@@ -16,20 +16,22 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER, FIXES, apply_fixes, states
+from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
 CELLS = {"commandr_window_hook": (("cohere2",), ("sm90", "sm100", "sm80")),  # the cells each fix answers
          "ragged_prefix_full_layers": ((), ()),  # 0.5.14-0.5.20 only: 0.5.23 has it
-         "sm100_no_cutlass_window": (("cohere2",), ("sm100",))}
+         "sm100_no_cutlass_window": (("gemma2",), ("sm100",))}
 PROBLEM = {
     "commandr_window_hook": "`Cohere2ForCausalLM` ({cls}) has no `get_attention_sliding_window_size`, so the "
     "model runner derives no sliding window for it (Cohere2 is not in `is_hybrid_swa_model`'s list either) and "
     "the FlashInfer backend builds no sliding-window wrapper: ragged, paged and decode plans of the sliding "
-    "layers are windowless. The layers also get HF's inclusive count as their window ({kw}: "
-    "`sliding_window_size=self.sliding_window_size`, `= config.sliding_window`), where `RadixAttention` counts "
-    "the keys left of the query (gemma2.py subtracts 1): one key too many on every backend that reads it.",
+    "layers are windowless, while the layers ask for `config.sliding_window` ({kw}). The hook returns that "
+    "window, so the runner plans what the layers ask; the layers are unchanged. Their window is HF's count, "
+    "which includes the query, one key more than transformers' mask in `RadixAttention`'s count (keys left of "
+    "the query): vLLM keeps it on purpose (vLLM's commandr.py:237-243, Cohere's training convention), and the audit "
+    "reports it as `layer != HF`, as vLLM's table does, not as a backend finding.",
     "ragged_prefix_full_layers": "Fixed in sglang 0.5.21 ({full}: `elif use_ragged:` plans the full layers' "
     "paged pass over `prefix_lens`). In 0.5.14-0.5.20 a model with sliding-window layers (Gemma-2, Gemma-3; "
     "Cohere2 with `commandr_window_hook`) plans it over `seq_lens` under ragged prefill with a cached prefix, "
@@ -38,8 +40,10 @@ PROBLEM = {
     "sm100_no_cutlass_window": "On sm100 the ragged prefill wrapper is built with `backend=\"cutlass\"` ({gate}) "
     "for head dims 64/128 and 192/128, and FlashInfer's cutlass prefill plans neither `window_left` nor "
     "`logits_soft_cap` (flashinfer 0.7.2 prefill.py `plan`); sglang names the backend explicitly, which "
-    "FlashInfer never rewrites. A model with sliding-window or capped layers then runs its ragged prefill "
-    "without them, whatever the plan says.",
+    "FlashInfer never rewrites. The sliding layers' window is the ragged-window fix's: its own wrapper is "
+    "built with fa2 where the shared one is cutlass, so the full layers keep cutlass. A model whose layers "
+    "cap their logits (Gemma-2) still runs the full layers' ragged prefill uncapped on cutlass: the shared "
+    "wrapper keeps fa2 for such a model only.",
 }
 NO_FIX = ("Refused families never reach the FlashInfer backend (sglang's own server code refuses "
           "`--attention-backend flashinfer` for them, the reason and file:line below). Mistral and Qwen2 with a "
@@ -104,12 +108,11 @@ def series_text(family: tuple) -> tuple[str, str]:
     have = ", ".join(f"`{n}` (`python/sglang/{FIXES[n].file}`)" for n in family)
     commits = (f"the family- and GPU-class-level findings of `families.md` that {VERSION} needs, one commit "
                f"each: {have or 'none'}")
-    after = (f"So the series ends, for the backend, at what `swa-repro patch apply --fix all` makes of {VERSION}'s "
-             f"file" + "".join(f", for `{FIXES[n].file.rsplit('/', 1)[1]}` at `--fix {n}`'s" for n in family
-                                if FIXES[n].file != BACKEND) + ".")
+    after = ""
     for n in (n for n in FAMILY_ORDER if n not in family):
-        after += (f" Not in it: `{n}`, which {VERSION}'s code already has (the fix reads applied there); "
-                  f"`swa-repro patch --fix {n}` backports it to the earlier releases that lack it (`families.md`).")
+        after += (f"Not in any PR: `{n}`, which {VERSION}'s code already has (the fix reads applied there); "
+                  f"`swa-repro patch --fix {n}` backports it to the earlier releases that lack it (`families.md`). ")
+    after = after.rstrip()
     return commits, after
 
 
@@ -124,24 +127,25 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
              "edit on an installed sglang, on every release 0.5.14-0.5.23 whose file has the anchors. Cells: "
              f"as shipped from `docs/audit/families.json`; with the fixes: sglang {VERSION} audited with "
              f"`--fix all` ({fixed['command']}), the families' real windows and head dims on a CPU.", "",
-             f"`series/` (`README.md`), the PR against {VERSION}, has each fix below that {VERSION} needs as a "
-             "commit of its own, after the plan-time fixes and before the regression test; the others are "
+             f"The PR series against {VERSION} (`README.md`, `pr-*/`) have each fix below that {VERSION} needs "
+             "as a commit of its own, in the series of its finding; the others are "
              f"fixed in {VERSION}'s own code, so they have no diff here (every diff of this folder is against "
              f"{VERSION}, what upstream takes a PR against) and `swa-repro patch --fix NAME` is their backport.", ""]
-    from swa_repro.sglang.fix.series import fix_names, patch_name
+    from swa_repro.sglang.fix.pr_series import PRS
+    from swa_repro.sglang.fix.series import patch_name
 
-    order = fix_names({FIXES[n].file: t for n, t in texts.items()})
+    where = {s.fix: f"{pr.dir}/{patch_name(k, s.fix)}" for pr in PRS for k, s in enumerate(pr.steps, 1)}
     for name in FAMILY_ORDER:
         fams, gpus = CELLS[name]
         d = diff_of(name, texts[name])
         if not d:
             lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
-                      f"**Fix.** Nothing to do in {VERSION}: no diff, and not in `series/`. `swa-repro patch "
+                      f"**Fix.** Nothing to do in {VERSION}: no diff, and in no PR series. `swa-repro patch "
                       f"--fix {name}` backports it: {FIXES[name].summary}.", "", upstream_section(name), ""]
             continue
         lines += [f"## {name}", "", f"**Problem.** {problem(name, texts)}", "",
                   f"**Fix** (`{name}.diff`, `python/sglang/{FIXES[name].file}`, {d.count(chr(10) + '+') - 1} "
-                  f"lines added; in `series/` as `{patch_name(order.index(name) + 1, name)}`): "
+                  f"lines added; in `{where[name]}`): "
                   f"{FIXES[name].summary}.", "", "| family | GPU | as shipped | with --fix all |",
                   "|---|---|---|---|"]
         lines += [f"| {f} | {g} | {_short(shipped.get(g, {}).get(f))} | {_short(fixed['cells'].get(g, {}).get(f))} |"

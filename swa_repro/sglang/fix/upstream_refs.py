@@ -99,10 +99,13 @@ PR_39287 = _ref(39287, SGLANG, "pr", "[Bugfix] Fix EAGLE sliding-window verifica
                 "open", "FlashInfer and Triton: a compact tree mask over the retained keys (window applied at "
                 "the tree's edge), the KV start passed to EAGLE's FlashInfer metadata; EAGLE SWA chain/tree and "
                 "graph-replay tests",
-                "wrapper 0 keeps the whole sequence and full tree mask and plans `window_left` (5 lines); "
-                "theirs reads only the window's keys, which matters with the sliding-window KV pool, where "
-                "ours reads (masked) slots outside the window; theirs is the better fix there, ours the "
-                "smaller one, and theirs also fixes Triton")
+                "both window the tree mask on each node's tree position (theirs opened 2026-09-13, still "
+                "open when re-read on 2026-12-06). Ours keeps wrapper 0 on the whole sequence and the tree mask, cuts the window "
+                "into the mask, plans it widened by `draft_token_num - 1` and gives each CUDA-graph verify "
+                "wrapper its own packed-mask buffer (#39160's cure); theirs reads only the window's keys, which "
+                "matters with the sliding-window KV pool, where ours lists (masked) slots outside the window; "
+                "theirs is the better fix there and also fixes Triton's flattened-index window; ours changes "
+                "FlashInfer's backend only")
 PR_27469 = _ref(27469, SGLANG, "pr", "dflash add sliding window attention draft layer support", "merged",
                 "sliding-window layers for DFlash drafters, and DFlash verify's request-granular "
                 "`kv_start_idx` trim", "keeps that trim and plans the window, so early draft queries no "
@@ -120,27 +123,28 @@ PR_33987 = _ref(33987, SGLANG, "pr", "fix(flashinfer): plan with logits_soft_cap
                 "closed", "the cap read from the model's attention layers at backend init and planned on "
                 "decode, ragged and paged; `fast_decode_plan` given the cap, a `fast_prefill_plan` replay "
                 "asserting it, startup failure on mixed caps",
-                "reads the config key only, so it misses Grok's fallback cap of 30, which theirs, reading the "
-                "layers, catches; ours is smaller")
+                "the same source of the cap (the layers' `logit_cap`, so Grok's fallback of 30 is planned) and "
+                "the same start-up refusal of mixed caps; ours also refuses, per layer, a non-tanh method")
 PR_38525 = _ref(38525, SGLANG, "pr", "Fix FlashInfer planning for configured attention logits soft cap", "open",
                 "the cap read from `hf_text_config.attn_logit_softcapping` once per indices updater and "
                 "planned on ragged, paged, decode and `fast_decode_plan`, `fast_prefill_plan` taking and keeping "
                 "it; an SM90 CI test incl. CUDA-graph decode replay",
-                "equivalent (same source of the cap, same plan sites); theirs has a CI test and a "
-                "cap-taking `fast_prefill_plan`, ours keeps the captured module there. Neither covers caps "
-                "absent from the config")
+                "the same plan sites; theirs reads the config key, so a Grok checkpoint without it (grok.py's "
+                "fallback of 30) is planned uncapped, ours reads the layers' `logit_cap`; theirs has a CI test "
+                "and a cap-taking `fast_prefill_plan`, ours keeps the captured module there")
 
 PR_4823 = _ref(4823, SGLANG, "pr", "gemma3: impl `get_attention_sliding_window_size` for attn init", "merged",
                "Gemma-3 output turning to garbage past ~2k tokens because the model class had no "
                "`get_attention_sliding_window_size`, so the attention backends were built without a window",
-               "the same hook for Cohere2, plus the layer's window in sglang's count (`sliding_window - 1`, "
-               "as gemma2.py/gemma3 give it); commandr.py passes HF's inclusive count")
+               "the same hook for Cohere2, returning the window its layers already pass "
+               "(`config.sliding_window`, kept as vLLM keeps it); the layers are unchanged")
 ISSUE_4570 = _ref(4570, SGLANG, "issue", "[Feature] Support Cohere Command-A (Cohere2ForCausalLM arch)", "open",
                   "Cohere2's interleaved sliding-window layers, when `Cohere2ForCausalLM` was a stub",
                   "the class now builds sliding layers, but no runner window: the hook is what it lacks")
 ISSUE_34354 = _ref(34354, SGLANG, "issue", "[Bug] 请问sglang的语义上 sliding_window_size 到底包不包含当前的token呢？",
                    "closed", "the question (unanswered) whether `sliding_window_size` counts the query (Triton's "
-                   "prefill and decode kernels read it differently)", "answers it for Cohere2 the way gemma2.py does: keys left of the query")
+                   "prefill and decode kernels read it differently)", "keys left of the query, as gemma2.py counts; Cohere2's layers "
+                   "keep HF's count (Cohere's convention, as vLLM keeps it), which the audit reports as `layer != HF`")
 FI_5133 = _ref(5133, FLASHINFER, "pr", "feat(prefill): let backend=\"auto\" reach cuDNN/CUTLASS on Blackwell "
                "ragged prefill", "merged", "`auto` moving windowless, capless ragged prefill on sm100 to cuDNN or "
                "CUTLASS, and staying on fa2 otherwise",
