@@ -31,7 +31,7 @@ def _defs(path: Path) -> dict:
     return {n.name: n for n in _tree(path).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
 
 
-def _imports(path: Path) -> dict:
+def model_imports(path: Path) -> dict:
     """name -> the sglang model file it is imported from (``from sglang.srt.models.llama import X``)."""
     out = {}
     for n in _tree(path).body:
@@ -60,8 +60,8 @@ def _reachable(path: Path, name: str):
         seen.add((p, n))
         node = _defs(p).get(n)
         if node is None:
-            if n in _imports(p):
-                todo.append((_imports(p)[n], n))
+            if n in model_imports(p):
+                todo.append((model_imports(p)[n], n))
             continue
         yield p, node
         todo += [(p, x.id) for x in ast.walk(node) if isinstance(x, ast.Name) and x.id != n]

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from swa_repro.sglang.config_reads import model_imports
+
 NO_WINDOW = (-1, None, 0)
 WINDOW_WORD = "sliding_window_size"
 FALLBACK_FILE = "transformers.py"  # sglang's Transformers fallback (TransformersForCausalLM & co)
@@ -120,14 +122,8 @@ def _defs(path: Path) -> dict:
 
 @cache
 def _imports(path: Path) -> dict:
-    """name -> the sglang model file it is imported from (as ``config_reads`` follows them)."""
-    out = {}
-    for n in _tree(path).body:
-        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang.srt.models."):
-            p = path.parent / (n.module.rsplit(".", 1)[1] + ".py")
-            if p.is_file():
-                out.update({a.asname or a.name: p for a in n.names})
-    return out
+    """name -> the sglang model file it is imported from (``config_reads.model_imports``, once a file)."""
+    return model_imports(path)
 
 
 @cache
