@@ -84,7 +84,7 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
 
     docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
                              valid=whole_cell) if cells else ([], {})
-    serving = _serving(overlay, version, ck.architecture if ck else None)
+    serving = _serving(overlay, version, names, ck)
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
 
@@ -126,20 +126,16 @@ def checkpoint_args(ck: Checkpoint, version: str, overlay: Path) -> tuple[list[s
     return ["--small", small], {"config": hashlib.sha256(small.encode()).hexdigest()[:16]}
 
 
-def _serving(overlay: Path, version: str, arch: str | None = None) -> dict:
-    """family -> the release's server facts (``serving_path``), for the families it reads (``arch``:
-    a checkpoint's architecture, whichever family the release's rules file it under)."""
+def _serving(overlay: Path, version: str, names: list[str], ck: Checkpoint | None = None) -> dict:
+    """family -> the release's server facts for it (``serving_server``: the release's own ServerArgs
+    resolved for the config the audit builds, the family's small config or the checkpoint's, on each
+    GPU class)."""
     from dataclasses import asdict
 
-    from swa_repro.sglang import serving_path
+    from swa_repro.sglang.serving_server import serving
 
-    out = {}
-    for fp in serving_path.analyze_release(overlay / "sglang", version):
-        if arch is not None and fp.architecture == arch:
-            out[next((f for f, (_, _, a) in fam.mc.MODELS.items() if a == arch), arch)] = asdict(fp)
-        elif fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
-            out[fp.family] = asdict(fp)
-    return out
+    models = {ck.family: ckpt.small_config(ck).config} if ck else {n: fam.small_config(n).config for n in names}
+    return {n: asdict(fp) for n, fp in serving(overlay, version, models).items()}
 
 
 def _bad(f: dict, paths) -> list[str]:
@@ -177,12 +173,11 @@ def _answer(f: dict, gpu: str) -> dict:
         return {"state": "not built", "why": f["error"]}
     sv = f.get("serving") or {}
     backend = (sv.get("default_backend") or {}).get(SERVING_GPU[gpu])
+    sv = {**sv, **(sv.get("by_gpu") or {}).get(SERVING_GPU[gpu], {})}  # this GPU class's servers
     note = None if backend in (None, "flashinfer") else \
         f"default backend on {gpu} is {backend}: FlashInfer only with --attention-backend flashinfer"
-    if not sv:
-        note = "serving_path reads no server rule for this family: default path taken as ragged, default backend unknown"
     if sv.get("flashinfer_kept") is False:
-        return {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+        return _refused(f, sv, backend)
     default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
     other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
     spec = tuple(r["path"] for r in f.get("paths") or [] if "verify" in r["path"])
@@ -199,6 +194,24 @@ def _answer(f: dict, gpu: str) -> dict:
                 "default_backend": backend, "note": note}
     state = "not affected" if not undriven else "unknown (not driven)"
     return {"state": state, "why": undriven[:6], "default_backend": backend, "note": note}
+
+
+def _refused(f: dict, sv: dict, backend) -> dict:
+    """``--attention-backend flashinfer`` refused; a split server that the release keeps
+    (``--prefill-attention-backend flashinfer``: the extend paths; ``--decode-...``: decode) reaches
+    FlashInfer around the refusal, a path of its own: its bad paths are "only with flags"."""
+    split = [s for s in (sv.get("split") or {}).values() if s.get("kept")]
+    out = {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+    for s in split:
+        paths = DEFAULT_EXTEND.get(s.get("default_prefill"), ()) if s.get("default_prefill") else ALWAYS
+        bad = _bad(f, paths)
+        if bad:
+            return {"state": "only with flags", "why": bad, "flags": (s["flag"],), "default_backend": backend,
+                    "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); {s['flag']} is kept "
+                            "and reaches FlashInfer"}
+    if split:
+        out["note"] = f"{' / '.join(s['flag'] for s in split)} kept: no bad verdict on the paths they reach"
+    return out
 
 
 # ----------------------------------------------------------------------------- child
