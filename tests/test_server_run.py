@@ -89,10 +89,15 @@ def test_clear_caches_empties_lru_caches_of_sglang_modules():
 
 
 # ----------------------------------------------------------------------------- real releases, against the source
-def release_serving(version, names):
+NAMES = ["mistral", "qwen2-swa", "gemma2", "gpt-oss", "exaone4"]
+
+
+@functools.lru_cache(maxsize=None)
+def release_serving(version):
+    """One ServerArgs child per release for every test here (its result is cached by content)."""
     from conftest import release_overlay
 
-    return family_run._serving(release_overlay(version), version, names)
+    return family_run._serving(release_overlay(version), version, NAMES)
 
 
 def oracle(version, arch):
@@ -107,7 +112,7 @@ def oracle(version, arch):
 @pytest.mark.network
 @pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
 def test_families_without_a_static_rule_get_the_servers_answer(version):
-    got = release_serving(version, ["mistral", "qwen2-swa", "gemma2", "gpt-oss", "exaone4"])
+    got = release_serving(version)
     for name, fp in got.items():
         want = oracle(version, fp["architecture"])
         assert fp["default_backend"] == want.default_backend or \
@@ -125,7 +130,7 @@ def test_families_without_a_static_rule_get_the_servers_answer(version):
 def test_a_default_piecewise_prefill_graph_is_not_ragged():
     """0.5.10's ServerArgs keeps ``disable_piecewise_cuda_graph = False`` for Mistral: its EXTEND
     batches replay the piecewise graph and take paged-only (the old answer took it as ragged)."""
-    mistral = release_serving("0.5.10", ["mistral"])["mistral"]
+    mistral = release_serving("0.5.10")["mistral"]
     assert mistral["default_prefill"] == "paged-only"
     assert mistral["to_other"] == ["--disable-piecewise-cuda-graph"] or \
         mistral["to_other"] == ("--disable-piecewise-cuda-graph",)
@@ -139,7 +144,7 @@ def test_a_default_piecewise_prefill_graph_is_not_ragged():
 
 @pytest.mark.network
 def test_exaone4_0_5_23_prefill_flag_reaches_flashinfer_around_the_refusal():
-    ex = release_serving("0.5.23", ["exaone4"])["exaone4"]
+    ex = release_serving("0.5.23")["exaone4"]
     assert ex["flashinfer_kept"] is False and ex["sources"]["refusal"].startswith("sglang/srt/arg_groups/model_hook.py:")
     for g in sp.GPUS:
         assert ex["by_gpu"][g]["split"]["prefill"]["kept"], g
