@@ -92,7 +92,7 @@ def test_clear_caches_empties_lru_caches_of_sglang_modules():
 NAMES = ["mistral", "qwen2-swa", "gemma2", "gpt-oss", "exaone4"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def release_serving(version):
     """One ServerArgs child per release for every test here (its result is cached by content)."""
     from conftest import release_overlay
@@ -110,7 +110,7 @@ def oracle(version, arch):
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.14", "0.5.23"])
 def test_families_without_a_static_rule_get_the_servers_answer(version):
     got = release_serving(version)
     for name, fp in got.items():
@@ -148,3 +148,24 @@ def test_exaone4_0_5_23_prefill_flag_reaches_flashinfer_around_the_refusal():
     assert ex["flashinfer_kept"] is False and ex["sources"]["refusal"].startswith("sglang/srt/arg_groups/model_hook.py:")
     for g in sp.GPUS:
         assert ex["by_gpu"][g]["split"]["prefill"]["kept"], g
+
+
+@pytest.mark.network
+def test_a_checkpoints_own_config_is_resolved(tmp_path):
+    """``--model PATH``: the user's config.json is what the release's ServerArgs reads (a Mistral
+    checkpoint: no static rule names MistralForCausalLM; the server's answer on every GPU class)."""
+    import json
+
+    from conftest import release_overlay
+
+    from swa_repro.sglang import checkpoint as ckpt
+
+    cfg = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 1024,
+           "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
+           "sliding_window": 1024, "vocab_size": 32000, "max_position_embeddings": 32768}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ck = ckpt.read(str(tmp_path))
+    got = family_run._serving(release_overlay("0.5.23"), "0.5.23", [], ck)[ck.family]
+    assert got["architecture"] == "MistralForCausalLM" and got["flashinfer_kept"] is True
+    assert got["default_backend"] == {"sm90": "fa3", "sm100": "trtllm_mha", "other": "flashinfer"}
+    assert got["default_prefill"] == "ragged" and set(got["by_gpu"]) == set(sp.GPUS)
