@@ -66,7 +66,10 @@ def test_split_server_reaches_flashinfer_around_a_refusal():
          "paths": [{"path": "extend_ragged_no_prefix", "kind": "sliding", "status": "driven", "verdict": "leak",
                     "cap": "none"}]}
     a = family_run.answer(f, "sm90")
-    assert a["state"] == "only with flags" and a["flags"] == ("--prefill-attention-backend flashinfer",)
+    assert a["state"] == "only with flags" and a["flags"] == ["--prefill-attention-backend flashinfer"]
+    f["paths"][0]["verdict"] = "exact"  # FlashInfer reached (split) and exact: not affected, said why
+    a = family_run.answer(f, "sm90")
+    assert a["state"] == "not affected" and "--prefill-attention-backend flashinfer" in a["note"]
     f["serving"]["by_gpu"] = {g: {**v, "split": {}} for g, v in fp.by_gpu.items()}
     assert family_run.answer(f, "sm90")["state"] == "flashinfer refused"
 
@@ -132,8 +135,7 @@ def test_a_default_piecewise_prefill_graph_is_not_ragged():
     batches replay the piecewise graph and take paged-only (the old answer took it as ragged)."""
     mistral = release_serving("0.5.10")["mistral"]
     assert mistral["default_prefill"] == "paged-only"
-    assert mistral["to_other"] == ["--disable-piecewise-cuda-graph"] or \
-        mistral["to_other"] == ("--disable-piecewise-cuda-graph",)
+    assert mistral["to_other"] == ["--disable-piecewise-cuda-graph"]
     f = {"family": "mistral", "serving": mistral,
          "paths": [{"path": "extend_paged", "kind": "sliding", "status": "driven", "verdict": "leak", "cap": "none"},
                    {"path": "extend_ragged_no_prefix", "kind": "sliding", "status": "driven", "verdict": "exact",

@@ -135,7 +135,8 @@ def _serving(overlay: Path, version: str, names: list[str], ck: Checkpoint | Non
     from swa_repro.sglang.serving_server import serving
 
     models = {ck.family: ckpt.small_config(ck).config} if ck else {n: fam.small_config(n).config for n in names}
-    return {n: asdict(fp) for n, fp in serving(overlay, version, models).items()}
+    # as JSON holds them (lists, not tuples): an answer renders the same fresh and from the committed table
+    return json.loads(json.dumps({n: asdict(fp) for n, fp in serving(overlay, version, models).items()}))
 
 
 def _bad(f: dict, paths) -> list[str]:
@@ -199,18 +200,23 @@ def _answer(f: dict, gpu: str) -> dict:
 def _refused(f: dict, sv: dict, backend) -> dict:
     """``--attention-backend flashinfer`` refused; a split server that the release keeps
     (``--prefill-attention-backend flashinfer``: the extend paths; ``--decode-...``: decode) reaches
-    FlashInfer around the refusal, a path of its own: its bad paths are "only with flags"."""
+    FlashInfer around the refusal, a path of its own: its bad paths are "only with flags"; where the
+    driven ones are all exact, not affected (said why)."""
     split = [s for s in (sv.get("split") or {}).values() if s.get("kept")]
     out = {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+    reached = set()
     for s in split:
         paths = DEFAULT_EXTEND.get(s.get("default_prefill"), ()) if s.get("default_prefill") else ALWAYS
+        reached.update(paths)
         bad = _bad(f, paths)
         if bad:
-            return {"state": "only with flags", "why": bad, "flags": (s["flag"],), "default_backend": backend,
+            return {"state": "only with flags", "why": bad, "flags": [s["flag"]], "default_backend": backend,
                     "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); {s['flag']} is kept "
                             "and reaches FlashInfer"}
-    if split:
-        out["note"] = f"{' / '.join(s['flag'] for s in split)} kept: no bad verdict on the paths they reach"
+    if split and any(r.get("status") == "driven" for r in f.get("paths") or [] if r["path"] in reached):
+        return {"state": "not affected", "why": [], "default_backend": backend,
+                "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); "
+                        f"{' / '.join(s['flag'] for s in split)} kept: the driven paths they reach are exact"}
     return out
 
 
