@@ -25,7 +25,7 @@ def server(backend="flashinfer", graph="breakable", mm=False, **kw):
             "prefill_graph": graph, "legacy_graph_flag": False, "is_multimodal": mm, **kw}
 
 
-def refused(where="sglang/srt/x.py:7"):
+def refused(where="sglang/srt/server_args.py:7"):
     return {"ok": False, "error": "AssertionError: needs fa3", "where": where}
 
 
@@ -58,7 +58,7 @@ def test_piecewise_graph_of_the_resolved_server_is_paged_only():
 def test_split_server_reaches_flashinfer_around_a_refusal():
     split = server("fa3", prefill_attention_backend="flashinfer")
     fp = ss.from_server("x", "m", "Exaone4ForCausalLM", facts(server("fa3"), refused(), pf=split), R)
-    assert fp.flashinfer_kept is False and fp.refusal.startswith("sglang/srt/x.py:7 ")
+    assert fp.flashinfer_kept is False and fp.refusal.startswith("sglang/srt/server_args.py:7 ")
     s = fp.by_gpu["sm90"]["split"]
     assert s["prefill"]["kept"] and s["prefill"]["default_prefill"] == "ragged" and not s["decode"]["kept"]
     assert any("around the refusal" in n for n in fp.notes)
@@ -171,3 +171,23 @@ def test_a_checkpoints_own_config_is_resolved(tmp_path):
     assert got["architecture"] == "MistralForCausalLM" and got["flashinfer_kept"] is True
     assert got["default_backend"] == {"sm90": "fa3", "sm100": "trtllm_mha", "other": "flashinfer"}
     assert got["default_prefill"] == "ragged" and set(got["by_gpu"]) == set(sp.GPUS)
+
+
+def test_a_failure_outside_the_servers_rules_is_no_answer_and_the_source_reading_answers(tmp_path, monkeypatch):
+    """A server that fails in the release's config code (not an assert of server_args / arg_groups) is
+    not a refusal: that model's cell is read from the source (serving_path), said so."""
+    broken = {"ok": False, "error": "KeyError: 'rope_theta'", "where": "sglang/srt/configs/model_config.py:9"}
+    assert ss.is_refusal(refused("sglang/srt/arg_groups/model_hook.py:5")) and not ss.is_refusal(broken)
+    assert ss.unresolved(facts(server("fa3"), broken)) == "sglang/srt/configs/model_config.py:9: KeyError: 'rope_theta'"
+    assert ss.unresolved(facts(server("fa3"), refused("sglang/srt/server_args.py:3"))) is None
+    from test_serving_path import make_pkg
+
+    pkg = make_pkg(tmp_path)
+    got = {"Gemma2ForCausalLM": facts(server("fa3"), broken), "GptOssForCausalLM": facts(server("fa3"), server())}
+    monkeypatch.setattr(server_run, "server_facts", lambda release, overlay, models: {
+        n: got[c["architectures"][0]] for n, c in models.items()})
+    out = ss.serving(pkg.parent, "x", {"g": {"architectures": ["Gemma2ForCausalLM"]},
+                                       "o": {"architectures": ["GptOssForCausalLM"]}})
+    assert any("ServerArgs did not resolve here (sglang/srt/configs/model_config.py:9" in n for n in out["g"].notes)
+    assert out["g"].default_backend["sm90"] == "fa3"  # the static chooser of make_pkg's server_args.py
+    assert out["o"].flashinfer_kept is True and not any("did not resolve" in n for n in out["o"].notes)

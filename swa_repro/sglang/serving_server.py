@@ -41,6 +41,22 @@ def backends(r: dict) -> tuple:
     return r.get("prefill_attention_backend") or ab, r.get("decode_attention_backend") or ab
 
 
+RULE_FILES = ("sglang/srt/server_args.py", "sglang/srt/arg_groups/")  # where a server's own rules raise
+
+
+def is_refusal(r: dict) -> bool:
+    """A server that did not resolve because its own rules said no (an assert or raise in
+    ``server_args.py`` / ``arg_groups/``), not because something else failed here (a config the
+    release's config code cannot read, an import): that is no answer, see :func:`unresolved`."""
+    return not r.get("ok") and str(r.get("where") or "").startswith(RULE_FILES)
+
+
+def unresolved(facts: dict) -> str | None:
+    """The first failure of a model's servers that is not a refusal, as ``file:line: error``."""
+    bad = [r for by in facts.values() for r in by.values() if not r.get("ok") and not is_refusal(r)]
+    return f"{bad[0].get('where')}: {bad[0].get('error')}" if bad else None
+
+
 def backend_text(r: dict) -> str:
     if not r.get("ok"):
         return f"refused: {r.get('where')}: {r.get('error')}"
@@ -148,10 +164,11 @@ def serving(overlay: Path, release: str, models: dict) -> dict:
     out = {}
     for name, cfg in models.items():
         arch = (cfg.get("architectures") or [name])[0]
-        if arch in reg and name in facts:
+        failed = why or (unresolved(facts[name]) if name in facts else None)
+        if arch in reg and name in facts and not failed:
             out[name] = from_server(release, name, arch, facts[name], R)
         else:
             fp = sp._family(release, name, arch, src, R, reg)
-            said = f"ServerArgs not run ({why}): read from the release's source (serving_path)"
-            out[name] = replace(fp, notes=fp.notes + ((said,) if why and arch in reg else ()))
+            said = f"ServerArgs did not resolve here ({failed}): read from the release's source (serving_path)"
+            out[name] = replace(fp, notes=fp.notes + ((said,) if failed and arch in reg else ()))
     return out
