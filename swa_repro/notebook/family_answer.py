@@ -99,7 +99,7 @@ def family_audit(release: str, model: str, gpu: str, fixes=None) -> dict:
 def bad(f: dict) -> list[tuple[str, str, str]]:
     """``(kind, path, what)`` for every driven path x kind whose keys are not what its layer asks (the
     verdict against transformers' mask where the layer asks that window; against the layer's own
-    where it asks another: that is ``layer != HF``, the model file's, ``family_run.layer_off``) or
+    where it asks another: that is ``layer != HF``, the model file's, ``family_verdict.layer_off``) or
     that drops the cap."""
     out = []
     for r in f.get("paths", []):

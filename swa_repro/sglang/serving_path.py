@@ -38,6 +38,7 @@ class FamilyPath:
     default_backend: dict = field(default_factory=dict)  # gpu class -> backend or "refused: ..."
     sources: dict = field(default_factory=dict)  # fact -> "sglang/srt/...py:LINE"
     notes: tuple = ()
+    by_gpu: dict = field(default_factory=dict)  # gpu class -> kept, refusal, path, split (serving_server)
 
 class _Src:
     """The parsed files of one release, cited relative to the package's parent."""

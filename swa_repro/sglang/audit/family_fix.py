@@ -15,7 +15,7 @@ The rules read the cell's own facts (``family_table.cell_of``), never a family's
   sliding and full attention agree, so ``--context-length`` at most the window is exact.
 * a window in the layers but none in the runner (Cohere2): the model class lacks the hook
   (``fix.family_fixes.commandr_window_hook``), and the backend's own findings on top.
-* ``layer != HF`` (``family_run.layer_off``: every kernel is told what the layer asks, the layer asks
+* ``layer != HF`` (``family_verdict.layer_off``: every kernel is told what the layer asks, the layer asks
   another window than transformers' mask; Cohere2 with the hook: HF's inclusive count, kept on
   purpose as vLLM keeps it): no fix, the reason said, as ``vllm.verdict.remedy`` says it.
 * on sm100 the ragged wrapper may be cutlass's (head dims 64/128, 192/128 from 0.5.21, 0.5.23
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a family, by its sglang file
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
-HYBRID = "unknown (hybrid SWA pool)"  # family_run.answer: served on the hybrid SWA KV pool, not modelled
+HYBRID = "unknown (hybrid SWA pool)"  # family_verdict.answer: served on the hybrid SWA KV pool, not modelled
 LAYER_NOT_HF = "layer != HF"  # every kernel told what the layer asks, the layer another window (vllm.verdict's)
 FIXED_RELEASE = "0.5.23"
 FIRST_FIXABLE = "0.5.14"  # the fixes are written against 0.5.14-0.5.23's files (fix/__init__.py, fix.family_fixes)

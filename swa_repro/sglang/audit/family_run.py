@@ -6,7 +6,7 @@ line), then one child for all families and GPU classes (``overlay_run.run_child`
 GPU class) cached by content (``core.cache.cached_cells``). To the
 child's document it adds what the release's own server code says about the family
 (``serving_path``: flashinfer kept or refused, the default prefill path and the default backend on
-that GPU class), and :func:`answer` turns both into the sentence a user acts on.
+that GPU class), and ``family_verdict.answer`` turns both into the sentence a user acts on.
 
 Child: ``python -m swa_repro.sglang.audit.family_run --overlay DIR --out F --families a,b --gpus sm90,sm100``
 (``audit.family`` per family, built once and driven once per platform switch for all the GPU classes;
@@ -24,15 +24,11 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
+from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer
 from swa_repro.sglang.checkpoint import Checkpoint
 from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
     overlay_for, run_child
 
-SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
-DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
-ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
-NOT_DRIVEN = "not driven"  # an answer with no driven run behind it: never "not affected" (issue #43)
 
 
 # ----------------------------------------------------------------------------- parent
@@ -91,7 +87,8 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
 
     docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
                              valid=whole_cell) if cells else ([], {})
-    serving = _serving(overlay, version, ck.architecture if ck else None, set(smalls) | set(static))
+    serving = _serving(overlay, version, names, ck, {**{a: {"architectures": [a]} for a in static if a != arch_cells.FALLBACK},
+                                                     **{a: x["small"]["config"] for a, x in smalls.items()}})
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import cell_of
 
@@ -135,103 +132,20 @@ def checkpoint_args(ck: Checkpoint, version: str, overlay: Path) -> tuple[list[s
     return ["--small", small], {"config": hashlib.sha256(small.encode()).hexdigest()[:16]}
 
 
-def _serving(overlay: Path, version: str, arch: str | None = None, archs=frozenset()) -> dict:
-    """family -> the release's server facts (``serving_path``), for the families it reads (``arch``:
-    a checkpoint's architecture, whichever family the release's rules file it under; ``archs``: the
-    table's architecture columns, by architecture)."""
+def _serving(overlay: Path, version: str, names: list[str], ck: Checkpoint | None = None, archs: dict | None = None) -> dict:
+    """family -> the release's server facts for it (``serving_server``: the release's own ServerArgs
+    resolved for the config the audit builds, the family's small config or the checkpoint's, on each
+    GPU class); ``archs``: the table's architecture columns, ``{arch: config.json dict}``)."""
     from dataclasses import asdict
 
-    from swa_repro.sglang import serving_path
+    from swa_repro.sglang.serving_server import serving
 
-    out = {}
-    for fp in serving_path.analyze_release(overlay / "sglang", version):
-        if fp.architecture in archs:
-            out.setdefault(fp.architecture, asdict(fp))
-        elif arch is not None and fp.architecture == arch:
-            out[next((f for f, (_, _, a) in fam.mc.MODELS.items() if a == arch), arch)] = asdict(fp)
-        elif fp.family in fam.FAMILIES and fp.architecture == fam.mc.MODELS[fp.family][2]:
-            out[fp.family] = asdict(fp)
-    return out
+    models = {ck.family: ckpt.small_config(ck).config} if ck else {n: fam.small_config(n).config for n in names}
+    models.update(archs or {})
+    # as JSON holds them (lists, not tuples): an answer renders the same fresh and from the committed table
+    return json.loads(json.dumps({n: asdict(fp) for n, fp in serving(overlay, version, models).items()}))
 
 
-def _bad(f: dict, paths) -> list[str]:
-    """``kind path: verdict`` / ``kind path: cap dropped`` of the driven runs on ``paths`` whose keys
-    are not what the layer asks (``verdict_vs_layer`` where the layer asks another window than
-    transformers' mask: that difference is :func:`layer_off`'s, not the backend's)."""
-    out = []
-    for r in f.get("paths", []):
-        if r["path"] in paths and r.get("status") == "driven":
-            if r.get("verdict_vs_layer", r["verdict"]) != "exact":
-                out.append(f"{r['kind']} {r['path']}: {r['verdict']}")
-            if r["cap"].startswith("dropped"):
-                out.append(f"{r['kind']} {r['path']}: cap dropped")
-    return out
-
-
-def answer(f: dict, gpu: str) -> dict:
-    """The user's answer: affected on the default path / only with flags / only with speculative
-    decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``.
-    A model the release serves on its hybrid SWA KV pool (``ModelConfig.is_hybrid_swa``, from
-    ``is_hybrid_swa_model``'s architecture list: gpt-oss and Gemma-4 in 0.5.11-0.5.23) is
-    :data:`HYBRID`: the audit drives the ordinary pool, which the server takes only with
-    ``--disable-hybrid-swa-memory``; the verdict on that pool is kept beside it (``ordinary_pool``)."""
-    a = _answer(f, gpu)
-    hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
-    if not hybrid or a["state"] in ("not built", "flashinfer refused", NOT_DRIVEN):
-        return a
-    return {**a, "state": HYBRID, "ordinary_pool": a["state"], "flags": "--disable-hybrid-swa-memory",
-            "note": "; ".join(filter(None, [
-                f"sglang serves {f['build'].get('model_class')} on its hybrid SWA KV pool "
-                "(ModelConfig.is_hybrid_swa), which this audit does not model; the verdict is the ordinary "
-                f"pool's (--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
-
-
-def layer_off(f: dict) -> list[str]:
-    """Each layer kind whose own window is not transformers' mask (the model file's choice, as vLLM's
-    verdict words it: ``vllm.verdict.judge``), where a driven run's keys show it."""
-    shown = {r["kind"] for r in f.get("paths") or [] if r.get("status") == "driven" and r["verdict"] != "exact"}
-    return [f"{kind} layer asks window_left {k['layer_window']}, transformers' mask {k['intended_window']}"
-            for kind, k in sorted((f.get("kinds") or {}).items())
-            if kind in shown and k.get("layer_window") != k.get("intended_window")]
-
-
-def _answer(f: dict, gpu: str) -> dict:
-    if f.get("error"):
-        return {"state": "not built", "why": f["error"]}
-    sv = f.get("serving") or {}
-    backend = (sv.get("default_backend") or {}).get(SERVING_GPU[gpu])
-    note = None if backend in (None, "flashinfer") else \
-        f"default backend on {gpu} is {backend}: FlashInfer only with --attention-backend flashinfer"
-    if not sv:
-        note = "serving_path reads no server rule for this family: default path taken as ragged, default backend unknown"
-    if sv.get("flashinfer_kept") is False:
-        return {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
-    for key, state in (("crash", "crashes on FlashInfer"), ("fallback", "fallback: not audited")):
-        if f.get(key):  # arch_cells: decided from the release's source, not driven
-            return {"state": state, "why": [f[key]], "default_backend": backend, "note": note}
-    default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
-    other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
-    spec = tuple(r["path"] for r in f.get("paths") or [] if "verify" in r["path"])
-    for state, paths, flags in (("affected on the default path", default + ALWAYS, None),
-                                ("only with flags", other, sv.get("to_other")),
-                                ("only with speculative decoding", spec, None)):
-        bad = _bad(f, paths)
-        if bad:
-            return {"state": state, "why": bad + layer_off(f), "flags": flags, "default_backend": backend,
-                    "note": note}
-    off = layer_off(f)
-    if off:  # every kernel is told what the layer asks; the layer asks another window than HF's
-        return {"state": LAYER_NOT_HF, "why": off, "default_backend": backend, "note": note}
-    undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f.get("paths") or []
-                if r.get("status") not in ("driven", "absent")]
-    if not any(r.get("status") == "driven" for r in f.get("paths") or []):  # no run is no evidence (issue #43)
-        return {"state": NOT_DRIVEN, "why": undriven[:6] or ["no path of this family was driven"],
-                "default_backend": backend, "note": note}
-    state = "not affected" if not undriven else "unknown (not driven)"
-    return {"state": state, "why": undriven[:6], "default_backend": backend, "note": note}
-
-
-# ----------------------------------------------------------------------------- child
 def executor_of(live: str | None):
     """``--live``: ``cuda`` runs each driven call on this GPU's FlashInfer (after one warm-up call
     per compiled module, ``audit.live.warm``: the JIT builds overlap), ``model`` on the kernel

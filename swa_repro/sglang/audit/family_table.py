@@ -2,7 +2,7 @@
 
 ``swa-repro audit --release-table --model all [--gpu sm90[,sm80,...]] [--releases ...]`` audits every
 family each release serves (``audit.family_run``: the release's own model code at the family's real
-window) and writes, per cell, the answer a user acts on (``family_run.answer``), the window as
+window) and writes, per cell, the answer a user acts on (``family_verdict.answer``), the window as
 transformers counts it, as the model file hands it to its layers and as the runner derives it,
 and whether the soft cap reaches ``plan()``. Generated; never edited by hand.
 """

@@ -1,0 +1,116 @@
+"""What a family's audit answers on one GPU class: the driven runs of the child (``family_run``) and the
+release's own server facts (``serving_server``: FlashInfer kept or refused, the default prefill path
+and backend per GPU class) turned into the one state a user acts on (``answer``), with the runs that
+show it. Kept apart from ``family_run``, which builds and drives: this module only reads its document.
+"""
+
+from __future__ import annotations
+
+from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
+
+SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
+DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
+ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
+NOT_DRIVEN = "not driven"  # an answer with no driven run behind it: never "not affected" (issue #43)
+
+
+def _bad(f: dict, paths) -> list[str]:
+    """``kind path: verdict`` / ``kind path: cap dropped`` of the driven runs on ``paths`` whose keys
+    are not what the layer asks (``verdict_vs_layer`` where the layer asks another window than
+    transformers' mask: that difference is :func:`layer_off`'s, not the backend's)."""
+    out = []
+    for r in f.get("paths", []):
+        if r["path"] in paths and r.get("status") == "driven":
+            if r.get("verdict_vs_layer", r["verdict"]) != "exact":
+                out.append(f"{r['kind']} {r['path']}: {r['verdict']}")
+            if r["cap"].startswith("dropped"):
+                out.append(f"{r['kind']} {r['path']}: cap dropped")
+    return out
+
+
+def answer(f: dict, gpu: str) -> dict:
+    """The user's answer: affected on the default path / only with flags / only with speculative
+    decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``.
+    A model the release serves on its hybrid SWA KV pool (``ModelConfig.is_hybrid_swa``, from
+    ``is_hybrid_swa_model``'s architecture list: gpt-oss and Gemma-4 in 0.5.11-0.5.23) is
+    :data:`HYBRID`: the audit drives the ordinary pool, which the server takes only with
+    ``--disable-hybrid-swa-memory``; the verdict on that pool is kept beside it (``ordinary_pool``)."""
+    a = _answer(f, gpu)
+    hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
+    if not hybrid or a["state"] in ("not built", "flashinfer refused", NOT_DRIVEN):
+        return a
+    return {**a, "state": HYBRID, "ordinary_pool": a["state"], "flags": "--disable-hybrid-swa-memory",
+            "note": "; ".join(filter(None, [
+                f"sglang serves {f['build'].get('model_class')} on its hybrid SWA KV pool "
+                "(ModelConfig.is_hybrid_swa), which this audit does not model; the verdict is the ordinary "
+                f"pool's (--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
+
+
+def layer_off(f: dict) -> list[str]:
+    """Each layer kind whose own window is not transformers' mask (the model file's choice, as vLLM's
+    verdict words it: ``vllm.verdict.judge``), where a driven run's keys show it."""
+    shown = {r["kind"] for r in f.get("paths") or [] if r.get("status") == "driven" and r["verdict"] != "exact"}
+    return [f"{kind} layer asks window_left {k['layer_window']}, transformers' mask {k['intended_window']}"
+            for kind, k in sorted((f.get("kinds") or {}).items())
+            if kind in shown and k.get("layer_window") != k.get("intended_window")]
+
+
+def _answer(f: dict, gpu: str) -> dict:
+    if f.get("error"):
+        return {"state": "not built", "why": f["error"]}
+    sv = f.get("serving") or {}
+    backend = (sv.get("default_backend") or {}).get(SERVING_GPU[gpu])
+    sv = {**sv, **(sv.get("by_gpu") or {}).get(SERVING_GPU[gpu], {})}  # this GPU class's servers
+    note = None if backend in (None, "flashinfer") else \
+        f"default backend on {gpu} is {backend}: FlashInfer only with --attention-backend flashinfer"
+    if sv.get("flashinfer_kept") is False:
+        return _refused(f, sv, backend)
+    for key, state in (("crash", "crashes on FlashInfer"), ("fallback", "fallback: not audited")):
+        if f.get(key):  # arch_cells: decided from the release's source, not driven
+            return {"state": state, "why": [f[key]], "default_backend": backend, "note": note}
+    default = DEFAULT_EXTEND.get(sv.get("default_prefill"), ("extend_ragged_no_prefix", "extend_ragged_prefix"))
+    other = tuple(p for ps in DEFAULT_EXTEND.values() for p in ps if p not in default) + ("cuda_graph_extend",)
+    spec = tuple(r["path"] for r in f.get("paths") or [] if "verify" in r["path"])
+    for state, paths, flags in (("affected on the default path", default + ALWAYS, None),
+                                ("only with flags", other, sv.get("to_other")),
+                                ("only with speculative decoding", spec, None)):
+        bad = _bad(f, paths)
+        if bad:
+            return {"state": state, "why": bad + layer_off(f), "flags": flags, "default_backend": backend,
+                    "note": note}
+    off = layer_off(f)
+    if off:  # every kernel is told what the layer asks; the layer asks another window than HF's
+        return {"state": LAYER_NOT_HF, "why": off, "default_backend": backend, "note": note}
+    undriven = [f"{r['kind']} {r['path']}: {r['status']}" for r in f.get("paths") or []
+                if r.get("status") not in ("driven", "absent")]
+    if not any(r.get("status") == "driven" for r in f.get("paths") or []):  # no run is no evidence (issue #43)
+        return {"state": NOT_DRIVEN, "why": undriven[:6] or ["no path of this family was driven"],
+                "default_backend": backend, "note": note}
+    state = "not affected" if not undriven else "unknown (not driven)"
+    return {"state": state, "why": undriven[:6], "default_backend": backend, "note": note}
+
+
+def _refused(f: dict, sv: dict, backend) -> dict:
+    """``--attention-backend flashinfer`` refused; a split server that the release keeps
+    (``--prefill-attention-backend flashinfer``: the extend paths; ``--decode-...``: decode) reaches
+    FlashInfer around the refusal, a path of its own: its bad paths are "only with flags"; where the
+    driven ones are all exact, not affected (said why)."""
+    split = [s for s in (sv.get("split") or {}).values() if s.get("kept")]
+    out = {"state": "flashinfer refused", "why": sv.get("refusal"), "default_backend": backend}
+    reached = set()
+    for s in split:
+        paths = DEFAULT_EXTEND.get(s.get("default_prefill"), ()) if s.get("default_prefill") else ALWAYS
+        reached.update(paths)
+        bad = _bad(f, paths)
+        if bad:
+            return {"state": "only with flags", "why": bad, "flags": [s["flag"]], "default_backend": backend,
+                    "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); {s['flag']} is kept "
+                            "and reaches FlashInfer"}
+    if split and any(r.get("status") == "driven" for r in f.get("paths") or [] if r["path"] in reached):
+        return {"state": "not affected", "why": [], "default_backend": backend,
+                "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); "
+                        f"{' / '.join(s['flag'] for s in split)} kept: the driven paths they reach are exact"}
+    return out
+
+
+# ----------------------------------------------------------------------------- child
