@@ -57,7 +57,7 @@ HEAVY_FIRST = (
     "test_story.py",  # 55 s: notebooks 00, 01, 02 (twice)
     "test_audit_family.py",  # 51 s: 0.5.23's gemma2 at window 4096
     "test_family_answer.py",  # 50 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
-    "test_remedy.py",  # 0.5.20's and 0.5.23's every family and GPU class, shipped and fixed (4 children), notebook 07
+    "test_remedy.py",  # 0.5.23's families x GPU classes, shipped and fixed; 0.5.20's cohere2; notebook 07
     "test_sglang_kit.py",  # 21 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
     "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
     "test_upstream_kit.py",  # 29 s: four upstream_cpu runs on 0.5.23 (one warm server)
