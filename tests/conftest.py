@@ -47,7 +47,10 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 
 # The files that take longest from nothing (an empty swa-repro cache: each computes its release's
 # audits / kit runs / notebooks), heaviest first; seconds from `make test --durations` from nothing on 2 cores
-# (issue #24, with the fork server).
+# (issue #24, with the fork server). Three heavy files were missing and started near the end: in
+# `make test`'s command with `--durations=0` from an empty result cache (2026-12-06, load ~15 on the 2
+# cores: 2009 s in all), test_checkpoint_config.py and test_graph_verify.py were still in their module
+# fixtures at 1822 s; their seconds are from that run.
 # `make test` (--dist loadfile --no-loadscope-reorder) hands whole files to its two workers in
 # collection order, so these start first and no long file is left to start last; xdist's own order
 # (most tests first) had started test_upstream_kit.py (11 tests, 95 s) after 60 lighter files.
@@ -57,10 +60,13 @@ HEAVY_FIRST = (
     "test_story.py",  # 55 s: notebooks 00, 01, 02 (twice)
     "test_audit_family.py",  # 51 s: 0.5.23's gemma2 at window 4096
     "test_family_answer.py",  # 50 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
-    "test_remedy.py",  # 0.5.20's and 0.5.23's every family and GPU class, shipped and fixed (4 children), notebook 07
+    "test_remedy.py",  # 0.5.23's families x GPU classes, shipped and fixed; 0.5.20's cohere2; notebook 07
+    "test_checkpoint_config.py",  # 461 s at load ~15: two checkpoint audits of 0.5.23 (a child each)
     "test_sglang_kit.py",  # 21 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
     "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
     "test_upstream_kit.py",  # 29 s: four upstream_cpu runs on 0.5.23 (one warm server)
+    "test_graph_verify.py",  # 245 s at load ~15: three audits of 0.5.23's verify paths
+    "test_kit_swa_cases_cpu.py",  # 122 s at load ~15
     "test_audit_spec.py",  # 22 s
     "test_gpu_fuzz_script.py",  # 22 s, mostly its stand-in's sleeps
     "test_cap_safety.py",  # 20 s
