@@ -233,7 +233,7 @@ def test_a_model_on_the_hybrid_swa_pool_is_not_given_the_ordinary_pools_verdict(
     """A release that serves a model on its hybrid SWA KV pool (ModelConfig.is_hybrid_swa: Gemma-4 from
     0.5.11) runs another path than the audit drives (the ordinary pool): the answer says so, keeps the
     ordinary pool's verdict beside it, and names the flag that takes that pool; the table cell too."""
-    from swa_repro.sglang.audit import family_run as fr
+    from swa_repro.sglang.audit import family_verdict as fr
     from swa_repro.sglang.audit.family_fix import remedy
     from swa_repro.sglang.audit.family_table import _main
 

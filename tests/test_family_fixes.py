@@ -17,6 +17,7 @@ import pytest
 
 from swa_repro.cli import main
 from swa_repro.sglang import fix
+from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
 from swa_repro.sglang.fix import family_fixes as ff
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,14 +251,27 @@ def test_every_cell_says_what_to_do(gpu, family, cell):
     from swa_repro.sglang.audit.family_fix import remedy
 
     r = remedy(family, cell, gpu)
-    if cell["state"] == "flashinfer refused":
+    state, lw = cell["state"], cell.get("layer_window") or {}
+    if state == "flashinfer refused":
         assert r["fix"] is None and f"--attention-backend {cell['default_backend']}" in r["instead"]
         assert cell["default_backend"] in cell["why"][0]  # one the refusal itself allows
-    elif cell["layer_window"].get("sliding") == -1:
+    elif state == "crashes on FlashInfer":
+        assert r["fix"] is None and "an argument it does not take" in r["instead"]
+    elif state == "not built":  # a discovered architecture with no buildable published config
+        assert r["fix"] is None and "--model PATH/config.json" in r["instead"]
+    elif state == "fallback: not audited":
+        assert r["fix"] is None and "Transformers fallback" in r["instead"]
+    elif state == HYBRID:
+        assert r["fix"] is None and "--disable-hybrid-swa-memory" in r["instead"]
+    elif lw.get("sliding") == -1 and cell.get("window_hf"):
         assert r["fix"] is None and f"--context-length {cell['window_hf']} or less" in r["instead"]
-    else:
-        assert r["fix"][0] == "all" and ("commandr_window_hook" in r["fix"]) == (cell["runner_window"] is None)
-        assert ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
+    elif state == LAYER_NOT_HF:
+        assert r["fix"] is None and "no fix in swa-repro" in r["instead"]
+    elif state == "not affected":
+        assert r == {"fix": None, "instead": None}
+    else:  # affected somewhere: --fix all, with the family's and the GPU class's own fixes where they apply
+        assert r["fix"][0] == "all" and ("commandr_window_hook" in r["fix"]) == (family == "cohere2")
+        assert "sm100_no_cutlass_window" not in r["fix"] or gpu == "sm100"
 
 
 # ----------------------------------------------------------------------------- the audit with the fixes

@@ -64,7 +64,7 @@ def real():
     entries = {g: json.loads((folder / n).read_text()) for g, n in names.items()}
     return SimpleNamespace(user_root=cache.cache_root(), names=names, entries=entries,
                            state={g: out[g]["families"][0]["answer"]["state"] for g in names},
-                           serving=fr._serving(overlay, VERSION))
+                           serving=fr._serving(overlay, VERSION, ["gemma2"]))
 
 
 @pytest.fixture

@@ -115,7 +115,8 @@ def _fake_family(family, cell, gpu):
     return {"family": family, "answer": {"state": cell["state"]}, "paths": [], "remedy": remedy(family, cell, gpu)}
 
 
-@pytest.mark.parametrize("gpu, family, cell", [(g, f, c) for v, g, f, c in _cells(("0.5.23",))],
+@pytest.mark.parametrize("gpu, family, cell", [(g, f, c) for v, g, f, c in _cells(("0.5.23",))
+                                               if f in TABLE["fixed"]["cells"][g]],  # the --fix all table's columns
                          ids=lambda x: x if isinstance(x, str) else "")
 def test_doctor_and_notebook_take_the_audits_remedy_and_it_is_confirmed(gpu, family, cell, monkeypatch):
     """0.5.23 from the committed table alone: ``fix_answer`` (doctor --model, notebook 07) recommends the
@@ -137,7 +138,7 @@ def test_doctor_and_notebook_take_the_audits_remedy_and_it_is_confirmed(gpu, fam
         assert asked == [ALL] == [fix_names(r)] and TABLE["fixed"]["command"].endswith("--fix all")
         # not affected, or layer != HF where the model file's window is not HF's (Cohere2's, kept on purpose)
         assert fx["fixed_state"] in ("not affected", LAYER_NOT_HF), (family, gpu, fx)
-        assert fx["exact"] == (fx["fixed_state"] == "not affected")
+        assert fx["exact"], (family, gpu, fx)  # either end state is what the fixes can reach
         assert ("commandr_window_hook" in r["fix"]) == (family == "cohere2") and \
             ("sm100_no_cutlass_window" in r["fix"]) == (gpu == "sm100")
     else:

@@ -65,6 +65,13 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
         return {"fix": None, "instead": "no fix in swa-repro: the backend plans the window the model file gives "
                 f"its layers, which is not transformers' mask ({'; '.join(cell['why'])}); vLLM asks the same "
                 "window on purpose (the model's training convention) and its table reports it alike"}
+    if state == "not built":  # arch_cells: no published config, or one the model file cannot build
+        return {"fix": None, "instead": "not audited at published defaults (" + "; ".join(cell.get("why") or [])
+                + "): audit your checkpoint: swa-repro audit --sglang RELEASE --model PATH/config.json"}
+    if state == "fallback: not audited":
+        return {"fix": None, "instead": "served by sglang's Transformers fallback, which this audit does not "
+                "drive (" + "; ".join(cell.get("why") or []) + "): serve it with a backend other than FlashInfer, "
+                "or check it on the GPU"}
     if state not in AFFECTED:
         return {"fix": None, "instead": None}
     if release is not None and _before_fixes(release):
