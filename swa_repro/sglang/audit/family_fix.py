@@ -66,8 +66,10 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
                 f"its layers, which is not transformers' mask ({'; '.join(cell['why'])}); vLLM asks the same "
                 "window on purpose (the model's training convention) and its table reports it alike"}
     if state == "not built":  # arch_cells: no published config, or one the model file cannot build
-        return {"fix": None, "instead": "not audited at published defaults (" + "; ".join(cell.get("why") or [])
-                + "): audit your checkpoint: swa-repro audit --sglang RELEASE --model PATH/config.json"}
+        why = "; ".join(cell.get("why") or [])
+        ask = f"swa-repro audit --sglang {release or 'RELEASE'} --model PATH/config.json"
+        return {"fix": None, "instead": f"not audited at published defaults ({why})"
+                + ("" if "--model PATH" in why else f": audit your checkpoint: {ask}")}
     if state == "fallback: not audited":
         return {"fix": None, "instead": "served by sglang's Transformers fallback, which this audit does not "
                 "drive (" + "; ".join(cell.get("why") or []) + "): serve it with a backend other than FlashInfer, "
