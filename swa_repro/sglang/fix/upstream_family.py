@@ -154,7 +154,7 @@ def readme(texts: dict, shipped: dict, fixed: dict) -> str:
     lines += ["## No fix in sglang (what to do instead)", "", NO_FIX, ""]
     for g, cells in shipped.items():
         for f, c in cells.items():
-            r = remedy(f, c, g)
+            r = remedy(f, c, g, VERSION)
             if r["instead"]:
                 lines.append(f"- **{f}** on {g}: {remedy_text(r)}.")
     return "\n".join(lines) + "\n"
