@@ -120,7 +120,7 @@ def test_backends_ask_sgl_kernel_only_what_the_stub_answers():
 
 # ----------------------------------------------------------------------------- sglang-check and the stub
 def _check_args(**kw):
-    return types.SimpleNamespace(**{"cases": None, "trace_dir": None, "mode": "model", "peer": False, "json": True, "kit_only": False, "sglang": None, "fix": None} | kw)
+    return types.SimpleNamespace(**{"cases": None, "trace_dir": None, "mode": "model", "peer": False, "json": True, "kit_only": False, "sglang": None, "fix": None, "force": False} | kw)
 
 
 @pytest.fixture
