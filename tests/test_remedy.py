@@ -19,7 +19,13 @@ from swa_repro.cli import main
 from swa_repro.core.exit_status import FAIL_ON, exit_status
 from swa_repro.notebook import family_answer as FA
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF, fix_names, remedy, remedy_text
+from swa_repro.sglang.audit.family_fix import (
+    HYBRID,
+    LAYER_NOT_HF,
+    fix_names,
+    remedy,
+    remedy_text,
+)
 from swa_repro.sglang.fix import ALL, parse_names
 
 REPO = Path(__file__).resolve().parents[1]
