@@ -9,13 +9,10 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import out_dir
-from swa_repro.evidence.bundle import (
-    KERNEL_GLOBS,
-    build_bundle,
-    build_notebook_bundle,
-    check_kernels,
-    check_version,
+from swa_repro.evidence import (
+    bundle,  # its builders read at call time (a name bound at import kept a stand-in)
 )
+from swa_repro.evidence.bundle import KERNEL_GLOBS, check_kernels, check_version
 
 PYTHON_MINORS = (9, 14)  # CPython 3.9..3.14: the releases out when this was written
 
@@ -82,11 +79,11 @@ def main(a) -> int:
     if a.wheel_dir and not Path(a.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {a.wheel_dir}: no such folder (give the folder holding the flashinfer wheel)")
     if a.notebooks:
-        m = build_notebook_bundle(Path(a.out), python_version=a.python)
+        m = bundle.build_notebook_bundle(Path(a.out), python_version=a.python)
         print(f"{len(m['files']) - 2} wheels, {m['total_bytes'] / 2**20:.2f} MiB; on the GPU machine: "
               f"bash {a.out}/install.sh /tmp/site")
         return 0
-    m = build_bundle(a.flashinfer, Path(a.out), python_version=a.python,
+    m = bundle.build_bundle(a.flashinfer, Path(a.out), python_version=a.python,
                      wheel_dir=Path(a.wheel_dir) if a.wheel_dir else None, kernels=kernels)
     for k, v in m["files"].items():
         print(f"{v / 2**20:8.2f} MiB  {k}")
