@@ -33,22 +33,25 @@ FIXED_RELEASE = "0.5.23"
 FIRST_FIXABLE = "0.5.14"  # the fixes are written against 0.5.14-0.5.23's files (fix/__init__.py, fix.family_fixes)
 
 
+def _other_backend(cell: dict, gpu: str, otherwise: str) -> str:
+    """The backend to serve a cell with instead of FlashInfer: sglang's default on ``gpu`` where that is
+    not FlashInfer, else ``otherwise``."""
+    be = cell.get("default_backend")
+    return f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer" else otherwise
+
+
 def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dict:
     """``{"fix": [names] | None, "instead": text | None}`` for one cell (of ``release``, where known: an
     affected cell of a release older than the fixes is told to upgrade, not given fixes that do not apply)."""
     state = cell["state"]
     if state == "flashinfer refused":
-        be = cell.get("default_backend")
         return {"fix": None, "instead": "no fix in sglang's FlashInfer backend: sglang refuses FlashInfer for "
                 f"this architecture ({'; '.join(cell['why'])}); serve it with "
-                + (f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer"
-                   else "one of the backends the refusal names")}
+                + _other_backend(cell, gpu, "one of the backends the refusal names")}
     if state == "crashes on FlashInfer":
-        be = cell.get("default_backend")
         return {"fix": None, "instead": "no fix in swa-repro: the model hands FlashInfer's backend an argument it "
                 f"does not take ({'; '.join(cell['why'])}); serve it with "
-                + (f"--attention-backend {be} (sglang's default on {gpu})" if be and be != "flashinfer"
-                   else "a backend that takes attention sinks, e.g. triton")}
+                + _other_backend(cell, gpu, "a backend that takes attention sinks, e.g. triton")}
     lw = cell.get("layer_window") or {}
     if cell.get("window_hf") and lw.get("sliding", -1) == -1 and "sliding" in lw:
         w = cell["window_hf"]
