@@ -1,14 +1,7 @@
-"""The fixes as one PR-ready patch series against sglang's repository: ``git am`` applies it.
-
-Each finding with an edit of its own in the release (``fix.ALL``: the backend's plan-time findings,
-then the family- and GPU-class-level ones; less what the release already has, read from its code,
-and what only combines others) is one commit of the one file it edits. Patch ``k`` is the
-difference between that file with the fixes of it before ``k`` and with them and ``k``'s
-(``apply_fixes`` on the release's own text, in ``ALL``'s order), so the series stacks without
-conflicts and ends at ``swa-repro patch apply --fix all``'s files (the backend: ``all.diff``'s file
-plus the family fixes of the backend); each finding's stand-alone ``<finding>.diff``
-(``upstream.diffs``, ``upstream_family.diff_of``) applies to the shipped file alone. Extra commits
-(the regression test, the kit's case lists) come after the fixes.
+"""The pieces of a PR-ready patch series against sglang's repository (``git am`` applies it): a
+commit, its subject, author and patch text, the findings with an edit of their own in the release
+(``fix.ALL``'s order, less what the release already has, read from its code, and what only combines
+others), and the writer of a series folder. ``pr_series`` builds the five separate series from them.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ from dataclasses import dataclass
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, apply_fixes, states
+from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, states
 
 AUTHOR_ENV = "SWA_REPRO_PATCH_AUTHOR"  # "Name <email>": who sends the series (git am makes them the author)
 AUTHOR = "SGLang Contributor <contributor@users.noreply.github.com>"  # neutral: no tool named as the author
@@ -54,7 +47,8 @@ def own_fixes(text: str, file: str = BACKEND, names=ORDER) -> tuple[str, ...]:
 
 
 def fix_names(texts: dict[str, str]) -> tuple[str, ...]:
-    """The fix commits' findings, in the series' order (``texts`` as :func:`fix_commits` takes it)."""
+    """The fix commits' findings, in ``ALL``'s order (``texts``: file under the sglang package -> the
+    release's text)."""
     own = {n for f, t in texts.items() for n in own_fixes(t, f, ALL)}
     return tuple(n for n in ALL if n in own)
 
@@ -62,20 +56,6 @@ def fix_names(texts: dict[str, str]) -> tuple[str, ...]:
 def patch_name(k: int, slug: str) -> str:
     """``git format-patch``'s file name of the series' ``k``-th commit (1-based)."""
     return f"{k:04d}-{slug.replace('_', '-')}.patch"
-
-
-def fix_commits(texts: dict[str, str], unified, body) -> list[Commit]:
-    """One commit per :func:`own_fixes` of each file of ``texts`` (file under the sglang package ->
-    the release's text), in ``ALL``'s order, stacked per file; ``unified(old, new, path)`` makes a
-    diff of sglang's repository ``path``, ``body(name)`` a commit message body."""
-    out, cur, done = [], dict(texts), {f: [] for f in texts}
-    for n in fix_names(texts):
-        f = FIXES[n].file
-        done[f].append(n)
-        new = apply_fixes(texts[f], tuple(done[f]), f)
-        out.append(Commit(n, SUBJECTS[n], body(n), unified(cur[f], new, f"python/sglang/{f}")))
-        cur[f] = new
-    return out
 
 
 def author() -> str:
