@@ -140,3 +140,13 @@ def test_a_linked_copy_reads_the_release_overlays_bytecode(tmp_path):
     # the release overlay itself is no copy: nothing to share
     assert subprocess.run([sys.executable, "-c", CHILD, str(origin)], env=env, capture_output=True,
                           text=True).stdout.split()[:1] == ["False"]
+
+
+def test_a_variable_torch_sets_itself_does_not_start_a_second_server():
+    """The parent's first ``import torch._dynamo`` writes TORCHINDUCTOR_CACHE_DIR (its default) into
+    os.environ: the same run before and after it goes to one server; any other variable does not."""
+    from swa_repro.sglang import forkserver
+
+    env = {"PATH": "/bin", "PYTHONPATH": "/x"}
+    assert forkserver.server_key(env) == forkserver.server_key({**env, "TORCHINDUCTOR_CACHE_DIR": "/tmp/t"})
+    assert forkserver.server_key(env) != forkserver.server_key({**env, "PYTHONPATH": "/y"})

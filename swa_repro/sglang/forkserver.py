@@ -80,10 +80,23 @@ _GAVE_UP: set = set()  # keys whose server could not stay fork-safe (serve's exi
 _LOCK = threading.Lock()
 
 
+# Set by an import in the parent to the default a child computes the same way: never part of a key.
+# torch/_inductor/runtime/cache_dir_utils.py:17 (torch 2.x) writes TORCHINDUCTOR_CACHE_DIR into
+# os.environ the first time torch._dynamo is imported (transformers' masking_utils does it), so the
+# parent's environment gains it between two runs, and each run after it would start a second server.
+SELF_SET = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+
+
+def server_key(env: dict) -> str:
+    """One server per (environment, working directory, thread), the environment less :data:`SELF_SET`."""
+    kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET)
+    return hashlib.sha256(json.dumps([kept, os.getcwd(), threading.get_ident()]).encode()).hexdigest()
+
+
 def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str] | None:
     """``(returncode, stdout, stderr)`` of ``python -m module argv`` under ``env``, forked from a warm
     server; ``None`` when no server can do it (the caller then runs a plain child)."""
-    key = hashlib.sha256(json.dumps([sorted(env.items()), os.getcwd(), threading.get_ident()]).encode()).hexdigest()
+    key = server_key(env)
     if not enabled() or key in _GAVE_UP:
         return None
     with _LOCK:
