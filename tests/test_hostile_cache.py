@@ -513,32 +513,35 @@ SNIPPET = '''class FlashInferMetadataBuilder:
 '''
 
 
-@pytest.mark.parametrize("action", [["status"], ["apply", "--in-place"], ["apply", "--out", "OUT"]])
+@pytest.mark.parametrize("action", [["status"], ["apply", "--in-place"]])
 def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, monkeypatch, capsys, action):
-    """The cap-route edits applied, then the prefill edit's lines removed (its tag with them; the decode
-    edit's tag stays): not "applied", and apply neither says "nothing to do" nor writes anything."""
+    """The cap-route edits applied to both files, then the prefill route's argument line removed
+    (its call otherwise whole): not "applied", and apply neither says "nothing to do" nor writes anything."""
     from swa_repro.vllm import fix as vfix
+    from swa_repro.vllm import fix_utils
     from swa_repro.vllm.provision import BACKEND
+    from tests.test_vllm_fix_rule import UTILS_SNIPPET
 
     site = tmp_path / "site"
     (site / "vllm").mkdir(parents=True)
     (site / "vllm" / "__init__.py").write_text("raise ImportError('the command must not import vllm')\n")
-    f = site / BACKEND
-    f.parent.mkdir(parents=True, exist_ok=True)
+    f, u = site / BACKEND, site / fix_utils.UTILS
+    for x in (f, u):
+        x.parent.mkdir(parents=True, exist_ok=True)
+    u.write_text(fix_utils.edit(UTILS_SNIPPET, "x"))
     lines = vfix.edit(SNIPPET, "x").splitlines(True)
-    i = next(k for k, ln in enumerate(lines) if vfix.NOTE["prefill route"] in ln)
-    f.write_text("".join(lines[:i + 1] + lines[i + 2:]))  # the edit's line gone, its comment kept
-    assert vfix.NOTE["prefill route"] in f.read_text() and vfix.NOTE["decode route"] in f.read_text()
+    i = max(k for k, ln in enumerate(lines) if "has_logits_soft_cap=self.logits_soft_cap is not None," in ln)
+    f.write_text("".join(lines[:i] + lines[i + 1:]))  # the prefill route's argument gone
     monkeypatch.syspath_prepend(str(site))
-    before = sorted(p.name for p in f.parent.iterdir()), f.read_bytes()
-    argv = ["patch", *[str(tmp_path / "out.py") if x == "OUT" else x for x in action], "--vllm"]
+    before = sorted(p.name for p in f.parent.iterdir()), f.read_bytes(), u.read_bytes()
+    argv = ["patch", *action, "--vllm"]
     rc = main(argv)
     out, err = capsys.readouterr()
     assert "partly applied (missing: prefill route)" in out + err and "nothing to do" not in out + err
     assert "Traceback" not in err
     if action != ["status"]:
-        assert rc == 2 and len(err.strip().splitlines()) == 1 and not (tmp_path / "out.py").exists()
-    assert (sorted(p.name for p in f.parent.iterdir()), f.read_bytes()) == before
+        assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert (sorted(p.name for p in f.parent.iterdir()), f.read_bytes(), u.read_bytes()) == before
 
 
 def test_a_fixed_copy_holding_other_fix_code_than_this_process_makes_is_made_again(tmp_path):

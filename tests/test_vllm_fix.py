@@ -32,23 +32,29 @@ _SNIPPET = '''class FlashInferMetadataBuilder:
 
 
 def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
+    """Both routes pass the builder's own cap to the rule (``has_logits_soft_cap=self.logits_soft_cap
+    is not None``, a vLLM maintainer's ask, issue #40), read once: the hyperparameter block moved
+    above the decode route."""
+    import ast
+
     from swa_repro.core.errors import UsageError
     from swa_repro.vllm.fix import edit
 
     out = edit(_SNIPPET, "0.20.0")
-    assert "        can_use_trtllm = can_use_trtllm and not self.logits_soft_cap\n" in out
-    assert out.index("can_use_trtllm and not") < out.index("self.use_trtllm_decode_attention = can_use_trtllm")
-    # the builder's own cap, read once: its hyperparameter block moved above the route, not computed again
+    tree = ast.parse(out)
+    calls = {c.func.id: c for c in ast.walk(tree) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    for name in ("can_use_trtllm_attention", "use_trtllm_attention"):
+        kw = {k.arg: ast.unparse(k.value) for k in calls[name].keywords}
+        assert kw == {"has_logits_soft_cap": "self.logits_soft_cap is not None"}, name
     assert out.count("infer_global_hyperparameters(") == 1
-    assert out.index("self.logits_soft_cap = self.global") < out.index("can_use_trtllm and not")
-    call_end = out.index("        )\n", out.index("prefill_use_trtllm = use_trtllm_attention("))
-    assert out.index("        prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap\n") > call_end
+    assert out.index("self.logits_soft_cap = self.global") < out.index("can_use_trtllm = can_use_trtllm_attention(")
     assert "raise NotImplementedError" not in out  # no NVFP4 attribute in this release's builder
-    compile(out, "flashinfer.py", "exec")
     with pytest.raises(UsageError, match="not a structure this fix knows"):
         edit(_SNIPPET.replace("prefill_use_trtllm", "p"), "0.99.0")
     with pytest.raises(UsageError, match="0 hyperparameter anchors"):
         edit(_SNIPPET.replace("# Global hyperparameters", "# Hyperparameters"), "0.99.0")
+    with pytest.raises(UsageError, match="not one argument a line"):
+        edit(_SNIPPET.replace("self.num_qo_heads,\n        )", "self.num_qo_heads\n        )"), "0.99.0")
 
 
 def test_fix_carries_no_tool_tags_into_the_upstream_code():
@@ -101,7 +107,13 @@ def _ruff_formatted(text: str) -> str:
                           check=True).stdout
 
 
-_PAGES = '''class FlashInferBackend:
+_PAGES = '''from vllm.utils.flashinfer import (
+    can_use_trtllm_attention,
+    use_trtllm_attention,
+)
+
+
+class FlashInferBackend:
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None):
         use_large_pages = False
@@ -115,54 +127,13 @@ _PAGES = '''class FlashInferBackend:
             return [16, 32, 64]
         return [16, 32, 64, 128, 256, 512, 1024]
 '''
-_NVFP4 = _SNIPPET.replace("        can_use_trtllm = can_use", "        self.nvfp4_trtllm = nvfp4\n        can_use_trtllm = can_use")
-
-
-@pytest.mark.parametrize("cap, pages", [(50.0, [16, 32, 64]), (None, [16, 32, 64, 128, 256, 512, 1024])])
-def test_fix_offers_no_large_pages_to_a_model_with_a_soft_capped_layer(cap, pages):
-    """0.24.0+: pages over 64 run only on trtllm-gen, which the fixed builder keeps soft-capped layers
-    off, so the fixed sizes leave them out where a built layer has a cap (``static_forward_context``)."""
-    import types
-
-    from swa_repro.vllm.fix import edit
-
-    layers = {"a": types.SimpleNamespace(impl=types.SimpleNamespace(logits_soft_cap=cap)), "b": object()}
-    cfg = types.SimpleNamespace(model_config=object(), compilation_config=types.SimpleNamespace(
-        static_forward_context=layers))
-    scope = {"get_current_vllm_config_or_none": lambda: cfg, "can_use_trtllm_attention": lambda q, k: True,
-             "num_kv_heads": 4, "num_qo_heads": 8}
-    exec(compile(edit(_SNIPPET + _PAGES, "0.24.0"), "flashinfer.py", "exec"), scope)  # noqa: S102 - the snippet
-    assert scope["FlashInferBackend"].get_supported_kernel_block_sizes() == pages
-
-
-@pytest.mark.parametrize("nvfp4, cap, refused", [(True, 50.0, True), (True, None, False), (False, 50.0, False)])
-def test_fix_refuses_a_soft_capped_model_with_an_nvfp4_cache_only_trtllm_gen_reads(nvfp4, cap, refused):
-    """sm100's NVFP4 cache runs only on trtllm-gen (whose flashinfer wrappers refuse a cap at plan):
-    the fixed builder says so at construction for a soft-capped model, and builds otherwise."""
-    import types
-
-    from swa_repro.vllm.fix import edit
-
-    scope = {"can_use_trtllm_attention": lambda q, k: True, "nvfp4": nvfp4, "FlashInferImpl": None,
-             "get_per_layer_parameters": lambda *a: None,
-             "infer_global_hyperparameters": lambda p: types.SimpleNamespace(logits_soft_cap=cap)}
-    exec(compile(edit(_NVFP4, "0.34.0"), "flashinfer.py", "exec"), scope)  # noqa: S102 - the snippet
-    b = scope["FlashInferMetadataBuilder"].__new__(scope["FlashInferMetadataBuilder"])
-    b.num_qo_heads = b.num_kv_heads = 1
-    if refused:
-        with pytest.raises(NotImplementedError, match="nvfp4 runs on trtllm-gen only"):
-            b.__init__(None, [], None, None)
-    else:
-        b.__init__(None, [], None, None)
-        assert b.use_trtllm_decode_attention is not bool(cap)
-
-
 def test_fix_edits_are_ruff_formatted():
     """The upstream diff is held to vLLM's formatter: every edit, a long name's included, is already as
     ruff format writes it."""
     from swa_repro.vllm.fix import edit
 
-    text = (_SNIPPET + _IMPL_020 + _PAGES).replace("can_use_trtllm", "can_use_xqa_or_trtllm_gen_decode_attention")
+    text = (_SNIPPET + _IMPL_020 + _PAGES).replace("can_use_trtllm =", "can_use_xqa_or_trtllm_gen_decode =")
+    text = text.replace("= can_use_trtllm\n", "= can_use_xqa_or_trtllm_gen_decode\n")
     text = _ruff_formatted(text)
     out = edit(text, "0.24.0")
     assert out != text and _ruff_formatted(out) == out

@@ -41,6 +41,7 @@ installed changes.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import json
 import os
@@ -49,6 +50,7 @@ import shutil
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.vllm.fix_utils import HELPER
 from swa_repro.vllm.provision import BACKEND, MARKER
 
 FIXES = {"cap-route": "soft-capped layers stay on the planned wrappers (trtllm-gen and XQA take no soft cap)"}
@@ -58,29 +60,18 @@ _PAGES = re.compile(r"^(?P<i>[ ]+)and can_use_trtllm_attention\(num_qo_heads, nu
                     r"(?P<k>[ ]+)if not use_large_pages:", re.MULTILINE)
 _NVFP4 = ("self.nvfp4_trtllm", "self.is_kvcache_nvfp4")  # 0.32.0+: sm100's NVFP4 cache; before: any (sm100 only)
 _QUERY = re.compile(r"^(?P<i>[ ]+)self\.supports_quant_query_input = \(\n(?P<j>[ ]+)self\.support_trtllm_attn\n", re.MULTILINE)
-# Each edit's comment, first line (vLLM's voice: no tool's name in the upstream code). Tests find an
-# edit by it; :func:`hunks` reads the code, never these.
-NOTE = {"decode route": "# trtllm-gen and XQA take no logits soft cap: soft-capped layers",
-        "prefill route": "# trtllm-gen context attention takes no logits soft cap.",
-        "large pages": "# Pages over 64 run only on trtllm-gen, which soft-capped layers",
-        "quantized query": "# A soft-capped layer runs on the FlashInfer wrappers, which"}
+# The one edit whose comment stays (the impl's condition says nothing of the builder otherwise).
+NOTE = {"quantized query": "# A soft-capped layer runs on the FlashInfer wrappers, which"}
 # The builder's per-layer hyperparameters (every release 0.20.0-0.34.0 has this block after the decode
 # route); moved before it so the route reads ``self.logits_soft_cap`` instead of computing it twice.
 _HYPER = re.compile(r"^(?P<i>[ ]+)# Global hyperparameters shared by all attention layers\n(?:.*\n)*?"
                     r"(?P=i)self\.logits_soft_cap = self\.global_hyperparameters\.logits_soft_cap\n", re.MULTILINE)
-_PAGES_DONE = 'getattr(getattr(layer, "impl", None), "logits_soft_cap", None)'  # the large-page edit's new text
 
 
 def check(names: str | None) -> str:
     if names not in FIXES:
         raise UsageError(f"--fix {names!r} with --vllm: choose {', '.join(FIXES)}")
     return names
-
-
-def _assign(indent: str, name: str, value: str) -> str:
-    """``name = value`` as ruff format writes it at vLLM's 88 columns (the upstream diff is held to it)."""
-    line = f"{indent}{name} = {value}\n"
-    return line if len(line) <= 89 else f"{indent}{name} = (\n{indent}    {value}\n{indent})\n"
 
 
 def _anchors(text: str, version: str):
@@ -113,42 +104,128 @@ def _hoist(text: str, d, h) -> str:
     return rest[:at] + block + "\n" + rest[at:]
 
 
+def _calls(node, name: str):
+    return [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id == name]
+
+
+def _offset(text: str, line: int, col: int) -> int:
+    """The character offset of an ``ast`` position (1-based line, byte column)."""
+    starts = [0] + [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    head = text[starts[line - 1]:]
+    return starts[line - 1] + len(head.encode()[:col].decode())
+
+
+def _exploded(text: str, call: ast.Call, indent: str, kwarg: str) -> str:
+    """``text`` with ``call`` written one argument a line (its magic trailing comma: ``ruff format``
+    keeps it so), ``kwarg`` last; ``indent``: the statement's."""
+    a, b = _offset(text, call.lineno, call.col_offset), _offset(text, call.end_lineno, call.end_col_offset)
+    args = [ast.get_source_segment(text, x) for x in (*call.args, *call.keywords)] + [kwarg]
+    body = "".join(f"{indent}    {x},\n" for x in args)
+    return text[:a] + f"{ast.unparse(call.func)}(\n{body}{indent})" + text[b:]
+
+
+def _statement(tree, line: int):
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == line)
+
+
+def _method(tree, cls: str, name: str):
+    for c in tree.body:
+        if isinstance(c, ast.ClassDef) and c.name == cls:
+            return next((f for f in c.body if isinstance(f, ast.FunctionDef) and f.name == name), None)
+    return None
+
+
+def _decode_call(text: str):
+    """The ``can_use_trtllm_attention`` call that sets the decode route's variable (its last
+    assignment before ``self.use_trtllm_decode_attention = <var>``), with its statement."""
+    d = _DECODE.search(text)
+    line = text.count("\n", 0, d.start()) + 1
+    tree = ast.parse(text)
+    found = [(n, c) for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno < line
+             and any(isinstance(t, ast.Name) and t.id == d["var"] for t in n.targets)
+             for c in _calls(n.value, "can_use_trtllm_attention")]
+    return max(found, key=lambda nc: nc[0].lineno) if found else (None, None)
+
+
+def _import(text: str) -> str:
+    """``model_has_logits_soft_cap`` added, in order, to ``from vllm.utils.flashinfer import (...)``."""
+    m = re.search(r"^from vllm\.utils\.flashinfer import \(\n((?:    \w+,\n)+)\)\n", text, re.MULTILINE)
+    if m is None:
+        raise UsageError(f"--fix cap-route: {BACKEND} has no `from vllm.utils.flashinfer import (...)` block: not "
+                         "a structure this fix knows")
+    names = sorted({*re.findall(r"\w+", m[1]), HELPER})
+    return text[:m.start(1)] + "".join(f"    {n},\n" for n in names) + text[m.end(1):]
+
+
+def _refusal(text: str, d, nvfp4: str | None) -> str:
+    """An NVFP4 cache that only trtllm-gen reads, with a soft cap: refused where vLLM's selector asks
+    (``FlashInferBackend.supports_combination``, 0.32.0+: its reason string is what the selector
+    reports, ``AttentionBackend.validate_configuration``, 0.32.0 ``vllm/v1/attention/backend.py:353``)
+    on the GPUs where ``_nvfp4_kv_on_fa2`` is false (sm100); before 0.32.0, by the builder."""
+    tree = ast.parse(text)
+    sc = _method(tree, "FlashInferBackend", "supports_combination")
+    if sc is not None:
+        last = sc.body[-1]
+        if not (isinstance(last, ast.Return) and ast.unparse(last.value) == "None"):
+            raise UsageError(f"--fix cap-route: {BACKEND}'s supports_combination does not end in `return None`: "
+                             "not a structure this fix knows")
+        at = _offset(text, last.lineno, 0)
+        return text[:at] + _SELECT + text[at:]
+    if nvfp4 is None:
+        return text
+    i, at = d["i"], d.start()
+    while text[text.rfind("\n", 0, at - 1) + 1:at].lstrip().startswith("#"):  # above the route's comment
+        at = text.rfind("\n", 0, at - 1) + 1
+    return (text[:at] + f"{i}# Only trtllm-gen reads this NVFP4 KV cache, and it takes no logits soft cap.\n"
+            f"{i}if self.logits_soft_cap is not None and {nvfp4}:\n"
+            f"{i}    raise NotImplementedError(\n"
+            f'{i}        "--kv-cache-dtype nvfp4 runs on trtllm-gen only on this GPU, and "\n'
+            f'{i}        "trtllm-gen takes no logits soft cap: use another --kv-cache-dtype."\n'
+            f"{i}    )\n\n" + text[at:])
+
+
+_SELECT = ("        if (\n"
+           "            kv_cache_dtype is not None\n"
+           '            and kv_cache_dtype.startswith("nvfp4")\n'
+           "            and device_capability.major not in (8, 9, 12)\n"
+           f"            and {HELPER}()\n"
+           "        ):\n"
+           '            return "trtllm-gen, the only NVFP4 KV cache reader here, takes no soft cap"\n')
+_CAP_ARG = "has_logits_soft_cap=self.logits_soft_cap is not None"
+
+
 def edit(text: str, version: str) -> str:
-    """The release's backend file with the edits (the last two where the release has their anchors);
-    one line if a required anchor is not there."""
+    """The release's backend file with the edits (the last ones where the release has their anchors);
+    one line if a required anchor is not there. The rule itself is ``vllm/utils/flashinfer.py``'s
+    (``fix_utils``): this file passes the cap to it."""
     d, h = _anchors(text, version)
     text = _hoist(text, d, h)
     d = _DECODE.search(text)
-    i, var = d["i"], d["var"]
     nvfp4 = next((a for a in _NVFP4 if f"{a} = " in text[:d.start()]), None)
-    refuse = (f"{i}if self.logits_soft_cap and {nvfp4}:\n"
-              f"{i}    raise NotImplementedError(\n"
-              f'{i}        "--kv-cache-dtype nvfp4 runs on trtllm-gen only on this GPU, and "\n'
-              f'{i}        "trtllm-gen takes no logits soft cap: use another --kv-cache-dtype."\n'
-              f"{i}    )\n") if nvfp4 else ""
-    decode = (f"{i}{NOTE['decode route']}\n"
-              f"{i}# decode on the FlashInfer wrapper, which applies it.\n"
-              + refuse + _assign(i, var, f"{var} and not self.logits_soft_cap"))
-    out = text[:d.start()] + decode + text[d.start():]
+    stmt, call = _decode_call(text)
+    if call is None:
+        raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} sets {d['var']} without "
+                         "can_use_trtllm_attention(...): not a structure this fix knows")
+    ind = text[_offset(text, stmt.lineno, 0):_offset(text, stmt.lineno, stmt.col_offset)]
+    out = _exploded(text, call, ind, _CAP_ARG)
+    out = _refusal(out, _DECODE.search(out), nvfp4)
     m = _PREFILL.search(out)
     ind = m["head"][:len(m["head"]) - len(m["head"].lstrip())]
-    end = out.index(f"\n{ind})\n", m.end()) + len(ind) + 3  # past the call's closing line
-    out = (out[:end] + f"{ind}{NOTE['prefill route']}\n"
-           + _assign(ind, "prefill_use_trtllm", "prefill_use_trtllm and not self.logits_soft_cap") + out[end:])
+    close = out.index(f"\n{ind})\n", m.end()) + 1  # the call's closing line
+    if not out[:close].rstrip("\n").endswith(","):
+        raise UsageError(f"--fix cap-route: vllm {version}'s use_trtllm_attention(...) call for the prefill route "
+                         "is not one argument a line: not a structure this fix knows")
+    out = out[:close] + f"{ind}    {_CAP_ARG},\n" + out[close:]
     g = list(_PAGES.finditer(out))
     if len(g) > 1:
         raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(g)} large-page anchors "
                          "(at most 1 expected): not a structure this fix knows")
-    for m in g:  # 0.24.0+: pages over 64 run only on trtllm-gen, which a soft-capped layer no longer takes
+    for m in g:  # 0.24.0+: pages over 64 run only on trtllm-gen, which takes no soft cap
         j = m["i"]
-        out = (out[:m.start("j")] + f"{j}{NOTE['large pages']}\n"
-               f"{j}# no longer take.\n"
-               f"{j}and not any(\n"
-               f'{j}    getattr(getattr(layer, "impl", None), "logits_soft_cap", None)\n'
-               f"{j}    for layer in (\n"
-               f"{j}        vllm_config.compilation_config.static_forward_context.values()\n"
-               f"{j}    )\n"
-               f"{j})\n" + out[m.start("j"):])
+        out = (out[:m.start()] + f"{j}and can_use_trtllm_attention(\n{j}    num_qo_heads,\n{j}    num_kv_heads,\n"
+               f"{j}    has_logits_soft_cap={HELPER}(),\n{j})\n" + out[m.start("j"):])
+    if g or _method(ast.parse(out), "FlashInferBackend", "supports_combination") is not None:
+        out = _import(out)
     q = list(_QUERY.finditer(out))
     if len(q) > 1:
         raise UsageError(f"--fix cap-route: vllm {version}'s {BACKEND} has {len(q)} query-quantization anchors "
@@ -160,23 +237,41 @@ def edit(text: str, version: str) -> str:
     return out
 
 
+def _has_kwarg(call: ast.Call, value: str) -> bool:
+    return any(k.arg == "has_logits_soft_cap" and ast.unparse(k.value) == value for k in call.keywords)
+
+
 def hunks(text: str) -> dict[str, bool]:
-    """Each edit this file has a place for -> whether its new text is there, read from the code's
-    structure (a comment is only a comment: a file missing one edit's lines but keeping its
-    comment is not applied; issue #43). The decode and prefill routes always (their anchors
-    stay in a fixed file); the large-page and query edits where the release has their place."""
+    """Each edit this file has a place for -> whether it is there, read from the code's ``ast`` (a
+    comment is only a comment: issue #43): the decode and prefill routes always (their anchors
+    stay in a fixed file), the large-page, NVFP4 and query edits where the release has their place."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
     out = {}
     d = _DECODE.search(text)
     if d:
-        var = re.escape(d["var"])
+        _, call = _decode_call(text)
         h = _HYPER.search(text)
-        out["decode route"] = bool(re.search(rf"^[ ]+{var} = \(?\s*{var} and not self\.logits_soft_cap$", text,
-                                             re.MULTILINE) and h and h.start() < d.start())
+        out["decode route"] = bool(call and _has_kwarg(call, "self.logits_soft_cap is not None") and h
+                                   and h.start() < d.start())
     if _PREFILL.search(text):
-        out["prefill route"] = bool(re.search(r"^[ ]+prefill_use_trtllm = \(?\s*prefill_use_trtllm and not "
-                                              r"self\.logits_soft_cap$", text, re.MULTILINE))
-    if _PAGES.search(text) or _PAGES_DONE in text:
-        out["large pages"] = _PAGES_DONE in text
+        calls = [c for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "prefill_use_trtllm" for t in n.targets)
+                 for c in _calls(n.value, "use_trtllm_attention")]
+        out["prefill route"] = any(_has_kwarg(c, "self.logits_soft_cap is not None") for c in calls)
+    pages = _method(tree, "FlashInferBackend", "get_supported_kernel_block_sizes")
+    calls = _calls(pages, "can_use_trtllm_attention") if pages else []
+    if calls:
+        out["large pages"] = any(_has_kwarg(c, f"{HELPER}()") for c in calls)
+    sc = _method(tree, "FlashInferBackend", "supports_combination")
+    if sc is not None:
+        out["nvfp4 refusal"] = bool(_calls(sc, HELPER))
+    elif d and any(f"{a} = " in text for a in _NVFP4):
+        out["nvfp4 refusal"] = any(isinstance(n, ast.If) and "logits_soft_cap" in ast.unparse(n.test)
+                                   and any(a.split(".")[1] in ast.unparse(n.test) for a in _NVFP4)
+                                   and isinstance(n.body[0], ast.Raise) for n in ast.walk(tree))
     for m in _QUERY.finditer(text):
         after = [ln.strip() for ln in text[m.end():].splitlines()[:6] if not ln.strip().startswith("#")]
         out["quantized query"] = bool(after) and after[0] == "and not self.logits_soft_cap"
@@ -190,15 +285,31 @@ def state(text: str) -> tuple[str, list[str]]:
     return ("applied" if h and not missing else "needed" if len(missing) == len(h) else "partly applied"), missing
 
 
+def edited(version: str, overlay: Path) -> dict[str, tuple[str, str]]:
+    """Each file the fix edits -> ``(the release's text, the fixed text)``: the backend, and
+    ``vllm/utils/flashinfer.py`` where the rule lives (``fix_utils``)."""
+    from swa_repro.vllm import fix_utils
+
+    out = {}
+    for rel, fn in ((fix_utils.UTILS, fix_utils.edit), (BACKEND, edit)):
+        before = (overlay / rel).read_text()
+        out[rel] = before, fn(before, version)
+    return out
+
+
 def upstream_diff(version: str, overlay: Path) -> str:
-    """The edit as a unified diff against the release, after a preamble that cites the upstream
-    threads on each finding (``upstream_refs.header``)."""
+    """The edits as a unified diff against the release (both files, and vLLM's unit test of the rule
+    as a new file: ``fix_pytest``), after a preamble that cites the upstream threads on each finding
+    (``upstream_refs.header``)."""
+    from swa_repro.vllm.fix_pytest import TEST_PATH, TEST_TEXT
     from swa_repro.vllm.upstream_refs import header
 
-    before = (overlay / BACKEND).read_text()
-    after = edit(before, version)
-    return header() + "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{BACKEND}",
-                                                   f"b/{BACKEND}"))
+    parts = [header()]
+    for rel, (before, after) in edited(version, overlay).items():
+        parts += difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")
+    lines = TEST_TEXT.splitlines(True)
+    parts += [f"--- /dev/null\n+++ b/{TEST_PATH}\n@@ -0,0 +1,{len(lines)} @@\n"] + [f"+{ln}" for ln in lines]
+    return "".join(parts)
 
 
 def fixed_overlay(version: str, overlay: Path) -> Path:
@@ -209,19 +320,21 @@ def fixed_overlay(version: str, overlay: Path) -> Path:
     from swa_repro.sglang.record import damaged, marker
 
     target = cache_root() / "vllm-fixed" / f"{version}-cap-route"
-    text = edit((overlay / BACKEND).read_text(), version)
-    fixed = {BACKEND: hashlib.sha256(text.encode()).hexdigest()}  # every other file the release's (its RECORD)
-    if marker(target / MARKER) is not None and not damaged(target, "vllm-*.dist-info", replaced=fixed,
+    texts = {rel: after for rel, (_, after) in edited(version, overlay).items()}
+    fixed = {rel: hashlib.sha256(t.encode()).hexdigest() for rel, t in texts.items()}  # the rest: its RECORD's
+    info = marker(target / MARKER)  # made by this fix's code (its files' hashes: a changed fix is made anew)
+    if info is not None and info.get("edited") == fixed and not damaged(target, "vllm-*.dist-info", replaced=fixed,
                                                            skip=lambda rel: rel.endswith(".so")):
         return target
     with locked(target.with_name(f".{version}-cap-route.lock")):
         partial = target.with_name(f".{target.name}.partial")
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True)
-        (partial / BACKEND).unlink()  # a hard link to the release's file: never write through it
-        (partial / BACKEND).write_text(text)
+        for rel, text in texts.items():
+            (partial / rel).unlink()  # a hard link to the release's file: never write through it
+            (partial / rel).write_text(text)
         info = json.loads((overlay / MARKER).read_text())
-        (partial / MARKER).write_text(json.dumps({**info, "fix": "cap-route"}, indent=1))
+        (partial / MARKER).write_text(json.dumps({**info, "fix": "cap-route", "edited": fixed}, indent=1))
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
     return target

@@ -1,11 +1,16 @@
 """``swa-repro patch status|diff|apply|revert --vllm [--fix cap-route]``: vLLM's soft-cap fix
-(``vllm.fix``) on the installed vLLM's FlashInfer backend file, or ``--source FILE``. The command is
+(``vllm.fix``) on the installed vLLM's two files it edits, the FlashInfer backend and
+``vllm/utils/flashinfer.py`` (where the rule lives: ``vllm.fix_utils``), or ``--source FILE``: a
+backend file inside a vLLM tree, whose ``vllm/utils/flashinfer.py`` is edited with it. The command is
 sglang's (``sglang.patch.cli``) plus ``--vllm``, as ``vllm.cli`` adds it to ``audit``; without
 ``--vllm`` nothing changes.
 
 The same actions and safety as the sglang patch (``sglang.patch.files``): ``apply --out FILE`` writes
 a patched copy, ``apply --in-place`` keeps a sha256-checked backup beside the file and ``revert``
 restores it byte for byte; a file that is neither the original nor swa-repro's patch is left alone.
+Each file keeps its own backup; both are checked before either is written, and a second write that
+fails restores the first. ``apply --out`` (one patched copy) is refused: the fix is two files (use
+``diff``, or ``--in-place``).
 The installed file is found without importing vLLM (its import needs CUDA extensions).
 """
 
@@ -18,7 +23,10 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.vllm import fix as vfix
+from swa_repro.vllm import fix_utils
 from swa_repro.vllm.provision import BACKEND
+
+UTILS = fix_utils.UTILS
 
 
 def register(sub) -> None:
@@ -51,66 +59,119 @@ def installed_backend() -> tuple[Path, str]:
     return path, version
 
 
-def edit(text: str, version: str, source: Path | None) -> str:
-    """``vllm.fix.edit``, its refusal naming ``--source`` where the file was given."""
-    try:
-        return vfix.edit(text, version)
-    except UsageError:
-        if source is None:
-            raise
-        raise UsageError(f"--source {source}: not vLLM's FlashInfer backend as 0.20.0-0.34.0 write it (the fix's "
-                         "two route anchors are not there); nothing was changed") from None
+def utils_of(backend: Path, source: Path | None) -> Path:
+    """The ``vllm/utils/flashinfer.py`` of the tree ``backend`` is in (``vllm/v1/attention/backends/``);
+    one line if there is none."""
+    utils = backend.parents[3] / "utils" / "flashinfer.py" if len(backend.parents) > 3 else None
+    if utils is None or not utils.is_file():
+        where = f"--source {source}" if source else str(backend)
+        raise UsageError(f"{where}: no vllm/utils/flashinfer.py beside it (at ../../../utils/); the fix edits both "
+                         "files, so give the backend file inside its vLLM tree; nothing was changed")
+    return utils
 
 
-def state(text: str, version: str, source: Path | None = None) -> str:
-    """``applied`` (every edit's new text is there), ``needed`` (none is, and both anchors found), or
-    ``partly applied (missing: ...)``, read from each edit's structure (``vfix.hunks``), never from a
-    comment; one line why not where the anchors are not there."""
-    s, missing = vfix.state(text)
-    if s == "partly applied":
+def _editors(version: str, source: Path | None):
+    def edit(rel):
+        def run(text: str) -> str:
+            try:
+                return (vfix.edit if rel == BACKEND else fix_utils.edit)(text, version)
+            except UsageError:
+                if source is None:
+                    raise
+                raise UsageError(f"--source {source}: not vLLM's FlashInfer backend and utils as 0.20.0-0.34.0 write "
+                                 f"them ({rel}: the fix's anchors are not there); nothing was changed") from None
+        return run
+    return {BACKEND: edit(BACKEND), UTILS: edit(UTILS)}
+
+
+def state(texts: dict[str, str], version: str, source: Path | None = None) -> str:
+    """``applied`` (every edit's new text is there, in both files), ``needed`` (none is, and every
+    anchor found), or ``partly applied (missing: ...)``, read from each edit's structure
+    (``vfix.hunks``, ``fix_utils.hunks``), never from a comment; one line why not where an anchor is
+    not there."""
+    h = {**fix_utils.hunks(texts[UTILS]), **vfix.hunks(texts[BACKEND])}
+    missing = [k for k, ok in h.items() if not ok]
+    if h and not missing:
+        return "applied"
+    if len(missing) != len(h):
         return f"partly applied (missing: {', '.join(missing)})"
-    if s == "needed":
-        edit(text, version, source)  # one line if an anchor is missing
-    return s
+    for rel, fn in _editors(version, source).items():
+        fn(texts[rel])  # one line if an anchor is missing
+    return "needed"
 
 
-def edit_whole(text: str, version: str, source: Path | None, path: Path) -> str:
-    """:func:`edit` of a file with none of the fix; a partly applied one is refused (one line), never
-    edited again over its half nor called done."""
-    s = state(text, version, source)
+def edit_whole(texts: dict[str, str], version: str, source: Path | None, where: str) -> dict[str, str]:
+    """Both files with the fix; a partly applied pair is refused (one line), never edited again over
+    its half nor called done."""
+    s = state(texts, version, source)
     if s.startswith("partly"):
-        raise UsageError(f"{path}: --fix cap-route is {s}; nothing was changed: restore the original "
+        raise UsageError(f"{where}: --fix cap-route is {s}; nothing was changed: restore the originals "
                          "(`swa-repro patch revert --vllm`, or reinstall vllm) and apply it again")
-    return text if s == "applied" else edit(text, version, source)
+    if s == "applied":
+        return dict(texts)
+    return {rel: fn(texts[rel]) for rel, fn in _editors(version, source).items()}
 
 
 def run(args) -> int:
-    from swa_repro.sglang.patch.cli import _diff_or_copy, check_outputs, check_paths
-    from swa_repro.sglang.patch.files import (
-        apply_in_place,
-        read_backend,
-        revert_in_place,
-    )
+    from swa_repro.sglang.patch.cli import check_outputs, check_paths
+    from swa_repro.sglang.patch.edit import unified_diff
+    from swa_repro.sglang.patch.files import read_backend
 
     check_outputs(args)
     name = vfix.check(args.fix or "cap-route")
     if args.reverse:
         raise UsageError("--reverse goes without --vllm: `swa-repro patch revert --vllm` restores a file patched in place")
-    path, version = (args.source, "--source") if args.source else installed_backend()
-    check_paths(args, path)
+    if args.out:
+        raise UsageError("--out with --vllm: the fix edits two files (the backend and vllm/utils/flashinfer.py); "
+                         "use `patch diff --vllm` for a patch of both, or `apply --in-place`")
+    backend, version = (args.source, "--source") if args.source else installed_backend()
+    check_paths(args, backend)
+    paths = {BACKEND: backend, UTILS: utils_of(backend, args.source)}
     if args.action == "revert":
-        print(revert_in_place(path))
-        return 0
-    text = read_backend(path)
+        return _revert(paths)
+    texts = {rel: read_backend(p) for rel, p in paths.items()}
     if args.action == "status":
-        print(f"{name}: {state(text, version, args.source)} ({path})")
+        print(f"{name}: {state(texts, version, args.source)} ({backend}, {paths[UTILS]})")
         return 0
-    label = f"--vllm --fix {name}"
+    new = edit_whole(texts, version, args.source, str(backend))
     if args.in_place:
-        revert = "swa-repro patch revert --vllm" + (f" --source {path}" if args.source else "")
-        edit_whole(text, version, args.source, path)  # a partly applied file: one line before any backup check
-        print(apply_in_place(path, edit=lambda t: edit_whole(t, version, args.source, path), label=label,
-                             done=lambda t: state(t, version, args.source) == "applied", revert=revert))
+        return _apply(paths, texts, new, version, args.source, name)
+    if new == texts:
+        print(f"swa-repro patch: {backend} already has --vllm --fix {name}; nothing to do", file=sys.stderr)
         return 0
-    new = edit_whole(text, version, args.source, path)
-    return _diff_or_copy(args, path, text, new, f"already has {label}", label)
+    sys.stdout.write("".join(unified_diff(texts[rel], new[rel], str(p).lstrip("/")) for rel, p in paths.items()))
+    if args.action == "apply":
+        raise UsageError("nothing written: choose `--in-place` (patch both files, each with a backup)")
+    return 0
+
+
+def _apply(paths: dict, texts: dict, new: dict, version: str, source, name: str) -> int:
+    """Each file in place with its own backup (``sglang.patch.files.apply_in_place``); where the
+    second fails, the first is restored, so the pair is never left half fixed."""
+    from swa_repro.sglang.patch.files import apply_in_place, revert_in_place
+
+    revert = "swa-repro patch revert --vllm" + (f" --source {paths[BACKEND]}" if source else "")
+    done = []
+    try:
+        for rel in (UTILS, BACKEND):
+            print(apply_in_place(paths[rel], edit=lambda t, rel=rel: new[rel] if t == texts[rel] else t,
+                                 label=f"--vllm --fix {name}", done=lambda t, rel=rel: t == new[rel], revert=revert))
+            done.append(rel)
+    except UsageError:
+        for rel in done:
+            if paths[rel].read_text() != texts[rel]:
+                revert_in_place(paths[rel])
+        raise
+    return 0
+
+
+def _revert(paths: dict) -> int:
+    """Both files restored from their backups (one without a backup is left as it is: said so)."""
+    from swa_repro.sglang.patch.files import backup_paths, revert_in_place
+
+    have = [rel for rel, p in paths.items() if backup_paths(p)[1].exists()]
+    if not have:
+        raise UsageError(f"no swa-repro backup next to {paths[BACKEND]} or {paths[UTILS]}; nothing to revert")
+    for rel in have:
+        print(revert_in_place(paths[rel]))
+    return 0

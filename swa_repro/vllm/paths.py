@@ -85,7 +85,8 @@ def make_config(fam: dict, layers: dict, max_len: int, graphs: bool = False, spe
               model_config=ns(max_model_len=max_len, dtype=torch.bfloat16, use_mla=False,
                               get_num_attention_heads=lambda pc=None: fam["num_qo_heads"],
                               get_num_kv_heads=lambda pc=None: fam["num_kv_heads"],
-                              get_head_size=lambda: fam["head_dim"]),
+                              get_head_size=lambda: fam["head_dim"],
+                              hf_text_config=ns(attn_logit_softcapping=fam.get("hf_cap"))),  # the config's cap
               attention_config=ns(use_trtllm_attention=None, disable_flashinfer_prefill=False,
                                   disable_flashinfer_q_quantization=False, use_prefill_decode_attention=False,
                                   flashinfer_max_num_splits=None),
