@@ -3,40 +3,56 @@
 The finding (``docs/audit/vllm-releases.md``): layers with a logits soft cap (gemma2) are routed to
 kernels vLLM calls directly, trtllm-gen (sm100: ``trtllm_batch_context_with_kv_cache``,
 ``trtllm_batch_decode_with_kv_cache``) and XQA (sm90 decode), which take no soft-cap argument;
-the planned wrappers take it. The fix keeps soft-capped layers off those kernels, edits to the
-release's ``vllm/v1/attention/backends/flashinfer.py``, each found by its anchor in that release's
-own file (every release from 0.20.0 to 0.34.0 has the first two), written as ``ruff format`` writes
-it at vLLM's 88 columns (the upstream diff is held to it):
+the planned wrappers take it. The fix keeps soft-capped layers off those kernels. As a vLLM
+maintainer asked (issue #40), the rule lives where vLLM decides: ``vllm/utils/flashinfer.py``'s
+``use_trtllm_attention`` and ``can_use_trtllm_attention`` take ``has_logits_soft_cap`` and with a
+cap say no, with a ``logger.warning_once`` (``fix_utils``). Every release 0.20.0-0.34.0 (all 20,
+each checked: both files edited, ``git apply`` and ``ruff format`` at vLLM's 88 columns clean) has
+both functions and every anchor below; each edit is found by its anchor or its ``ast`` node in
+that release's own ``vllm/v1/attention/backends/flashinfer.py``:
 
-* ``FlashInferMetadataBuilder.__init__``: the decode route (``self.use_trtllm_decode_attention =
-  can_use_...``) also requires no soft cap, ``self.logits_soft_cap``: the builder's block of global
-  hyperparameters (``infer_global_hyperparameters(get_per_layer_parameters(...))``, which every
-  release computes after the route) is moved above the route, so the cap is read once (a vLLM
-  maintainer's review, issue #40; the comments say what the code does, no tool's tag). Where the release has an
-  NVFP4 cache that only trtllm-gen reads (sm100: ``self.nvfp4_trtllm`` from 0.32.0, before that
-  ``self.is_kvcache_nvfp4``), a soft-capped model with it is refused there with a message: flashinfer's
-  wrappers with ``backend="trtllm-gen"`` refuse a cap at ``plan`` (the audit's ``nvfp4_kv_mixed``
-  path found the fixed builder reaching them);
-* ``build``: after ``prefill_use_trtllm = [causal and] use_trtllm_attention(...)``,
-  ``prefill_use_trtllm = prefill_use_trtllm and not self.logits_soft_cap``;
+* ``FlashInferMetadataBuilder.__init__``: the decode route's ``can_use_trtllm_attention(...)`` call
+  passes ``has_logits_soft_cap=self.logits_soft_cap is not None``, the builder's own cap: its block
+  of global hyperparameters (``infer_global_hyperparameters(get_per_layer_parameters(...))``, which
+  every release computes after the route) is moved above the route, so the cap is read once;
+* ``build``: the prefill route's ``use_trtllm_attention(...)`` passes the same;
 * 0.24.0+ ``FlashInferBackend.get_supported_kernel_block_sizes``: pages over 64 run only on
-  trtllm-gen (the builder asserts it), so they are not offered where a built layer has a soft cap.
-  Every caller that can pick a page over 64 asks after the model is built (0.34.0: the worker's
-  ``select_common_block_size`` and ``customize_attention_spec``, ``Attention.get_kv_cache_spec``'s
-  ``_largest_kernel_block_within``); the platform's config-time callers take the smallest size. The
-  worker then splits a 128-token KV-cache block into pages of 64 (the audit's ``large_page_mixed``);
+  trtllm-gen (the builder asserts it), so its ``can_use_trtllm_attention(...)`` gets
+  ``has_logits_soft_cap=model_has_logits_soft_cap()``: the cap known from the config, not from
+  built layers (the maintainer: no ``static_forward_context`` read in a static method called
+  before the model exists). Why the config: the method is static and called both before the model
+  exists (0.34.0 ``vllm/platforms/interface.py:739,915,1083``) and after (``vllm/v1/worker/utils.py:475,
+  494,540``: ``customize_attention_spec``, ``select_common_block_size``;
+  ``model_executor/layers/attention/attention.py:122``: ``_largest_kernel_block_within``); the
+  later callers pass the layer's KV-cache spec (0.31.0+), but ``AttentionSpec``
+  (``vllm/v1/kv_cache_interface.py:559-580``) carries no cap, and adding one would change the specs'
+  equality that groups layers. No release has a place where the decision is made with the model
+  built and the cap at hand, so the narrowest correct form is the config, current at every caller
+  (the method already reads ``model_config`` there, :590-596) and the same answer before and after
+  the model is built. Its limit: a model whose layers take a cap from elsewhere than
+  ``attn_logit_softcapping`` (none of 0.34.0's that reach FlashInfer with a cap) would be offered
+  large pages, and the builder's page assertion stops it at start-up (loud, never a wrong result);
+* the NVFP4 cache that only trtllm-gen reads (sm100: ``self.nvfp4_trtllm`` from 0.32.0, before that
+  ``self.is_kvcache_nvfp4``) with a soft cap: flashinfer's wrappers with ``backend="trtllm-gen"``
+  refuse a cap at ``plan`` (the audit's ``nvfp4_kv_mixed`` path found the fixed builder reaching
+  them). 0.32.0+: refused at backend selection, ``FlashInferBackend.supports_combination`` (0.34.0
+  ``flashinfer.py:669``) returns the reason, which ``AttentionBackend.validate_configuration``
+  (``vllm/v1/attention/backend.py:282``, the call at :359) reports and the selector
+  (``vllm/platforms/cuda.py:442,474``) lists; the config is current there (the layers' ``Attention``
+  asks while the model is built). 0.20.0-0.31.0 have no ``supports_combination``: the builder
+  refuses it at construction (after load), as before;
 * 0.20.0-0.24.x only, where ``FlashInferImpl.__init__`` has it: ``self.supports_quant_query_input =
   (self.support_trtllm_attn ...`` also requires ``not self.logits_soft_cap``. There the impl offers
   to take an fp8 query whenever trtllm-gen could run (``Attention.forward`` then quantizes it, with
-  an fp8 KV cache), while the builder, which the first two edits keep off trtllm-gen, expects the
+  an fp8 KV cache), while the builder, which the route edits keep off trtllm-gen, expects the
   model's dtype: without this edit the fixed release asserts ``Query dtype mismatch`` on sm100 with
   ``--kv-cache-dtype fp8`` (the audit's ``fp8_kv_mixed`` path found it). From 0.25.0 the impl's
   condition is another one, and the audit finds no mismatch.
 
-The fixed copy is ``<cache>/vllm-fixed/X-cap-route`` (the overlay's files hard-linked, the one
-edited file written anew); ``--diff`` prints the edit as a unified diff against the release (the
-upstream diff), after a preamble citing the upstream threads (``upstream_refs``). Nothing
-installed changes.
+The fixed copy is ``<cache>/vllm-fixed/X-cap-route`` (the overlay's files hard-linked, the two
+edited files written anew); ``--diff`` prints both edits as a unified diff against the release
+(the upstream diff) with vLLM's unit test of the rule as a new file (``fix_pytest``), after a
+preamble citing the upstream threads (``upstream_refs``). Nothing installed changes.
 """
 
 from __future__ import annotations
