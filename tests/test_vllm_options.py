@@ -162,7 +162,7 @@ def test_release_034_options():
     """0.34.0's own answers. sm90: an NVFP4 cache decodes on the wrapper, told the cap (no XQA), and is
     refused for gpt-oss (head_size 64, the release's own reason); pages stay at 64. sm100: a GQA model
     gets pages of 128 on trtllm-gen (the cap dropped for gemma2), cohere2 (MHA) 64. Fixed: gemma2 gets
-    64 and is refused an NVFP4 cache with the fix's message."""
+    64 and is refused an NVFP4 cache by the selector (the fix's supports_combination reason)."""
     from swa_repro.sglang.families import GPU_CLASSES
     from swa_repro.vllm.audit import run_release
     from swa_repro.vllm.verdict import cell
@@ -196,7 +196,8 @@ def test_release_034_options():
     assert {r["kernel_page"] for r in rows(fixed, "10.0", "gemma2", "large_page_mixed").values()} == {64}
     f100 = cell(fixed["audits"]["10.0"]["gemma2"])
     assert f100["state"] == "not affected" and f100["cache_dtypes"]["nvfp4"]["state"] == "refused"
-    assert "takes no logits soft cap" in f100["cache_dtypes"]["nvfp4"]["why"][0]
+    why = f100["cache_dtypes"]["nvfp4"]["why"][0]  # at backend selection (supports_combination), not after load
+    assert why.startswith("validate_configuration: ") and "takes no soft cap" in why
     assert cell(fixed["audits"]["9.0"]["gemma2"])["cache_dtypes"]["nvfp4"]["state"] == "not affected"
 
 

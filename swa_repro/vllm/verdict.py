@@ -124,7 +124,7 @@ def remedy(c: dict, version: str) -> list[str]:
     asks another window) has no fix here."""
     if c["state"] == "affected" and c["why"] and all("logits_soft_cap" in w for w in c["why"]):
         return ["swa-repro patch apply --vllm --fix cap-route --in-place",
-                "(the installed vLLM's file, a backup kept; `patch diff --vllm` shows the edit first)",
+                "(the installed vLLM's two files, a backup each; `patch diff --vllm` shows the edits first)",
                 f"check it: swa-repro audit --vllm {version} --fix cap-route"]
     if c["state"] == "layer != HF":
         return [("no fix in swa-repro: vLLM's model file asks another window than transformers' mask, on every "
