@@ -197,7 +197,7 @@ def test_release_034_options():
     f100 = cell(fixed["audits"]["10.0"]["gemma2"])
     assert f100["state"] == "not affected" and f100["cache_dtypes"]["nvfp4"]["state"] == "refused"
     why = f100["cache_dtypes"]["nvfp4"]["why"][0]  # at backend selection (supports_combination), not after load
-    assert why.startswith("validate_configuration: ") and "takes no soft cap" in why
+    assert why.startswith("full: validate_configuration: ") and "takes no soft cap" in why
     assert cell(fixed["audits"]["9.0"]["gemma2"])["cache_dtypes"]["nvfp4"]["state"] == "not affected"
 
 
