@@ -225,3 +225,15 @@ def test_vllms_unit_test_fails_shipped_and_passes_fixed(tmp_path, version):
     shipped, fixed = run(overlay, tmp_path / "a"), run(fix.fixed_overlay(version, overlay), tmp_path / "b")
     assert shipped.returncode == 1 and " failed" in shipped.stdout, shipped.stdout[-2000:]
     assert fixed.returncode == 0 and " passed" in fixed.stdout and "failed" not in fixed.stdout, fixed.stdout[-2000:]
+
+
+@pytest.mark.parametrize("utils", [UTILS_SNIPPET, UTILS_020], ids=["0.25.0+", "0.20.0"])
+def test_the_rule_is_written_as_ruff_formats_it(utils):
+    """The upstream diff is held to vLLM's formatter (88 columns) in both signature shapes, and the
+    backend's new calls too."""
+    from tests.test_vllm_fix import _ruff_formatted
+
+    for text, edit in ((utils, fix_utils.edit), (BACKEND_SNIPPET, fix.edit)):
+        text = _ruff_formatted(text)
+        out = edit(text, "x")
+        assert out != text and _ruff_formatted(out) == out
