@@ -126,10 +126,11 @@ def run(args) -> int:
                          "use `patch diff --vllm` for a patch of both, or `apply --in-place`")
     backend, version = (args.source, "--source") if args.source else installed_backend()
     check_paths(args, backend)
+    first = read_backend(backend) if args.action != "revert" else None  # a device, pipe or huge file: one line
     paths = {BACKEND: backend, UTILS: utils_of(backend, args.source)}
     if args.action == "revert":
         return _revert(paths)
-    texts = {rel: read_backend(p) for rel, p in paths.items()}
+    texts = {BACKEND: first, UTILS: read_backend(paths[UTILS])}
     if args.action == "status":
         print(f"{name}: {state(texts, version, args.source)} ({backend}, {paths[UTILS]})")
         return 0
