@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
-from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
+from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION, release_file
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
 CELLS = {"commandr_window_hook": (("cohere2",), ("sm90", "sm100", "sm80")),  # the cells each fix answers
@@ -52,13 +52,6 @@ NO_FIX = ("Refused families never reach the FlashInfer backend (sglang's own ser
           "with full attention; adding the window is model support, as "
           "[sglang #22528](https://github.com/sgl-project/sglang/issues/22528) (issue, open) asks for Qwen3, "
           "and is not offered here.")
-
-
-def release_file(rel: str) -> str:
-    """0.5.23's text of ``rel`` (under the sglang package), from the provisioned overlay."""
-    from swa_repro.sglang.provision import provision
-
-    return (provision(VERSION)[0] / "sglang" / rel).read_text()
 
 
 def diff_of(name: str, text: str) -> str:
