@@ -127,7 +127,7 @@ def grouped(table: dict) -> list[str]:
     return out + [""]
 
 
-def _main(c: dict | None) -> str:
+def main_cell_text(c: dict | None) -> str:
     """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
     if c is None:
         return NOT_IN
@@ -173,7 +173,7 @@ def markdown(table: dict) -> str:
     for g in table["gpus"]:
         rows = [r for r in table["rows"] if r["gpu"] == g]
         lines += [f"## {g}", "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        lines += [f"| {r['sglang']} | " + " | ".join(_main(r["cells"].get(f)) for f in fams) + " |" for r in rows]
+        lines += [f"| {r['sglang']} | " + " | ".join(main_cell_text(r["cells"].get(f)) for f in fams) + " |" for r in rows]
         lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({g}):",
                   "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
         lines += [f"| {r['sglang']} | " + " | ".join(
@@ -183,7 +183,7 @@ def markdown(table: dict) -> str:
     from swa_repro.sglang.families import FAMILIES
 
     lines += grouped(table)
-    lines += fix_markdown(table, [f for f in fams if f in FAMILIES], _main)
+    lines += fix_markdown(table, [f for f in fams if f in FAMILIES], main_cell_text)
     lines += ["## Why (per cell: the paths and layer kinds that are not exact)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}, {r['gpu']}" + (f": {r['error']}" if r.get("error") else ""))

@@ -3,7 +3,7 @@
 ``python -m swa_repro.sglang.fix.upstream_family --out docs/upstream``).
 
 Audit cells: as shipped from the committed family table (``docs/audit/families.json``), with the
-fixes from ``audit.family_fix.fixed_cells`` (0.5.23 with ``--fix all``, content-cached: the same
+fixes from ``audit.family_companion.fixed_cells`` (0.5.23 with ``--fix all``, content-cached: the same
 audits as the table's companion); the cells without a fix in sglang say what to do instead
 (``audit.family_fix.remedy``). Nothing is typed by hand: regenerate, never edit.
 """
@@ -67,9 +67,9 @@ def _line(text: str, needle: str) -> int:
 
 
 def _short(c) -> str:
-    from swa_repro.sglang.audit.family_table import _main
+    from swa_repro.sglang.audit.family_table import main_cell_text
 
-    return _main(c)
+    return main_cell_text(c)
 
 
 def release_texts() -> dict[str, str]:
