@@ -235,7 +235,7 @@ def test_a_model_on_the_hybrid_swa_pool_is_not_given_the_ordinary_pools_verdict(
     ordinary pool's verdict beside it, and names the flag that takes that pool; the table cell too."""
     from swa_repro.sglang.audit import family_verdict as fr
     from swa_repro.sglang.audit.family_fix import remedy
-    from swa_repro.sglang.audit.family_table import _main
+    from swa_repro.sglang.audit.family_table import main_cell_text
 
     path = {"kind": "sliding", "path": "extend_paged", "status": "driven", "verdict": "extra", "cap": "none"}
     f = {"family": "gemma4", "paths": [path], "serving": {"default_prefill": "paged", "flashinfer_kept": True},
@@ -251,6 +251,6 @@ def test_a_model_on_the_hybrid_swa_pool_is_not_given_the_ordinary_pools_verdict(
     cell = {"state": a["state"], "why": a["why"], "ordinary_pool": a["ordinary_pool"]}
     r = remedy("gemma4", cell, "sm80")
     assert r["fix"] is None and "--disable-hybrid-swa-memory" in r["instead"] and "patch --fix all" in r["instead"]
-    assert _main(cell).startswith("SWA pool: not modelled (ordinary pool: ")
+    assert main_cell_text(cell).startswith("SWA pool: not modelled (ordinary pool: ")
     refused = {**f, "serving": {"flashinfer_kept": False, "refusal": ["sinks"]}}
     assert fr.answer(refused, "sm80")["state"] == "flashinfer refused"  # a refusal stays a refusal

@@ -431,7 +431,7 @@ def test_a_damaged_kit_copy_is_made_again_never_used(tmp_path, damage):
     overlay = tmp_path / "sglang" / "0.5.99"
     fake_overlay(overlay, "sglang", "0.5.99", {"sglang/__init__.py": "", "sglang/srt/models/gemma2.py": GEMMA,
                                                **{p: (real / p).read_text() for p in ke.FILES}}, {"sglang": "0.5.99"})
-    dst = ke.kit_overlay(overlay)
+    dst = kit_copy.kit_overlay(overlay)
     assert kit_copy.kit_intact(dst) and dst.parent == tmp_path / "sglang-kit"
     edited = {p: (dst / p).read_bytes() for p in ke.FILES}
     assert all(edited[p] != (overlay / p).read_bytes() for p in ke.FILES)
@@ -442,7 +442,7 @@ def test_a_damaged_kit_copy_is_made_again_never_used(tmp_path, damage):
     else:
         target.write_text(target.read_text()[:40])
     assert not kit_copy.kit_intact(dst)
-    assert ke.kit_overlay(overlay) == dst and kit_copy.kit_intact(dst)
+    assert kit_copy.kit_overlay(overlay) == dst and kit_copy.kit_intact(dst)
     assert (dst / "sglang/srt/models/gemma2.py").read_text() == GEMMA
     assert {p: (dst / p).read_bytes() for p in ke.FILES} == edited
     assert (overlay / "sglang/srt/models/gemma2.py").read_text() == GEMMA  # the overlay never written
@@ -458,11 +458,11 @@ def test_a_kit_copy_damaged_through_its_overlay_is_one_line(tmp_path):
     overlay = tmp_path / "sglang" / "0.5.99"
     fake_overlay(overlay, "sglang", "0.5.99", {"sglang/__init__.py": "", "sglang/srt/models/gemma2.py": GEMMA,
                                                **{p: (real / p).read_text() for p in ke.FILES}}, {"sglang": "0.5.99"})
-    dst = ke.kit_overlay(overlay)
+    dst = kit_copy.kit_overlay(overlay)
     with open(dst / "sglang/srt/models/gemma2.py", "a") as f:  # in place: the overlay's inode
         f.write("# edited\n")
     with pytest.raises(UsageError, match=r"does not match its wheel's RECORD \(sglang/srt/models/gemma2.py"):
-        ke.kit_overlay(overlay)
+        kit_copy.kit_overlay(overlay)
     assert not dst.exists() and not kit_copy.kit_intact(dst)
 
 

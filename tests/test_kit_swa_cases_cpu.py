@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER
-from swa_repro.sglang.fix import kit_edits as ke
+from swa_repro.sglang.fix import ORDER, kit_copy
 from swa_repro.sglang.fix import upstream as up
 
 CASES = Path(__file__).resolve().parent / "sglang_kit_swa_cases.py"
@@ -29,7 +28,7 @@ def runs(tmp_path_factory):
     overlay = release_overlay(up.VERSION)
     tmp = tmp_path_factory.mktemp("kit-swa-cpu")
     fixed = fixed_overlay(up.VERSION, ORDER, overlay)[0]
-    return {s: _run(ke.kit_overlay(b), [CASES], tmp)[CASES.name] for s, b in (("shipped", overlay), ("fixed", fixed))}
+    return {s: _run(kit_copy.kit_overlay(b), [CASES], tmp)[CASES.name] for s, b in (("shipped", overlay), ("fixed", fixed))}
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import skip_module_unless
 
-from swa_repro.notebook import artifacts, runner, story
+from swa_repro.notebook import artifacts, places, runner, story
 from swa_repro.notebook.params import notebook_parameters
 from swa_repro.notebook.runner import NOTEBOOKS_DIR, REPO_DIR, available_notebooks, output_path
 
@@ -45,7 +45,7 @@ def test_interactive_run_writes_its_own_set_under_the_repo_roots_artifacts(path,
     start = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     code = [c.source for c in nb.cells[start:] if c.cell_type == "code"]
     upto = next(i for i, src in enumerate(code) if "announce_mode(" in src)
-    monkeypatch.setattr(runner, "REPO_DIR", tmp_path / "repo")
+    monkeypatch.setattr(places, "REPO_DIR", tmp_path / "repo")  # where output_path reads it
     cwd = tmp_path / "notebooks"
     cwd.mkdir()
     monkeypatch.chdir(cwd)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER
+from swa_repro.sglang.fix import ORDER, kit_copy
 from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix import upstream as up
 
@@ -185,10 +185,10 @@ def cpu(overlay, tmp_path_factory):
     fixed = fixed_overlay(up.VERSION, ORDER, overlay)[0]
     out = {}
     for site, base in (("shipped", overlay), ("fixed", fixed)):
-        out[site, "kit"] = _run(ke.kit_overlay(base), [TEST_FILE, KIT_CASES], tmp)
+        out[site, "kit"] = _run(kit_copy.kit_overlay(base), [TEST_FILE, KIT_CASES], tmp)
         out[site, "nokit"] = _run(base, [KIT_CASES], tmp)
     prior = fixed_overlay(up.VERSION, (*ORDER, "prior_eagle_shared_mask_buf"), overlay)[0]
-    out["prior", "kit"] = _run(ke.kit_overlay(prior), [TEST_FILE], tmp)
+    out["prior", "kit"] = _run(kit_copy.kit_overlay(prior), [TEST_FILE], tmp)
     return out
 
 

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.notebook import places
+from swa_repro.notebook.places import NOTEBOOKS_DIR, RESERVED, output_path
 
 PARAMS_SUFFIX = ".params.json"
 INTERACTIVE_DIR = "interactive"
@@ -239,13 +241,11 @@ def reusable(path, out: Path, key: str) -> dict | None:
     return None if problems(out, Path(path).stem, entry.get("run_id")) else {**entry, "reused": True}
 
 
-# ----------------------------------------------------------------------------- kernel side (runner imports
-# this module at its top, so these import the runner when called)
+# ----------------------------------------------------------------------------- kernel side
 def parameter_names(notebook: str) -> list[str]:
     """The names of ``notebook``'s ``parameters`` cell: of the copy the kernel runs (its cwd: the
     lab's scratch/ copy, or the folder ``swa-repro run`` ran it from), else of the repo's notebook."""
     from swa_repro.notebook.params import notebook_parameters, percent_parameters
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, RESERVED
 
     for path in (Path.cwd() / f"{notebook}.py", NOTEBOOKS_DIR / f"{notebook}.py"):
         if path.is_file():
@@ -264,11 +264,11 @@ def artifact_set(notebook: str, ns: dict) -> Path:
     ``<output_dir>/interactive/<notebook>-<hash of the parameters>/``, its earlier files of this
     notebook removed first, so a set never mixes runs and the runner's set is never written. A bad
     parameter is a ``param_cell.ParameterError`` before anything is written."""
-    from swa_repro.notebook import param_cell, runner
+    from swa_repro.notebook import param_cell
 
     param_cell.check(notebook, ns)  # the check cell's, again: bad parameters never get a folder
     params = {k: ns[k] for k in parameter_names(notebook) if k in ns}
-    base = runner.output_path(ns.get("output_dir", "artifacts"))
+    base = output_path(ns.get("output_dir", "artifacts"))
     run_id, how = ns.get(RUN_ID), HEADLESS
     if run_id and (read(base, notebook) or {}).get("run_id") == run_id:
         run_id = None  # an executed .ipynb run again: its set is done, this run is another one
@@ -288,10 +288,8 @@ def artifact_set(notebook: str, ns: dict) -> Path:
 
 def _shown(p: Path) -> str:
     """``p`` relative to the repo root when under it (what a reader of the notebook can find)."""
-    from swa_repro.notebook import runner
-
     with contextlib.suppress(ValueError):
-        return str(Path(p).resolve().relative_to(runner.REPO_DIR.resolve()))
+        return str(Path(p).resolve().relative_to(places.REPO_DIR.resolve()))
     return str(p)
 
 

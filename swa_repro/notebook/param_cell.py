@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 
 from swa_repro.core.errors import CaseError, UsageError
+from swa_repro.notebook.places import NOTEBOOKS_DIR, RESERVED, output_path
 
 
 class ParameterError(UsageError):
@@ -77,8 +78,6 @@ CASES = (("the seed case", "extend_lens", _seed), ("the multi-tile case", "tile_
 def notebook_file(notebook: str) -> Path | None:
     """The copy of ``notebook`` the kernel runs (its cwd: the lab's scratch/, or where ``swa-repro
     run`` ran it from), else the repo's; None if neither is there."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR
-
     return next((p for p in (Path.cwd() / f"{notebook}.py", NOTEBOOKS_DIR / f"{notebook}.py") if p.is_file()), None)
 
 
@@ -113,7 +112,6 @@ def _check_one(name: str, value, path: Path | None) -> None:
     from swa_repro.core.mode import MODES
     from swa_repro.core.outputs import out_dir
     from swa_repro.notebook.params import check_parameters
-    from swa_repro.notebook.runner import RESERVED, output_path
 
     try:
         if name == "output_dir":  # a Path once artifact_set has run: the cell run again alone

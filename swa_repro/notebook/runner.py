@@ -33,27 +33,18 @@ from swa_repro.notebook import artifacts, run_summary, show
 from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
+from swa_repro.notebook.places import NOTEBOOKS_DIR, RESERVED
+from swa_repro.notebook.places import REPO_DIR, output_path  # noqa: F401  (where they were)
 from swa_repro.notebook.run_summary import longest_first  # noqa: F401  (where it was)
 from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
-REPO_DIR = Path(__file__).resolve().parents[2]
-NOTEBOOKS_DIR = REPO_DIR / "notebooks"
 NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
 KERNEL_NAME = "swa-repro"
-RESERVED = ("mode", "output_dir")
 MAX_CELL_TIMEOUT = 86400
 MAX_JOBS = 64
 
 
 # ---------------------------------------------------------------- kernel side (used in notebooks)
-def output_path(output_dir) -> Path:
-    """``output_dir`` as a notebook writes it: a relative one is taken from the repo root, as
-    ``make repro`` does, not from the kernel's cwd (notebooks/ in the lab), so an interactive run
-    and a headless one fill the same ``artifacts/``. ``swa-repro run`` passes an absolute path."""
-    p = Path(output_dir).expanduser()
-    return p if p.is_absolute() else REPO_DIR / p
-
-
 def one_line_usage_errors() -> bool:
     """In an IPython kernel: a ``UsageError`` (a bad parameter, an unknown fix name) ends the cell
     with its one line, as the CLI prints it, not a traceback; the cell still fails (Run All and

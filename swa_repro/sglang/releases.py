@@ -186,7 +186,7 @@ def attach(backend, batch):
 
 
 # ----------------------------------------------------------------------------- CUDA-only pieces
-class _Missing:
+class Missing:
     """A name from a CUDA-only extension this host cannot load; raises if actually called."""
 
     def __init__(self, name):
@@ -198,7 +198,7 @@ class _Missing:
     def __getattr__(self, attr):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return _Missing(f"{self.name}.{attr}")
+        return Missing(f"{self.name}.{attr}")
 
 
 class _SglKernelPlaceholder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -216,7 +216,7 @@ class _SglKernelPlaceholder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def attr(name, _n=spec.name):
             if name.startswith("__"):
                 raise AttributeError(name)
-            return _Missing(f"{_n}.{name}")
+            return Missing(f"{_n}.{name}")
         m.__getattr__ = attr
         return m
 

@@ -87,13 +87,15 @@ def decode(x, device="cpu", workspaces: dict | None = None):
     return x
 
 
-def _first_tensor(x):
+def first_tensor(x):
+    """The first tensor of a call's result (a tensor, or a tuple of them as recorded or returned):
+    the output a replay compares and the live judge runs (``audit.live``)."""
     if torch.is_tensor(x):
         return x
     if isinstance(x, dict) and "__tuple__" in x:
-        return _first_tensor(x["__tuple__"][0]) if x["__tuple__"] else None
+        return first_tensor(x["__tuple__"][0]) if x["__tuple__"] else None
     if isinstance(x, tuple) and x:
-        return _first_tensor(x[0])
+        return first_tensor(x[0])
     return None
 
 
@@ -277,11 +279,11 @@ def replay(trace: Trace, backend: str = "flashinfer", atol: float = 2e-2, device
         if (rep.recorded_error is None) != (rep.replay_error is None) or (
                 rep.recorded_error and rep.recorded_error.split(":")[0] != rep.replay_error.split(":")[0]):
             rep.ok, rep.why = False, "the replay raised differently from the recording"
-        got = _first_tensor(res)
+        got = first_tensor(res)
         if got is not None and c.method in OUTPUT_METHODS:
             torch.cuda.synchronize()
             reference = ref.get("output") if ref.get("call") == i else None
-            for k, v in compare_output(got, _first_tensor(c.result), reference, atol).items():
+            for k, v in compare_output(got, first_tensor(c.result), reference, atol).items():
                 setattr(rep, k, v)
             if rep.max_abs_vs_recorded is not None and not rep.max_abs_vs_recorded <= atol:
                 rep.ok, rep.why = False, f"real kernel differs from the recorded output by {rep.max_abs_vs_recorded:.3g}"

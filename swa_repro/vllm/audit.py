@@ -169,10 +169,8 @@ def render(doc: dict, version: str, gpu: sf.GpuClass) -> list[str]:
 
 
 def main(a) -> int:
-    if a.release_table:
-        from swa_repro.vllm import table
-
-        return table.main(a)
+    """``audit --vllm X`` (one release); ``--release-table`` is ``vllm.table.main``'s, which runs
+    this module's releases (``vllm.cli`` picks between them, so this module never imports the table)."""
     from swa_repro.vllm.checkpoint import model_arg
 
     ck = model_arg(a.model, FAMILIES)  # the user's config.json read, or None (family names)

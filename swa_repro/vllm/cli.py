@@ -35,6 +35,10 @@ def register(sub) -> None:
 
                 raise UsageError("--diff goes with --vllm X --fix cap-route")
             return sglang_func(a)
+        if a.release_table:
+            from swa_repro.vllm import table
+
+            return table.main(a)
         from swa_repro.vllm import audit
 
         return audit.main(a)

@@ -35,7 +35,8 @@ from swa_repro.sglang.audit import family_build as fbuild
 from swa_repro.sglang.audit import family_live, rows, spans
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
-from swa_repro.sglang.audit.env import DECODE, RAGGED
+from swa_repro.sglang.audit.env import RAGGED
+from swa_repro.sglang.audit.gpu_backends import backend_of, cap_state, wrappers
 from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
 
@@ -175,38 +176,6 @@ def gpu_env(fb, gpu: GpuClass):
 
 
 # ----------------------------------------------------------------------------- one run's record
-def backend_of(gpu: GpuClass):
-    """``(pair, plan) -> backend FlashInfer runs`` on ``gpu`` (decode: fa2, its only backend here)."""
-    return lambda p, plan: "fa2" if p.cls == DECODE else gpu.resolve(
-        p.backend, int(plan.get("head_dim_qk") or plan.get("head_dim") or 0), plan.get("custom_mask") is not None)
-
-
-def wrappers(run, gpu: GpuClass) -> dict:
-    """Per wrapper class: the backend sglang built it with and what FlashInfer runs on ``gpu``."""
-    out = {}
-    for p in ak.pairs(run):
-        out.setdefault(p.cls.replace("BatchPrefillWith", "").replace("BatchDecodeWith", "Decode:"),
-                       set()).add(f"{p.backend} -> {backend_of(gpu)(p, p.plan[1])}")
-    return {k: sorted(v) for k, v in out.items()}
-
-
-def cap_state(run, gpu: GpuClass) -> str:
-    """``applied`` (every call plans the layer's cap on a backend that applies one), ``dropped``
-    (with which wrapper plans what, or runs on cutlass), ``none`` (the layer has no cap)."""
-    cap = float(run.layer_cap or 0.0)
-    if cap <= 0:
-        return "none"
-    why = set()
-    for p in ak.pairs(run):
-        planned, be = float(p.plan[1].get("logits_soft_cap") or 0.0), backend_of(gpu)(p, p.plan[1])
-        short = p.cls.replace("BatchPrefillWith", "").replace("KVCacheWrapper", "").replace("BatchDecodeWithPaged", "Decode")
-        if planned != cap:
-            why.add(f"{short} plans {planned:g}")
-        elif be == "cutlass":
-            why.add(f"{short} on cutlass")
-    return "applied" if not why else "dropped (" + ", ".join(sorted(why)) + ")"
-
-
 def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass, memo: dict | None = None) -> dict:
     """One path x layer kind: status, what the plans carried, backends, keys, verdict, cap, and the
     rows of its longest request as ranges (``audit.rows``: what a keys heatmap draws). ``memo``

@@ -134,15 +134,15 @@ def dp_attention(mc, model_path: str) -> str:
 
 
 def vllm_placeholder() -> None:
-    """``vllm._custom_ops`` whose names raise when called (``releases._Missing``)."""
-    from swa_repro.sglang.releases import _Missing
+    """``vllm._custom_ops`` whose names raise when called (``releases.Missing``)."""
+    from swa_repro.sglang.releases import Missing
 
     if "vllm._custom_ops" in sys.modules:
         return
     def missing(name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _Missing(f"vllm._custom_ops.{name}")
+        return Missing(f"vllm._custom_ops.{name}")
 
     pkg, ops = types.ModuleType("vllm"), types.ModuleType("vllm._custom_ops")
     pkg.__path__ = []

@@ -1,8 +1,8 @@
 """What a user does about a family's cell (``audit --model``, ``docs/audit/families.md``): the
 ``swa-repro patch --fix`` fixes that make it exact, or, where sglang has no fix to make, why and
-what to do instead; and the companion table of one release audited with ``--fix all``.
+what to do instead (the table's companion, ``family_companion``, says it per family).
 
-The rules read the cell's own facts (``family_table.cell_of``), never a family's name alone:
+The rules read the cell's own facts (``family_verdict.cell_of``), never a family's name alone:
 
 * refused: sglang refuses ``--attention-backend flashinfer`` for the architecture (gpt-oss, Exaone-4,
   Gemma-4: the release's own server code, ``serving_path``), so nothing in the FlashInfer backend is
@@ -25,10 +25,9 @@ The rules read the cell's own facts (``family_table.cell_of``), never a family's
 
 from __future__ import annotations
 
+from swa_repro.sglang.audit.family_verdict import AFFECTED, HYBRID, LAYER_NOT_HF
+
 FAMILY_FIX = {"cohere2": "commandr_window_hook"}  # the model-file fix of a family, by its sglang file
-AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
-HYBRID = "unknown (hybrid SWA pool)"  # family_verdict.answer: served on the hybrid SWA KV pool, not modelled
-LAYER_NOT_HF = "layer != HF"  # every kernel told what the layer asks, the layer another window (vllm.verdict's)
 FIXED_RELEASE = "0.5.23"
 FIRST_FIXABLE = "0.5.14"  # the fixes are written against 0.5.14-0.5.23's files (fix/__init__.py, fix.family_fixes)
 
@@ -110,64 +109,3 @@ def remedy_text(r: dict) -> str:
         named = [n for n in r["fix"] if n != "all"]
         return "swa-repro patch --fix all" + (f" (it includes {', '.join(named)})" if named else "")
     return r["instead"] or "nothing to do"
-
-
-# ----------------------------------------------------------------------------- the companion table
-def fixed_cells(gpus, version: str = FIXED_RELEASE, note=print) -> dict:
-    """``{"sglang", "command", "cells": {gpu: {family: cell}}}``: every family of ``version`` audited
-    with ``--fix all`` (``fix.overlay``) on each GPU class, by one child for all of them."""
-    from swa_repro.sglang.audit.family_run import audit_release
-    from swa_repro.sglang.audit.family_table import cell_of
-    from swa_repro.sglang.fix import parse_names
-
-    docs = audit_release(version, "all", list(gpus), fixes=parse_names("all"), note=note)
-    return {"sglang": version, "command": f"swa-repro audit --sglang {version} --model all --gpu G --fix all",
-            "cells": {g: {f["family"]: cell_of(f) for f in docs[g]["families"]} for g in gpus}}
-
-
-def markdown(table: dict, fams: list[str], short) -> list[str]:
-    """The companion section: per GPU class, each family's cell of the newest release with
-    ``--fix all``, and what to do per family (``remedy``) from the main table's cells of that release."""
-    fx = table.get("fixed")
-    out = ["## With the fixes, and what to do", ""]
-    if fx:
-        out += [f"sglang {fx['sglang']} with every fix of `swa-repro patch --fix all` (`{fx['command']}`; the "
-                "family fixes are in `swa_repro/sglang/fix/family_fixes.py`, their upstream diffs in "
-                "`docs/upstream/families.md`):", "", "| GPU | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        out += [f"| {g} | " + " | ".join(short(c.get(f)) for f in fams) + " |" for g, c in fx["cells"].items()]
-        out.append("")
-    newest = [r for r in table["rows"] if r["sglang"] == (fx or {}).get("sglang", table["rows"][-1]["sglang"])]
-    out += ["What to do, per family and GPU class (sglang " + (newest[0]["sglang"] if newest else "?") + "):", ""]
-    for f in fams:
-        seen = {}
-        for r in newest:
-            c = r["cells"].get(f)
-            if c is not None:
-                seen.setdefault(remedy_text(remedy(f, c, r["gpu"])), []).append(r["gpu"])
-        out += [f"- **{f}** ({', '.join(gs)}): {text}" for text, gs in seen.items()]
-    return out + [""]
-
-
-def main(argv=None) -> int:
-    """``python -m swa_repro.sglang.audit.family_fix [--table DIR]``: the companion table added to an
-    existing ``families.json`` (its other rows as generated), and ``families.md`` re-rendered from it."""
-    import argparse
-    import json
-
-    from swa_repro.sglang.audit import family_table
-
-    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.audit.family_fix", description=main.__doc__)
-    p.add_argument("--table", default=str(family_table.TABLE_DIR))
-    a = p.parse_args(argv)
-    from pathlib import Path
-
-    js = Path(a.table) / "families.json"
-    table = json.loads(js.read_text())
-    table["fixed"] = fixed_cells(table["gpus"])
-    for f in family_table.write(table, Path(a.table)):
-        print(f"wrote {f}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

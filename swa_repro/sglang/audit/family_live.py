@@ -14,6 +14,7 @@ import torch
 
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit.env import DECODE
+from swa_repro.sglang.audit.gpu_backends import backend_of
 from swa_repro.sglang.families import GPU_CLASSES, SLIDING, GpuClass
 
 
@@ -101,12 +102,10 @@ def card_cannot_run(gpu: GpuClass, device: str) -> str | None:
 def executor_for(executor, gpu: GpuClass, device: str):
     """``executor`` as FlashInfer runs on ``gpu``: on the card's own class unchanged (FlashInfer
     resolves ``auto`` itself, and the live result says what it ran); otherwise, and on the kernel
-    model, each prefill wrapper built with the backend ``gpu`` resolves it to (``audit.family.backend_of``;
+    model, each prefill wrapper built with the backend ``gpu`` resolves it to (``audit.gpu_backends.backend_of``;
     decode keeps its own: fa2)."""
     card = card_of(device)
     if card is not None and card.name == gpu.name:
         return executor
-    from swa_repro.sglang.audit import family
-
-    res = family.backend_of(gpu)
+    res = backend_of(gpu)
     return dataclasses.replace(executor, backend=lambda p: None if p.cls == DECODE else res(p, p.plan[1]))

@@ -24,7 +24,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer
+from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer, cell_of
 from swa_repro.sglang.checkpoint import Checkpoint
 from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
     overlay_for, run_child
@@ -90,7 +90,6 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     serving = _serving(overlay, version, names, ck, {**{a: {"architectures": [a]} for a in static if a != arch_cells.FALLBACK},
                                                      **{a: x["small"]["config"] for a, x in smalls.items()}})
     from swa_repro.sglang.audit.family_fix import remedy
-    from swa_repro.sglang.audit.family_table import cell_of
 
     out = {}
     for g in gpus:

@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.audit.family_fix import HYBRID
+from swa_repro.sglang.audit.family_companion import fixed_cells
+from swa_repro.sglang.audit.family_companion import markdown as fix_markdown
+from swa_repro.sglang.audit.family_verdict import HYBRID, cell_of
 from swa_repro.sglang.audit.table import TABLE_DIR, provenance
 
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
@@ -49,34 +51,10 @@ def tags(why) -> str:
     return "; ".join(parts)
 
 
-def cell_of(f: dict) -> dict:
-    """One family of one audit: the answer and the facts behind it."""
-    a = f["answer"]
-    if f.get("error"):
-        return {"state": a["state"], "why": [a["why"]]}
-    if "kinds" not in f:  # decided from the release's source (arch_cells: a crash, the fallback), not driven
-        return {"state": a["state"], "why": a["why"], "default_backend": a.get("default_backend"),
-                "note": a.get("note")}
-    kinds = f["kinds"]
-    caps = sorted({r["cap"].split(" (")[0] for r in f["paths"] if r.get("status") == "driven"})
-    bad = {}
-    for r in f["paths"]:
-        if r.get("status") == "driven" and r["verdict"] != "exact":
-            bad.setdefault(r["kind"], []).append(f"{r['path']}: {r['verdict']}")
-    why = a.get("why")
-    return {"state": a["state"], "why": [why] if isinstance(why, str) else why or [],
-            "flags": a.get("flags"), "default_backend": a.get("default_backend"), "note": a.get("note"),
-            "window_hf": f["config"]["sliding_window"],
-            "layer_window": {k: v["layer_window"] for k, v in kinds.items()},
-            "runner_window": f["build"]["runner_window"], "runner_rule": f["build"]["runner_rule"],
-            "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad,
-            **({"ordinary_pool": a["ordinary_pool"]} if "ordinary_pool" in a else {})}
-
-
 def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None) -> dict:
     """Audit every family of each release on every GPU class: one child per release serves them all
     (``family_run.audit_release``), ``jobs`` at a time, and with ``fixed`` (a release) the companion
-    table of that release with ``--fix all`` (``family_fix.fixed_cells``) as one more child in the
+    table of that release with ``--fix all`` (``family_companion.fixed_cells``) as one more child in the
     same pool. Longest first, so no long child starts last: the companion (every family, every fix)
     and then the newest releases (they serve the most families; 0.5.23's child takes a third longer
     than 0.5.10's)."""
@@ -84,7 +62,6 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
 
     from swa_repro.core.errors import UsageError
     from swa_repro.sglang import provision
-    from swa_repro.sglang.audit.family_fix import fixed_cells
     from swa_repro.sglang.audit.family_run import audit_release
 
     def one(task):
@@ -150,7 +127,7 @@ def grouped(table: dict) -> list[str]:
     return out + [""]
 
 
-def _main(c: dict | None) -> str:
+def main_cell_text(c: dict | None) -> str:
     """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
     if c is None:
         return NOT_IN
@@ -196,18 +173,17 @@ def markdown(table: dict) -> str:
     for g in table["gpus"]:
         rows = [r for r in table["rows"] if r["gpu"] == g]
         lines += [f"## {g}", "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        lines += [f"| {r['sglang']} | " + " | ".join(_main(r["cells"].get(f)) for f in fams) + " |" for r in rows]
+        lines += [f"| {r['sglang']} | " + " | ".join(main_cell_text(r["cells"].get(f)) for f in fams) + " |" for r in rows]
         lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({g}):",
                   "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
         lines += [f"| {r['sglang']} | " + " | ".join(
             (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else NOT_IN)
             for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
         lines.append("")
-    from swa_repro.sglang.audit.family_fix import markdown as fix_markdown
     from swa_repro.sglang.families import FAMILIES
 
     lines += grouped(table)
-    lines += fix_markdown(table, [f for f in fams if f in FAMILIES], _main)
+    lines += fix_markdown(table, [f for f in fams if f in FAMILIES], main_cell_text)
     lines += ["## Why (per cell: the paths and layer kinds that are not exact)", ""]
     for r in table["rows"]:
         lines.append(f"### sglang {r['sglang']}, {r['gpu']}" + (f": {r['error']}" if r.get("error") else ""))
@@ -222,3 +198,24 @@ def markdown(table: dict) -> str:
               "|---|---|---|---|"]
     lines += [f"| {v} | {x['import_seconds']} | {x['audit_seconds']} | {x['child_seconds']} |" for v, x in t.items()]
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m swa_repro.sglang.audit.family_table [--table DIR]``: the companion table
+    (``family_companion.fixed_cells``) added to an existing ``families.json`` (its other rows as
+    generated), and ``families.md`` re-rendered from it."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m swa_repro.sglang.audit.family_table", description=main.__doc__)
+    p.add_argument("--table", default=str(TABLE_DIR))
+    a = p.parse_args(argv)
+    js = Path(a.table) / "families.json"
+    table = json.loads(js.read_text())
+    table["fixed"] = fixed_cells(table["gpus"])
+    for f in write(table, Path(a.table)):
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

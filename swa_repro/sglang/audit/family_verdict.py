@@ -6,8 +6,9 @@ show it. Kept apart from ``family_run``, which builds and drives: this module on
 
 from __future__ import annotations
 
-from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
-
+AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
+HYBRID = "unknown (hybrid SWA pool)"  # answer: served on the hybrid SWA KV pool, not modelled
+LAYER_NOT_HF = "layer != HF"  # every kernel told what the layer asks, the layer another window (vllm.verdict's)
 SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
 DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
 ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
@@ -111,6 +112,30 @@ def _refused(f: dict, sv: dict, backend) -> dict:
                 "note": f"--attention-backend flashinfer is refused ({sv.get('refusal')}); "
                         f"{' / '.join(s['flag'] for s in split)} kept: the driven paths they reach are exact"}
     return out
+
+
+def cell_of(f: dict) -> dict:
+    """One family of one audit: the answer and the facts behind it."""
+    a = f["answer"]
+    if f.get("error"):
+        return {"state": a["state"], "why": [a["why"]]}
+    if "kinds" not in f:  # decided from the release's source (arch_cells: a crash, the fallback), not driven
+        return {"state": a["state"], "why": a["why"], "default_backend": a.get("default_backend"),
+                "note": a.get("note")}
+    kinds = f["kinds"]
+    caps = sorted({r["cap"].split(" (")[0] for r in f["paths"] if r.get("status") == "driven"})
+    bad = {}
+    for r in f["paths"]:
+        if r.get("status") == "driven" and r["verdict"] != "exact":
+            bad.setdefault(r["kind"], []).append(f"{r['path']}: {r['verdict']}")
+    why = a.get("why")
+    return {"state": a["state"], "why": [why] if isinstance(why, str) else why or [],
+            "flags": a.get("flags"), "default_backend": a.get("default_backend"), "note": a.get("note"),
+            "window_hf": f["config"]["sliding_window"],
+            "layer_window": {k: v["layer_window"] for k, v in kinds.items()},
+            "runner_window": f["build"]["runner_window"], "runner_rule": f["build"]["runner_rule"],
+            "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad,
+            **({"ordinary_pool": a["ordinary_pool"]} if "ordinary_pool" in a else {})}
 
 
 # ----------------------------------------------------------------------------- child

@@ -275,9 +275,9 @@ def split(diff: str) -> dict[str, str]:
 
 def write(out: Path, overlay: Path | None = None) -> list[Path]:
     """``out/<name>.diff`` for each edit and ``out/kit.diff``, against ``overlay``'s kit (default:
-    the release the upstream diffs are made against, ``upstream.VERSION``)."""
+    the release the upstream diffs are made against, ``upstream_diff.VERSION``)."""
     if overlay is None:
-        from swa_repro.sglang.fix.upstream import VERSION
+        from swa_repro.sglang.fix.upstream_diff import VERSION
         from swa_repro.sglang.provision import provision
 
         overlay = provision(VERSION)[0]
@@ -304,14 +304,6 @@ def apply_to_site(site: Path, names=ORDER) -> dict[str, str]:
             tmp.write_text(text)
             os.replace(tmp, f)  # a new inode: a hard-linked copy elsewhere keeps its text
     return before
-
-
-def kit_overlay(overlay: Path, names=ORDER) -> Path:
-    """``overlay`` with the kit edits ``names``: ``kit_copy.kit_overlay`` (made once, checked against its
-    wheel's RECORD each time it is reused)."""
-    from swa_repro.sglang.fix.kit_copy import kit_overlay as copy
-
-    return copy(overlay, names)
 
 
 def main(argv=None) -> int:

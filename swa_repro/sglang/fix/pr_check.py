@@ -35,6 +35,7 @@ from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import pr_tests
+from swa_repro.sglang.fix.pr_tests import NOT_ON_CPU
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION, plus_side
 
 DOCS = ROOT / "docs" / "upstream"
@@ -164,14 +165,6 @@ def check_series(pr, overlay: Path, work: Path, note=print, before: bool = True)
         note(f"{pr.dir} {name}: {verdict(pr, k, row) or 'ok'}")
         out.append(row)
     return out
-
-
-# Test methods the CPU stand-ins cannot judge, and why (checked: they fail where the GPU passes).
-NOT_ON_CPU = {
-    "test_decode_window_soft_cap_cuda_graph": "the stand-in decode wrapper computes from the indices of its own "
-    "plan(), not from the graph's buffers a replay refills: the kit's window-only CUDA-graph decode case fails "
-    "on 0.5.23 as shipped on the CPU too, where its window is right",
-}
 
 
 # Test methods that check the kit's own expectation (they pass wherever the commit's kit piece is).

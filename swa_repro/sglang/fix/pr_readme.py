@@ -15,7 +15,8 @@ from pathlib import Path
 from swa_repro.sglang.fix import FIXES
 from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix.pr_series import PRS, kit_pieces_known, test_path
-from swa_repro.sglang.fix.upstream import DETAIL
+from swa_repro.sglang.fix.pr_tests import NOT_ON_CPU
+from swa_repro.sglang.fix.upstream_diff import DETAIL, release_file
 
 RECORD = "pr-check.json"
 _BISECT = "### Bisect check on a CPU"
@@ -63,8 +64,6 @@ def bisect_lines(out: Path) -> list[str]:
     lines = head + ["", f"Recorded {doc['date']} (swa-repro {doc['swa_repro_commit']}):", "",
                     "| PR | commit | touched | tests after it | its tests without its fix | verdict |",
                     "|---|---|---|---|---|---|"]
-    from swa_repro.sglang.fix.pr_check import NOT_ON_CPU
-
     for d, rows in doc["results"].items():
         for r in rows:
             after = sum(len(v["subtests"]) or len(v["tests"]) for v in r["after"].values())
@@ -81,7 +80,6 @@ def sliding_backend() -> str:
     import re
 
     from swa_repro.sglang.fix import BACKEND, apply_fixes
-    from swa_repro.sglang.fix.upstream_family import release_file
 
     text = release_file(BACKEND)
     old = set(text.splitlines())

@@ -232,8 +232,7 @@ def commits(pr: PR, texts: dict[str, str], kit: dict[str, str], body) -> list:
 
 def release_texts() -> tuple[dict[str, str], dict[str, str]]:
     """(sglang-package file -> 0.5.23's text for every file a series edits, 0.5.23's kit)."""
-    from swa_repro.sglang.fix.upstream_diff import VERSION
-    from swa_repro.sglang.fix.upstream_family import release_file
+    from swa_repro.sglang.fix.upstream_diff import VERSION, release_file
     from swa_repro.sglang.provision import provision
 
     files = dict.fromkeys(FIXES[s.fix].file for pr in PRS for s in pr.steps)
@@ -262,7 +261,7 @@ def write(out, body) -> list:
 
 def pr_description(pr: PR, cs) -> str:
     """The PR's description: title, what, why, upstream twin, test plan."""
-    from swa_repro.sglang.fix.pr_check import NOT_ON_CPU
+    from swa_repro.sglang.fix.pr_tests import NOT_ON_CPU
     from swa_repro.sglang.fix.upstream_refs import REFS
 
     refs = list(dict.fromkeys(r for s in pr.steps for r in REFS.get(s.fix, ())))

@@ -25,6 +25,14 @@ from swa_repro.sglang.fix.upstream_diff import LIVE
 KIT = "sglang.test.kits.attention_unittest"
 TIMINGS = ("call-20261206T0433-h100-graph-warm/regress.log", "call-20261205T1401-h200-kit-regress/regress.log")
 
+# Test methods the CPU stand-ins cannot judge, and why (checked: they fail where the GPU passes).
+NOT_ON_CPU = {
+    "test_decode_window_soft_cap_cuda_graph": "the stand-in decode wrapper computes from the indices of its own "
+    "plan(), not from the graph's buffers a replay refills: the kit's window-only CUDA-graph decode case fails "
+    "on 0.5.23 as shipped on the CPU too, where its window is right",
+}
+
+
 # ----------------------------------------------------------------------------- pieces
 CASES = {  # class-level case lists: name -> source (4-space indent inside the class)
     "NO_PREFIX_CASES": 'NO_PREFIX_CASES = make_swa_no_prefix_input_config_cases("flashinfer")',

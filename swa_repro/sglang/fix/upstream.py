@@ -18,8 +18,8 @@ from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix import FIXES, ORDER, parse_names, states
 from swa_repro.sglang.fix.alternatives import ALTERNATIVES
-from swa_repro.sglang.fix.upstream_diff import (LIVE, REPO_PATH, ROOT, TEST, VERSION, diffs,  # noqa: F401
-                                                plus_side, source, unified)
+from swa_repro.sglang.fix.upstream_diff import (DETAIL, LIVE, REPO_PATH, ROOT, TEST, VERSION, diffs,  # noqa: F401
+                                                plus_side, release_file, source, unified)
 from swa_repro.sglang.fix.upstream_live import (live_fix_set, load_live, live_lines, regress_lines, regress_results,  # noqa: F401
                                                 stale_live)
 from swa_repro.sglang.fix.upstream_refs import upstream_section
@@ -86,34 +86,6 @@ def problems(text: str) -> dict[str, str]:
             f"replay (`fast_decode_plan`, `fast_prefill_plan` at {L('def fast_prefill_plan(')}) never re-picks the "
             "captured module: the cap is lost in every graph for the same reasons as above."),
     }
-
-
-DETAIL = {  # why each fix has the shape it has (what a reviewer asks first)
-    "ragged_no_prefix_window": "The full layers keep the shared wrapper, planned as before: a runtime "
-    "`window_left=-1` on a window-compiled kernel is not full attention everywhere (fa3 on sm90 skips KV tiles "
-    "from the planned window, and split-KV sizes its chunks from it), so one wrapper cannot serve both kinds.",
-    "ragged_prefix_window": "Same wrapper as `ragged_no_prefix_window` (the two diffs share those hunks; "
-    "`all.diff` has them once).",
-    "eagle_verify_window": "Wrapper 0 keeps the whole sequence and its tree mask, like wrapper 1. The window on "
-    "each draft token's tree position (committed length + its strict ancestors in the mask, as sglang computes "
-    "positions) is ANDed into a copy of the tree mask (`_spec_tree_mask_in_window`, which touches only the keys "
-    "near the window's start and the tree keys), and plan and `forward()` both take the window widened by "
-    "`draft_token_num - 1` (`_spec_verify_window_left`): wider than any node's real window, so it cuts no key "
-    "the mask keeps (nor does fa2's per-tile start, which reads the run's value), while older KV tiles are "
-    "still skipped. Under CUDA graphs each verify wrapper gets its own packed-mask buffer "
-    "(`cuda_graph_custom_mask[i]`, the shipped size each): FlashInfer's graph-mode `plan()` copies a wrapper's "
-    "mask to offset 0 of the buffer it was given and the captured kernel reads it there, so on the one shared "
-    "buffer the sliding-window wrapper would read the full wrapper's unwindowed mask (the cure #39160 named).",
-    "dflash_verify_window": "The window is planned in, so the request-granular trim no longer decides which "
-    "keys a query sees.",
-    "soft_cap_prefill": "The cap is the one the model's attention layers use (each `RadixAttention.logit_cap`: "
-    "Gemma-2's from `attn_logit_softcapping`, Grok's with its fallback of 30), read at start-up; a `fast_prefill_plan` replay takes no cap and "
-    "keeps the module captured with it. A layer whose cap is not the planned one is refused (ValueError "
-    "naming both) instead of running with a module planned for another cap: a capped module divides by a "
-    "layer cap of 0, and FlashInfer applies tanh only (`logit_capping_method`).",
-    "soft_cap_decode": "The cap comes from the same helper as `soft_cap_prefill`; `fast_decode_plan` replays "
-    "take it too; `forward_decode` refuses a layer with another cap, as `forward_extend` does.",
-}
 
 
 # ----------------------------------------------------------------------------- audits
@@ -290,8 +262,6 @@ def commit_body(texts: dict, name: str) -> str:
 def series_texts() -> dict[str, str]:
     """sglang-package file -> 0.5.23's text, for every file a fix of the series edits."""
     from swa_repro.sglang.fix import ALL
-    from swa_repro.sglang.fix.upstream_family import release_file
-
     return {f: release_file(f) for f in dict.fromkeys(FIXES[n].file for n in ALL)}
 
 

@@ -3,7 +3,7 @@ tests/sglang_kit_flashinfer_cases.py) on a CPU, to check their logic without a G
 
 A test file imports only sglang and torch, so it runs here unchanged in a child with a release's
 overlay first on ``sys.path`` (``run_child``), shipped or fixed (``fix.overlay``), its attention kit
-as released or with the kit edits (``kit_edits.kit_overlay``: what the upstream change brings with
+as released or with the kit edits (``kit_copy.kit_overlay``: what the upstream change brings with
 the test). Around it: the audit's CPU replacements around the backend (``audit.env.audit_env``:
 device="cuda" buffers on the CPU, the kv-indices port, ``merge_state``) and, in place of the three
 FlashInfer wrappers, stand-ins that keep FlashInfer's plan-time contract and compute exact

@@ -3,7 +3,7 @@
 ``python -m swa_repro.sglang.fix.upstream_family --out docs/upstream``).
 
 Audit cells: as shipped from the committed family table (``docs/audit/families.json``), with the
-fixes from ``audit.family_fix.fixed_cells`` (0.5.23 with ``--fix all``, content-cached: the same
+fixes from ``audit.family_companion.fixed_cells`` (0.5.23 with ``--fix all``, content-cached: the same
 audits as the table's companion); the cells without a fix in sglang say what to do instead
 (``audit.family_fix.remedy``). Nothing is typed by hand: regenerate, never edit.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
-from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION
+from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION, release_file
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 
 CELLS = {"commandr_window_hook": (("cohere2",), ("sm90", "sm100", "sm80")),  # the cells each fix answers
@@ -54,13 +54,6 @@ NO_FIX = ("Refused families never reach the FlashInfer backend (sglang's own ser
           "and is not offered here.")
 
 
-def release_file(rel: str) -> str:
-    """0.5.23's text of ``rel`` (under the sglang package), from the provisioned overlay."""
-    from swa_repro.sglang.provision import provision
-
-    return (provision(VERSION)[0] / "sglang" / rel).read_text()
-
-
 def diff_of(name: str, text: str) -> str:
     rel = FIXES[name].file
     path = f"python/sglang/{rel}"
@@ -74,9 +67,9 @@ def _line(text: str, needle: str) -> int:
 
 
 def _short(c) -> str:
-    from swa_repro.sglang.audit.family_table import _main
+    from swa_repro.sglang.audit.family_table import main_cell_text
 
-    return _main(c)
+    return main_cell_text(c)
 
 
 def release_texts() -> dict[str, str]:
