@@ -14,6 +14,7 @@ from pathlib import Path
 
 from swa_repro.sglang.fix import FIXES
 from swa_repro.sglang.fix import kit_edits as ke
+from swa_repro.sglang.fix import uno_verify
 from swa_repro.sglang.fix.pr_series import PRS, kit_pieces_known, test_path
 from swa_repro.sglang.fix.pr_tests import NOT_ON_CPU
 from swa_repro.sglang.fix.upstream_diff import DETAIL, release_file
@@ -123,6 +124,9 @@ def review_lines() -> list[str]:
     ]
     lines = ["", "## Review response (issue #40)", ""]
     lines += [f"{k}. **{title}.** {text}" for k, (title, text) in enumerate(pts, 1)]
+    uno = uno_verify.reading(release_file)
+    if uno is not None:
+        lines += ["", f"Non-blocking, `UNO_VERIFY` and the window gate: {uno.text()}"]
     return lines
 
 
