@@ -15,8 +15,8 @@ in the gate would claim a fix for a path that does not run. When a release gives
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 UNO_INFO = "srt/speculative/uno_info.py"
 SPEC_INFO = "srt/speculative/spec_info.py"
