@@ -66,15 +66,6 @@ def loader_sets(overlay: Path) -> set:
             and isinstance(x.value, ast.Name) and x.value.id == "config"}
 
 
-def has_key(ck: cc.Checkpoint, key: str) -> bool:
-    """The file gives ``key``, or the config class (or one of its sub-configs: a multimodal model's
-    ``vision_config``) sets it."""
-    text = ck.text_config()
-    subs = [v for v in vars(ck.config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")] \
-        if hasattr(ck.config, "__dict__") else []
-    return key in ck.values or key in ck.raw_text() or any(hasattr(c, key) for c in (ck.config, text, *subs))
-
-
 def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
     """One line for a key the release's entry class reads off its config on every config (a read
     inside an ``if`` aside: ``config_reads``' ``branches=False``) that the file lacks and neither its
@@ -87,7 +78,7 @@ def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
         return
     skip = loader_sets(overlay)
     for key, where in config_reads(path, cls, VLLM_MODELS, branches=False).items():
-        if key not in skip and not has_key(ck, key):
+        if key not in skip and not ck.has(key):
             raise UsageError(f"--model {ck.path} lacks {key}, which vLLM {version}'s {registry.MODELS}/{where} reads "
                              f"and {ck.config_class.split(' ')[0]} does not default: add it to the config")
 
