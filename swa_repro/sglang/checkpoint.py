@@ -61,7 +61,9 @@ def read(text: str) -> Checkpoint:
 # ----------------------------------------------------------------------------- against a release
 def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
     """The release's model file for the checkpoint's architecture; one line when it has none, or when
-    the model class reads a key the config lacks."""
+    building the model class reads a key the config lacks (``config_reads``' build reads: the
+    constructor, not ``load_weights`` or a branch only some configs take; a key a sub-config or the
+    release's own config class sets counts as set: ``Checkpoint.has``)."""
     from swa_repro.sglang.config_reads import config_reads
 
     models = overlay / "sglang" / "srt" / "models"

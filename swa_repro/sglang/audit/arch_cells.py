@@ -9,8 +9,13 @@ that hand a window to their attention or run on the hybrid SWA pool (0.5.23). Ea
   against the release's model file (``checkpoint.check_release``: a key its model class reads that
   the class does not default is the cell's ``not built`` reason, with the line), cut to a few layers
   (``checkpoint.small_config``) and driven by the audit's child like a user's checkpoint;
-* no config class in the installed transformers (a remote-code model): ``not built``, saying so and
-  how to audit it (``--model`` its ``config.json``);
+* where the release re-parses that ``model_type`` through a config class of its own
+  (``release_configs``: its ``_CONFIG_REGISTRY``), transformers' defaults written out (what a
+  published ``config.json`` holds) and the release class's keys counted as set;
+* no config class in the installed transformers (a remote-code model): the release's own config class
+  for it (``release_configs.model_type_for``) at its defaults; ``not built`` where the release has
+  none, or its defaults leave the window or the layer count to a checkpoint, saying which and how to
+  audit one (``--model`` its ``config.json``);
 * an architecture whose attention passes ``sinks=`` to a FlashInfer backend that takes none:
   ``crashes on FlashInfer`` with both lines (``swa_archs.crash_on_flashinfer``), not driven;
 * the Transformers fallback's classes (``models/transformers.py``): one cell, served for any
