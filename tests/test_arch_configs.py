@@ -117,3 +117,26 @@ def test_no_column_is_called_remote_code_where_the_release_has_a_class_for_it(pl
     for t in lines:
         assert ("no config class of the release's registry" in t or "config classes" in t
                 or "defaults (sglang/srt/" in t), t
+
+
+def _committed_0523() -> dict:
+    import json
+
+    t = json.loads((Path(__file__).resolve().parents[1] / "docs" / "audit" / "families.json").read_text())
+    return {r["gpu"]: r["cells"] for r in t["rows"] if r["sglang"] == "0.5.23"}
+
+
+def test_the_committed_table_drives_them_at_their_class_window():
+    """The regenerated table (docs/audit/families.json): Beam's column (the release's BeamConfig) and
+    Afmoe's (transformers' AfmoeConfig written out, re-parsed by the release's own AfmoeConfig) are
+    built and driven at the window their class declares: read here from BeamConfig's signature and from
+    transformers' class, the table's from the child's build through the release's ModelConfig."""
+    from transformers import AfmoeConfig
+
+    beam = _signature_default(_overlay("0.5.23") / "sglang" / "srt" / "configs" / "beam.py", "BeamConfig",
+                              "sliding_window")
+    for gpu, cells in _committed_0523().items():
+        for arch, want in (("BeamForCausalLM", beam), ("AfmoeForCausalLM", AfmoeConfig().sliding_window)):
+            c = cells[arch]
+            assert c["state"] != "not built", (gpu, arch, c["why"])
+            assert c["window_hf"] == want and c["layer_window"]["sliding"] == want - 1, (gpu, arch, c)
