@@ -215,7 +215,10 @@ def test_a_window_from_another_key_is_cited_not_guessed_and_a_zero_window_is_non
         pytest.skip("0.34.0 has no Plamo3ForCausalLM")
     plamo = {"architectures": ["Plamo3ForCausalLM"], "model_type": "plamo3", "hidden_size": 1024,
              "num_attention_heads": 8, "num_key_value_heads": 4, "num_hidden_layers": 2, "sliding_window": 2048,
-             "interleaved_sliding_window": [2048, None]}
+             "interleaved_sliding_window": [2048, None],  # and the keys plamo3.py reads on every config:
+             "layer_types": ["sliding_attention", "full_attention"], "head_dim": 128, "vocab_size": 1000,
+             "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "intermediate_size": 2048,
+             "max_position_embeddings": 4096}
     got = checkpoint.resolve(_ck(tmp_path, "plamo", plamo), "0.34.0", overlay)
     rel, line = got["error"].split("(", 1)[1].split(":")[:2]
     assert "interleaved_sliding_window" in (overlay / rel).read_text().splitlines()[int(line) - 1]
@@ -240,3 +243,32 @@ def test_sinks_the_model_file_passes_only_for_some_configs_are_said_so(tmp_path)
     assert "sinks=self.sinks" in (overlay / rel).read_text().splitlines()[int(line) - 1]
     assert "None for some configs" in got["sources"]["sinks"] and got["layers"]["sliding"]["sinks"] is True
     assert got["layers"]["sliding"]["sliding_window"] == 512 and got["layers"]["full"]["sliding_window"] is None
+
+
+@pytest.mark.matrix
+def test_a_key_the_model_file_reads_that_the_config_lacks_is_one_line_naming_it_and_the_line(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """#41 item 7: a Gemma-2 fine-tune whose ``model_type`` transformers has no class for (a plain
+    PretrainedConfig: no defaults) and whose file lacks ``query_pre_attn_scalar``: vLLM's gemma2.py
+    reads it on every config (``self.scaling = config.query_pre_attn_scalar**-0.5``), so the build would
+    stop in an AttributeError. One line, exit 2, before any child; the key and the line are named, and
+    the line (read back from the release's file) reads that key. With the key, the same file resolves."""
+    from swa_repro.vllm import audit, checkpoint
+
+    overlay = _overlay("0.34.0")
+
+    def never(*a, **k):
+        raise AssertionError("no child for bad input")
+
+    monkeypatch.setattr(audit, "_child", never)
+    mine = {**GEMMA2, "model_type": "gemma2_finetune",
+            "layer_types": ["sliding_attention", "full_attention"] * (GEMMA2["num_hidden_layers"] // 2)}
+    lacking = {k: v for k, v in mine.items() if k != "query_pre_attn_scalar"}
+    assert main(["audit", "--vllm", "0.34.0", "--model", _folder(tmp_path, "ft", lacking)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lacks query_pre_attn_scalar" in err[0] and "Traceback" not in err[0], err
+    rel, line = re.search(r"(vllm/model_executor/models/\w+\.py):(\d+)", err[0]).groups()
+    assert rel.endswith("gemma2.py") and "config.query_pre_attn_scalar" in \
+        (overlay / rel).read_text().splitlines()[int(line) - 1]
+    got = checkpoint.resolve(_ck(tmp_path, "ok", mine), "0.34.0", overlay)
+    assert got["layers"]["sliding"]["sliding_window"] == GEMMA2["sliding_window"]

@@ -36,11 +36,25 @@ class Checkpoint:
     architecture: str
     config_class: str  # "transformers.Gemma2Config" or "PretrainedConfig (plain: ...)"
     config: object  # the config object: the user's values, the class filling the rest
+    # keys the release's own config class sets where the release re-parses the file through it (its
+    # ``_CONFIG_REGISTRY``: ``sglang.release_configs``): its defaults and methods
+    provides: frozenset = frozenset()
 
     def text_config(self):
         """The config holding the layers (a multimodal config's ``text_config``)."""
         get = getattr(self.config, "get_text_config", None)
         return get() if get else self.config
+
+    def sub_configs(self) -> list:
+        """The config's own sub-configs (a multimodal model's ``vision_config`` / ``audio_config``):
+        the model file's vision tower reads ``config.layer_norm_eps`` off its own (0.5.23 siglip.py:265)."""
+        return [v for v in getattr(self.config, "__dict__", {}).values()
+                if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+
+    def has(self, key: str) -> bool:
+        """The file gives ``key``, or the config class (the config, its text part, a sub-config) sets it."""
+        return key in self.values or key in self.raw_text() or key in self.provides or \
+            any(hasattr(c, key) for c in (self.config, self.text_config(), *self.sub_configs()))
 
     def raw_text(self) -> dict:
         """The file's own values of the text config (its ``text_config`` object, else the file)."""

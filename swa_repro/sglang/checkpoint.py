@@ -61,7 +61,9 @@ def read(text: str) -> Checkpoint:
 # ----------------------------------------------------------------------------- against a release
 def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
     """The release's model file for the checkpoint's architecture; one line when it has none, or when
-    the model class reads a key the config lacks."""
+    building the model class reads a key the config lacks (``config_reads``' build reads: the
+    constructor, not ``load_weights`` or a branch only some configs take; a key a sub-config or the
+    release's own config class sets counts as set: ``Checkpoint.has``)."""
     from swa_repro.sglang.config_reads import config_reads
 
     models = overlay / "sglang" / "srt" / "models"
@@ -69,9 +71,8 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
     if path is None:
         raise UsageError(f"--model {ck.path}: {ck.architecture} is not in sglang {version}'s models/ (no EntryClass "
                          f"lists it){served_by(ck.architecture, version, overlay)}")
-    text = ck.text_config()
-    for key, where in config_reads(path, ck.architecture).items():
-        if key not in ck.values and not hasattr(ck.config, key) and not hasattr(text, key):
+    for key, where in config_reads(path, ck.architecture, branches=False, build_only=True).items():
+        if not ck.has(key):
             raise UsageError(f"--model {ck.path} lacks {key}, which sglang {version}'s {where} reads and "
                              f"{ck.config_class.split(' ')[0]} does not default: add it to the config")
     return path
@@ -106,15 +107,23 @@ def small_config(ck: Checkpoint) -> fam.SmallConfig:
         cut["layer_types"] = list(text.layer_types[:n])
     d = {k: v for k, v in ck.values.items() if k != "auto_map"}  # no remote code: the class or a plain one
     if isinstance(d.get("text_config"), dict) and text is not ck.config:
-        d["text_config"] = {**d["text_config"], **cut}
+        d["text_config"] = {**d["text_config"], **per_layer_cut(d["text_config"], len(kinds), n), **cut}
     else:
-        d.update(cut)
+        d.update({**per_layer_cut(d, len(kinds), n), **cut})
     nq = int(text.num_attention_heads)
     hd = getattr(text, "head_dim", None) or int(text.hidden_size) // nq
     return fam.SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
                            int(getattr(text, "num_key_value_heads", None) or nq),
                            float(getattr(text, "attn_logit_softcapping", None) or 0.0),
                            ck.config_class.split(" ")[0].removeprefix("transformers."))
+
+
+def per_layer_cut(values: dict, full: int, n: int) -> dict:
+    """The config's other per-layer lists (a ``*layer*`` key, one entry per layer) cut with the layers:
+    a class checks them against ``num_hidden_layers`` (0.5.23 configs/beam.py:142-144 ``mlp_layer_types
+    length must equal num_hidden_layers``)."""
+    return {k: v[:n] for k, v in values.items() if "layer" in k and k != "layer_types" and isinstance(v, list)
+            and len(v) == full > n}
 
 
 def record(ck: Checkpoint) -> dict:

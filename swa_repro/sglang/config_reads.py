@@ -31,12 +31,22 @@ def _defs(path: Path) -> dict:
     return {n.name: n for n in _tree(path).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
 
 
-def model_imports(path: Path) -> dict:
-    """name -> the sglang model file it is imported from (``from sglang.srt.models.llama import X``)."""
+# the packages whose sibling model files an import names: sglang's; vLLM's, absolute or relative
+# (vLLM 0.34.0 gemma3.py ``from .gemma2 import``), for ``audit --vllm X --model`` (``vllm.checkpoint``)
+SGLANG_MODELS = ("sglang.srt.models.",)
+VLLM_MODELS = ("vllm.model_executor.models.", ".")
+
+
+def model_imports(path: Path, packages: tuple = SGLANG_MODELS) -> dict:
+    """name -> the model file it is imported from (``from sglang.srt.models.llama import X``; with
+    ``VLLM_MODELS``, vLLM's ``from .llama import X`` too)."""
     out = {}
     for n in _tree(path).body:
-        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang.srt.models."):
-            p = path.parent / (n.module.rsplit(".", 1)[1] + ".py")
+        if not isinstance(n, ast.ImportFrom):
+            continue
+        mod = "." * n.level + (n.module or "")
+        if n.module and any(mod.startswith(pk) and (pk != "." or mod.count(".") == 1) for pk in packages):
+            p = path.parent / (n.module.rsplit(".", 1)[-1] + ".py")
             if p.is_file():
                 out.update({a.asname or a.name: p for a in n.names})
     return out
@@ -50,8 +60,33 @@ def _is_config(node) -> bool:
         and node.value.id == "self"
 
 
-def _reachable(path: Path, name: str):
-    """``(file, def)`` of ``name`` and everything it names, across imported model files."""
+# the methods a build runs: the constructor, and the runner's window hook, called right after the
+# load (0.5.23 load_model_utils.py:144-157)
+BUILD_METHODS = ("__init__", "get_attention_sliding_window_size")
+
+
+def build_parts(cls: ast.ClassDef) -> list:
+    """What building ``cls`` runs: its bases, its class-level statements, :data:`BUILD_METHODS` and the
+    methods they name on ``self`` / ``cls`` / the class (0.5.23 exaone_moe.py:497 ``stage_facts``,
+    handed to ``make_layers``), transitively; not ``forward`` or ``load_weights`` (0.5.23
+    cohere2_moe.py:566 reads ``num_experts`` only while loading weights), which a model built on the
+    meta device never runs."""
+    methods = {f.name: f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    keep, todo = set(), [m for m in BUILD_METHODS if m in methods]
+    while todo:
+        m = todo.pop()
+        if m in keep:
+            continue
+        keep.add(m)
+        todo += [x.attr for x in ast.walk(methods[m]) if isinstance(x, ast.Attribute) and x.attr in methods
+                 and isinstance(x.value, ast.Name) and x.value.id in ("self", "cls", cls.name)]
+    rest = [st for st in cls.body if st.__class__ not in (ast.FunctionDef, ast.AsyncFunctionDef)]
+    return [*cls.bases, *rest, *(methods[m] for m in sorted(keep))]
+
+
+def _reachable(path: Path, name: str, packages: tuple = SGLANG_MODELS, build_only: bool = False):
+    """``(file, node)`` of ``name`` and everything it names, across imported model files
+    (``build_only``: of a class, only :func:`build_parts`)."""
     seen, todo = set(), [(path, name)]
     while todo:
         p, n = todo.pop()
@@ -60,11 +95,13 @@ def _reachable(path: Path, name: str):
         seen.add((p, n))
         node = _defs(p).get(n)
         if node is None:
-            if n in model_imports(p):
-                todo.append((model_imports(p)[n], n))
+            imports = model_imports(p, packages)
+            if n in imports:
+                todo.append((imports[n], n))
             continue
-        yield p, node
-        todo += [(p, x.id) for x in ast.walk(node) if isinstance(x, ast.Name) and x.id != n]
+        for part in build_parts(node) if build_only and isinstance(node, ast.ClassDef) else [node]:
+            yield p, part
+            todo += [(p, x.id) for x in ast.walk(part) if isinstance(x, ast.Name) and x.id != n]
 
 
 def _guard(x) -> bool:
@@ -73,11 +110,29 @@ def _guard(x) -> bool:
         and isinstance(x.args[1], ast.Constant) and (x.func.id, len(x.args)) in (("hasattr", 2), ("getattr", 3))
 
 
-def config_reads(model_file: Path, class_name: str) -> dict[str, str]:
-    """``{key: "file.py:line"}`` (first read) of the keys ``class_name`` reads off its config unguarded."""
+def _unconditional(node):
+    """``ast.walk`` without the branches of an ``if`` / ``x if c else y`` (their tests kept) and the
+    operands of ``and`` / ``or`` after the first: a read only some configs reach (vLLM 0.34.0
+    mistral.py:161-165 reads ``config.ada_rms_norm_t_cond_dim`` only where
+    ``getattr(config, "ada_rms_norm_t_cond", False)``; sglang 0.5.23 commandr.py:207 reads
+    ``config.layer_types`` only ``if self.v2 and ...``: never for Command-R v1)."""
+    todo = [node]
+    while todo:
+        x = todo.pop()
+        yield x
+        todo += [x.test] if isinstance(x, (ast.If, ast.IfExp)) else [x.values[0]] if isinstance(x, ast.BoolOp) \
+            else list(ast.iter_child_nodes(x))
+
+
+def config_reads(model_file: Path, class_name: str, packages: tuple = SGLANG_MODELS,
+                 branches: bool = True, build_only: bool = False) -> dict[str, str]:
+    """``{key: "file.py:line"}`` (first read) of the keys ``class_name`` reads off its config unguarded
+    (``packages``: whose model-file imports are followed, :func:`model_imports`; ``branches=False``:
+    only the reads every config reaches, :func:`_unconditional`; ``build_only``: only what building
+    the model runs, :func:`build_parts`)."""
     reads, guarded = {}, set()
-    for p, node in _reachable(Path(model_file), class_name):
-        for x in ast.walk(node):
+    for p, node in _reachable(Path(model_file), class_name, packages, build_only):
+        for x in (ast.walk(node) if branches else _unconditional(node)):
             if isinstance(x, ast.Attribute) and _is_config(x.value) and x.attr != _CONFIG:
                 if isinstance(x.ctx, ast.Store):
                     guarded.add(x.attr)

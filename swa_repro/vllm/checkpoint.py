@@ -43,12 +43,44 @@ def model_file(ck: cc.Checkpoint, version: str, overlay: Path) -> list[Path]:
     if ck.architecture not in reg:
         raise UsageError(f"--model {ck.path}: {ck.architecture} is not in vLLM {version}'s model registry "
                          f"({registry.REGISTRY}){served_by(ck.architecture, version, overlay)}")
+    check_reads(ck, version, overlay)
     files = registry.attention_files(overlay, ck.architecture)
     if not files:
         raise UsageError(f"--model {ck.path}: vLLM {version} serves {ck.architecture} from "
                          f"{registry.MODELS}/{reg[ck.architecture][0]}, which builds no attention layer the audit "
                          "can read")
     return files
+
+
+LOADER = "vllm/transformers_utils/config.py"  # vLLM's config loader, which sets some keys itself
+
+
+def loader_sets(overlay: Path) -> set:
+    """Keys vLLM's config loader assigns on the config it loads (0.34.0 transformers_utils/config.py:637
+    ``config.rope_parameters = {...}``): not the user's to give."""
+    import ast
+
+    p = overlay / LOADER
+    tree = ast.parse(p.read_text()) if p.is_file() else ast.Module(body=[], type_ignores=[])
+    return {x.attr for x in ast.walk(tree) if isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Store)
+            and isinstance(x.value, ast.Name) and x.value.id == "config"}
+
+
+def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
+    """One line for a key the release's entry class reads off its config on every config (a read
+    inside an ``if`` aside: ``config_reads``' ``branches=False``) that the file lacks and neither its
+    class nor vLLM's loader sets: the build would stop there with an ``AttributeError``."""
+    from swa_repro.sglang.config_reads import VLLM_MODELS, config_reads
+
+    module, cls = registry.served(overlay)[ck.architecture]
+    path = overlay / registry.MODELS / f"{module}.py"
+    if not path.is_file():  # a package (the Transformers backend): transformers' own code reads it
+        return
+    skip = loader_sets(overlay)
+    for key, where in config_reads(path, cls, VLLM_MODELS, branches=False).items():
+        if key not in skip and not ck.has(key):
+            raise UsageError(f"--model {ck.path} lacks {key}, which vLLM {version}'s {registry.MODELS}/{where} reads "
+                             f"and {ck.config_class.split(' ')[0]} does not default: add it to the config")
 
 
 def served_by(arch: str, version: str, overlay: Path) -> str:

@@ -72,6 +72,9 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
         ask = f"swa-repro audit --sglang {release or 'RELEASE'} --model PATH/config.json"
         return {"fix": None, "instead": f"not audited at published defaults ({why})"
                 + ("" if "--model PATH" in why else f": audit your checkpoint: {ask}")}
+    if state == "not driven":  # built, no path driven (a column's defaults with no attention layer kind)
+        return {"fix": None, "instead": f"no verdict: {'; '.join(cell.get('why') or [])}; audit your checkpoint: "
+                f"swa-repro audit --sglang {release or 'RELEASE'} --model PATH/config.json"}
     if state == "fallback: not audited":
         return {"fix": None, "instead": "served by sglang's Transformers fallback, which this audit does not "
                 "drive (" + "; ".join(cell.get("why") or []) + "): serve it with a backend other than FlashInfer, "
