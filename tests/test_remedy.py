@@ -69,9 +69,12 @@ def test_every_state_the_table_has_is_placed():
     from swa_repro.core.exit_status import DEFAULT_PATH, OK, OTHER_PATHS
 
     # arch_cells' decided cells: answers the audit could not drive, exit 1 under every --fail-on
+    from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN
+
     known = OK | DEFAULT_PATH | OTHER_PATHS | {"not built", "unknown (not driven)", HYBRID, "crashes on FlashInfer",
-                                               "fallback: not audited"}
+                                               "fallback: not audited", NOT_DRIVEN}
     assert exit_status(["crashes on FlashInfer"], "never") == exit_status(["fallback: not audited"], "never") == 1
+    assert exit_status([NOT_DRIVEN], "never") == 1  # a built column with no path driven (NemotronH's defaults)
     assert {c["state"] for *_, c in _cells()} <= known
 
 
