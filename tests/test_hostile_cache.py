@@ -212,7 +212,7 @@ def test_a_plain_audit_entry_with_its_findings_stripped_is_recomputed(tmp_path, 
         return {"document": {"findings": [{"path": "extend_paged"}], "driven": [{"path": "extend_paged"}]},
                 "seconds": 1.0}
 
-    monkeypatch.setattr(overlay_run, "_run_child", child)
+    monkeypatch.setattr(overlay_run, "run_in_child", child)
     doc, _, how = overlay_run.run_child("m", tmp_path, [], "audit")
     entry = next((tmp_path / "results" / "overlay-run").glob("*.json"))
     e = json.loads(entry.read_text())

@@ -18,10 +18,11 @@ ALLOWED = {
     "core": {"core"},
     "kernel": {"core", "kernel"},
     "evidence": {"core", "kernel", "evidence"},
-    "sglang": {"core", "kernel", "evidence", "sglang"},
-    "vllm": {"core", "kernel", "evidence", "sglang", "vllm"},
-    "notebook": {"core", "kernel", "evidence", "sglang", "vllm", "notebook"},
-    "cli": {"core", "kernel", "evidence", "sglang", "vllm", "notebook", "cli"},
+    "engine": {"core", "kernel", "evidence", "engine"},
+    "sglang": {"core", "kernel", "evidence", "engine", "sglang"},
+    "vllm": {"core", "kernel", "evidence", "engine", "sglang", "vllm"},
+    "notebook": {"core", "kernel", "evidence", "engine", "sglang", "vllm", "notebook"},
+    "cli": {"core", "kernel", "evidence", "engine", "sglang", "vllm", "notebook", "cli"},
 }
 MAX_LINES = 400
 

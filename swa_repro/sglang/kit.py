@@ -223,7 +223,7 @@ def _child(overlay, a) -> dict:
 
 
 if __name__ == "__main__":
-    from swa_repro.sglang.overlay_run import child_main, child_parser
+    from swa_repro.engine.child import child_main, child_parser
 
     p = child_parser("swa_repro.sglang.kit")
     p.add_argument("--mode", choices=("model", "live"), required=True)

@@ -214,7 +214,7 @@ def child(overlay: Path, configs: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from swa_repro.sglang.overlay_run import child_main, child_parser
+    from swa_repro.engine.child import child_main, child_parser
 
     p = child_parser(MODULE)
     p.add_argument("--configs", type=json.loads, required=True, help="name -> config.json, as JSON")

@@ -1,7 +1,7 @@
 """``swa-repro audit --vllm X [--model FAMILY[,..]|all] [--gpu CLASS[,..]]``: the parent side.
 
 Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` once per
-release in a child forked from the warm server (``sglang.overlay_run.run_module``; the child forks
+release in a child forked from the warm server (``engine.child.run_module``; the child forks
 once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
 families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
 what the layer asks for and what each FlashInfer kernel is told, with the cell's verdict
@@ -72,7 +72,7 @@ def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, n
 
         args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
-             "code": code_hash(("core", "kernel", "evidence", "sglang", "vllm")), "interpreter": interpreter()}
+             "code": code_hash(("core", "kernel", "evidence", "engine", "sglang", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
                       valid=lambda d: whole(d, families, gpus))
     return doc["document"], doc["seconds"], how
@@ -125,7 +125,7 @@ def run_live(version: str, families: list[str], gpus: list[sf.GpuClass], *, mode
 
 
 def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.drive") -> dict:
-    from swa_repro.sglang.overlay_run import run_module
+    from swa_repro.engine.child import run_module
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from swa_repro.sglang.overlay_run import child_main, child_parser
+from swa_repro.engine.child import child_main, child_parser
 from swa_repro.vllm import standins
 
 ARCH = [9, 0]  # what AuditCuda reports; set in each fork before anything asks

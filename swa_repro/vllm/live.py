@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from swa_repro.sglang.overlay_run import child_main, child_parser
+from swa_repro.engine.child import child_main, child_parser
 
 LIVE_PATHS = ("decode", "mixed", "spec_decode", "cuda_graph_decode", "prefill")
 OPTIONS = ("nvfp4_kv_mixed",)  # run where asked (``--paths``): a serving option's batch

@@ -124,10 +124,10 @@ def provision(version: str) -> tuple[Path, dict]:
 
 def _current(target: Path, say: bool = False) -> dict | None:
     """The marker of an unpacked overlay whose .deps are the ones this code installs for it and whose
-    files are its wheel's (``sglang.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
+    files are its wheel's (``engine.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
     checked when their stamp changed), ``.deps``' each its own wheel's likewise (a damaged ``openai``
     there is a child that fails or answers from other code); else None (made again; ``say``: one stderr line if damaged)."""
-    from swa_repro.sglang.record import damaged, marker
+    from swa_repro.engine.record import damaged, marker
 
     info = marker(target / MARKER) if target.is_dir() else None
     if info is None or info.get("deps") != deps_for(target):
@@ -176,7 +176,7 @@ def _unpack(version: str, target: Path) -> tuple[Path, dict]:
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"installing {', '.join(deps)} for vllm {version} failed (no network?)")
-    from swa_repro.sglang.record import damaged
+    from swa_repro.engine.record import damaged
 
     bad = damaged(partial, "vllm-*.dist-info", skip=lambda rel: rel.endswith(".so"))
     if bad:

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.child import child_main, child_parser
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
 from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer
 from swa_repro.sglang.checkpoint import Checkpoint
-from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
-    overlay_for, run_child
+from swa_repro.sglang.overlay_run import check_no_foreign, child_parts, import_release, overlay_for, run_child
 
 
 

@@ -45,8 +45,8 @@ def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
 
 def intact(dst: Path) -> dict | None:
     """The fixed copy's marker if it is whole and every file is the release's (its RECORD) or the
-    fix's (the marker's ``fixed_sha256``): a damaged copy is made again (``sglang.record``, issue #43)."""
-    from swa_repro.sglang.record import damaged, marker
+    fix's (the marker's ``fixed_sha256``): a damaged copy is made again (``engine.record``, issue #43)."""
+    from swa_repro.engine.record import damaged, marker
 
     info = marker(dst / MARKER)
     try:

@@ -1,0 +1,15 @@
+"""What an audit of an inference engine's FlashInfer backend stands on, whichever engine it is.
+
+Why a layer of its own: sglang and vLLM are audited the same way (a release's own code as a cached
+overlay, driven in a child process against FlashInfer call stand-ins that record what the kernel is
+told; a file patched with a backup and reverted byte for byte; a generated table with its
+provenance), and that machinery belongs to neither. With it here, ``swa_repro.sglang`` and
+``swa_repro.vllm`` are siblings on top of this layer and never import each other
+(``tests/test_layers.py``). Nothing here names an engine's module paths or flags.
+
+* ``child``: a module run as a child against an overlay (the parent's environment and fork, the
+  child's ``--overlay``/``--out`` plumbing);
+* ``forkserver``: the warm interpreter a child is forked from;
+* ``bytecode``: one compile of a release for all its hard-linked copies;
+* ``record``: an overlay checked against its wheel's ``RECORD``; an overlay's marker.
+"""
