@@ -286,7 +286,7 @@ def family(fb, fam: dict, rec, device: str, arch, paths: list[str], seed: int, r
 def run(overlay, a) -> dict:
     import torch
 
-    from swa_repro.sglang.audit.live import ATOL, RTOL
+    from swa_repro.engine.tolerance import ATOL, RTOL
     from swa_repro.vllm import drive, families, live_kernels, standins
 
     cuda = a.device == "cuda"
