@@ -552,7 +552,7 @@ def test_a_fixed_copy_holding_other_fix_code_than_this_process_makes_is_made_aga
     from conftest import release_overlay
     from swa_repro.sglang.fix import apply_fixes
     from swa_repro.sglang.fix import overlay as fo
-    from swa_repro.sglang.patch.files import sha256_hex
+    from swa_repro.engine.patching import sha256_hex
 
     shipped = release_overlay("0.5.23")
     overlay = tmp_path / "sglang" / "0.5.23"

@@ -22,16 +22,10 @@ from pathlib import Path
 MARKER = ".swa-repro-overlay.json"  # provision.MARKER: the release overlay's own, hard-linked into every copy
 
 
-def release_overlay(project: str, version: str) -> Path:
-    """Where the cache keeps ``project``'s release overlay (``sglang.provision.overlay_dir``): one
-    place for the folder a copy's bytecode is read from and the folder provisioning fills."""
-    from swa_repro.core.cache import cache_root
-
-    return cache_root() / project / version
-
-
 def origin_of(overlay: Path) -> Path | None:
     """The release overlay that ``overlay`` was copied from, or None (it is one, or not a copy)."""
+    from swa_repro.engine.overlay import release_overlay
+
     try:
         origin = release_overlay("sglang", json.loads((overlay / MARKER).read_text())["sglang"])
     except (OSError, ValueError, KeyError):

@@ -38,19 +38,16 @@ def cache_root() -> Path:
 
 
 def overlay_dir(version: str) -> Path:
-    from swa_repro.engine.bytecode import release_overlay
+    from swa_repro.engine.overlay import release_overlay
 
     return release_overlay("sglang", version)
 
 
 def installer(target: Path, version: str) -> list[str]:
-    """uv next to this interpreter or on PATH, else ``python -m pip``."""
-    uv = Path(sys.executable).with_name("uv")
-    uv = str(uv) if uv.is_file() else shutil.which("uv")
-    if uv:
-        return [uv, "pip", "install", "--python", sys.executable, "--no-deps", "--target", str(target),
-                f"sglang=={version}"]
-    return [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), f"sglang=={version}"]
+    """``engine.overlay.install_command`` of ``sglang==version``."""
+    from swa_repro.engine.overlay import install_command
+
+    return [*install_command(target), f"sglang=={version}"]
 
 
 def _refusal(version: str, output: str) -> str:

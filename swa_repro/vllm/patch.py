@@ -1,9 +1,9 @@
 """``swa-repro patch status|diff|apply|revert --vllm [--fix cap-route]``: vLLM's soft-cap fix
 (``vllm.fix``) on the installed vLLM's FlashInfer backend file, or ``--source FILE``. The command is
-sglang's (``sglang.patch.cli``) plus ``--vllm``, as ``vllm.cli`` adds it to ``audit``; without
-``--vllm`` nothing changes.
+sglang's (``sglang.patch.cli``, registered first by ``cli.COMMANDS``) plus ``--vllm``, as ``vllm.cli``
+adds it to ``audit``; without ``--vllm`` nothing changes.
 
-The same actions and safety as the sglang patch (``sglang.patch.files``): ``apply --out FILE`` writes
+The same actions and safety as the sglang patch (``engine.patching``): ``apply --out FILE`` writes
 a patched copy, ``apply --in-place`` keeps a sha256-checked backup beside the file and ``revert``
 restores it byte for byte; a file that is neither the original nor swa-repro's patch is left alone.
 The installed file is found without importing vLLM (its import needs CUDA extensions).
@@ -22,15 +22,15 @@ from swa_repro.vllm.provision import BACKEND
 
 
 def register(sub) -> None:
-    from swa_repro.sglang.patch import cli as sglang_cli
+    """``--vllm`` added to the ``patch`` command registered before it (sglang's: ``cli.COMMANDS``)."""
+    from swa_repro.engine.commands import extended
 
-    sglang_cli.register(sub)
-    p = sub.choices["patch"]
+    p = extended(sub, "patch")
     p.add_argument("--vllm", action="store_true", help="vLLM's FlashInfer backend instead (the installed "
                    "vllm/v1/attention/backends/flashinfer.py, or --source): its fix " + ", ".join(vfix.FIXES)
                    + " (the default --fix), as `swa-repro audit --vllm X --fix` checks it")
-    sglang_func = p.get_default("func")
-    p.set_defaults(func=lambda a: run(a) if a.vllm else sglang_func(a))
+    other = p.get_default("func")
+    p.set_defaults(func=lambda a: run(a) if a.vllm else other(a))
 
 
 def installed_backend() -> tuple[Path, str]:
@@ -85,9 +85,11 @@ def edit_whole(text: str, version: str, source: Path | None, path: Path) -> str:
 
 
 def run(args) -> int:
-    from swa_repro.sglang.patch.cli import _diff_or_copy, check_outputs, check_paths
-    from swa_repro.sglang.patch.files import (
+    from swa_repro.engine.patching import (
         apply_in_place,
+        check_outputs,
+        check_paths,
+        diff_or_copy,
         read_backend,
         revert_in_place,
     )
@@ -113,4 +115,4 @@ def run(args) -> int:
                              done=lambda t: state(t, version, args.source) == "applied", revert=revert))
         return 0
     new = edit_whole(text, version, args.source, path)
-    return _diff_or_copy(args, path, text, new, f"already has {label}", label)
+    return diff_or_copy(args, path, text, new, f"already has {label}", label)

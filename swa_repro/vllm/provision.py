@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.sglang.provision import installer
+from swa_repro.engine.overlay import install_command
 
 MIN_RELEASE = (0, 20, 0)
 # vLLM's releases from 0.20.0 on, as `pip index versions vllm` listed them (2026-12-05); a newer one
@@ -171,7 +171,7 @@ def _unpack(version: str, target: Path) -> tuple[Path, dict]:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"vllm {version} has no {BACKEND}: the audit drives the v1 FlashInfer backend")
     deps = deps_for(partial)
-    cmd = installer(partial / ".deps", "x")[:-1] + deps
+    cmd = install_command(partial / ".deps") + deps
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swa_repro.engine.families import FULL, SLIDING, GpuClass, small_config
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
@@ -36,7 +37,6 @@ from swa_repro.sglang.audit import family_live, rows, spans
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.env import DECODE, RAGGED
-from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
 
 def family_shape(layer, window: int) -> ap.Shape:
