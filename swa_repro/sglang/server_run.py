@@ -2,7 +2,7 @@
 
 A child (``python -m swa_repro.sglang.server_run --overlay DIR --out F --configs JSON``) imports X's
 ``sglang`` with CUDA faked as one GPU of each class (:data:`DEVICES`: capability, name, memory; as
-``evidence.vllm_measure`` fakes an H100 for what asks at import), writes each model's ``config.json``
+``vllm.bundle_measure`` fakes an H100 for what asks at import), writes each model's ``config.json``
 to a folder and, per GPU class and model, in a fork of its own (nothing one server's resolution sets,
 the environment or a cached platform probe, reaches the next), builds ``ServerArgs(model_path=FOLDER,
 **flags)`` and resolves it as a launcher does (``__post_init__``; 0.5.19+ ``resolve_once``) for each
