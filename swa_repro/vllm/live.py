@@ -16,7 +16,7 @@ model of what each kernel is told (``live_kernels.install_model``). Per path (a 
 * **cap**: one run on random data whose logits reach the soft cap (q and k scaled so that the
   scaled dot products have a standard deviation of twice the cap; 1 where the layer has none). Per
   row the largest error against the float64 reference at what the layer asks (``err_asked``: a row
-  is *wrong* past ``ATOL``; the tolerances are the sglang live judge's, ``sglang.audit.live``), at
+  is *wrong* past ``ATOL``; the tolerances are the live judge's, ``engine.tolerance``), at
   transformers' window and cap (``err_hf``), and at what the kernel that ran the row is told
   (``err_told``, from its recorded call, ``paths.told``): within ``ATOL + RTOL * |reference|``
   everywhere, the kernel does what the audit says it is told (``told_agrees``).
