@@ -17,7 +17,7 @@ from conftest import skip_module_unless
 skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.engine import families as efam  # noqa: E402
+from swa_repro.engine import families as efam
 from swa_repro.sglang import families as fam  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402
 from conftest import never  # noqa: E402

@@ -317,8 +317,8 @@ def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
     """The same audit on releases whose files differ (0.5.14: no head-dim gate on cutlass, the runner's
     window set inline in load_model; 0.5.20: get_platform()); both plan the full layers' paged pass
     over the whole sequence (``ragged_prefix_full_layers``)."""
-    from swa_repro.sglang.audit.family_run import audit_families
     from swa_repro.engine.families import small_config
+    from swa_repro.sglang.audit.family_run import audit_families
 
     _text(version, fix.BACKEND)
     doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)

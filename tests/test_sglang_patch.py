@@ -18,6 +18,7 @@ import pytest
 from swa_repro.cli import main
 from swa_repro.sglang import patch as sp
 from swa_repro.core.outputs import backup_paths
+from swa_repro.engine.patching import unified_diff
 from swa_repro.sglang.patch import stubs
 from difftools import changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
@@ -73,7 +74,7 @@ def test_diff_adds_the_window_only_inside_the_two_methods(installed, capsys):
     assert diff.startswith("--- a/") and "\n+++ b/" in diff
     assert ("+        window_left: int = -1," in diff) == (not flag)
     new = sp.transform(text, "unfixed" if flag else "fixed")
-    assert diff == sp.unified_diff(text, new, str(installed).lstrip("/"))
+    assert diff == unified_diff(text, new, str(installed).lstrip("/"))
     old_lines, new_lines = changed_lines(text, new)
     assert old_lines and inside(old_lines, sp.method_spans(text))
     assert inside(new_lines, sp.method_spans(new))

@@ -160,7 +160,9 @@ def cap_check(case, runner, asked: dict, hf: dict, seed: int) -> dict:
 
     from swa_repro.core.batch import LAYOUT_SEED, build_paged_batch, random_inputs
     from swa_repro.core.reference import intended_mask, masked_attention
-    from swa_repro.engine.tolerance import ATOL, RTOL  # the live judge's: bf16 against float64
+
+    # the live judge's tolerances: bf16 against float64
+    from swa_repro.engine.tolerance import ATOL, RTOL
 
     a = amplitude(asked["sm_scale"], case.head_dim, asked["logits_soft_cap"])
     qs, ks, vs = random_inputs(case, seed=seed)

@@ -74,8 +74,8 @@ def _make_kit_overlay(overlay: Path, dst: Path, names) -> None:
     import hashlib
     import json
 
-    from swa_repro.sglang.fix.overlay import MARKER, replaced
     from swa_repro.engine.record import marker
+    from swa_repro.sglang.fix.overlay import MARKER, replaced
 
     fixed = marker(overlay / MARKER)
     partial = dst.with_name(f".{dst.name}.partial")

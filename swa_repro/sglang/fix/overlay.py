@@ -63,9 +63,9 @@ def replaced(info: dict) -> dict[str, str]:
 
 
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
+    from swa_repro.engine.patching import sha256_hex
     from swa_repro.sglang.fix import BACKEND, apply_fixes, by_file
     from swa_repro.sglang.fix.alternatives import EDITS, apply_alternative
-    from swa_repro.engine.patching import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
     src = overlay / "sglang" / REL_PATH
