@@ -5,7 +5,9 @@ overlay, driven in a child process against FlashInfer call stand-ins that record
 told; a file patched with a backup and reverted byte for byte; a generated table with its
 provenance), and that machinery belongs to neither. With it here, ``swa_repro.sglang`` and
 ``swa_repro.vllm`` are siblings on top of this layer and never import each other
-(``tests/test_layers.py``). Nothing here names an engine's module paths or flags.
+(``tests/test_layers.py``). Nothing here imports either engine; a few facts still carry sglang's
+name (``bytecode``: only sglang's copies share a release's bytecode; ``forkserver``'s own roots;
+``patching``'s "if sglang was reinstalled"; ``commands``' line for the removed ``--sglang-source``).
 
 * ``standins``: FlashInfer's three wrappers as recording stand-ins (zero outputs), ``fast_decode_plan``,
   ``merge_state`` and ``CpuTorch`` (``torch`` as a backend module sees it on a CPU host);
