@@ -20,10 +20,12 @@ COMMANDS = {
     "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe): intervals, or --dense masks"),
     "record": ("swa_repro.evidence.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
     "bundle": ("swa_repro.evidence.bundle_cli", "offline bundles for an air-gapped GPU machine"),
-    "patch": ("swa_repro.vllm.patch", "status/diff/apply/revert the sglang backend fix (or --vllm: vLLM's)"),
+    "patch": (("swa_repro.sglang.patch.cli", "swa_repro.vllm.patch"),
+              "status/diff/apply/revert the sglang backend fix (or --vllm: vLLM's)"),
     "sglang-check": ("swa_repro.sglang.check", "sglang's real backend, unpatched vs patched, vs the reference"),
     "replay": ("swa_repro.sglang.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
-    "audit": ("swa_repro.vllm.cli", "plan/forward contract audit of sglang's (or --vllm: vLLM's) FlashInfer calls"),
+    "audit": (("swa_repro.sglang.audit.cli", "swa_repro.vllm.cli"),
+              "plan/forward contract audit of sglang's (or --vllm: vLLM's) FlashInfer calls"),
     "fuzz": ("swa_repro.evidence.fuzz", "the kernel model against the real kernel on random batches (GPU) or recordings"),
 }
 
@@ -42,8 +44,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser(argv=None) -> argparse.ArgumentParser:
-    """Imports only the module of the subcommand being run (the others register a stub with their
-    help line), so ``swa-repro mask`` does not pay for sglang's or papermill's imports."""
+    """Imports only the modules of the subcommand being run (the others register a stub with their
+    help line), so ``swa-repro mask`` does not pay for sglang's or papermill's imports. A command
+    both engines serve (``audit``, ``patch``) is registered by sglang's module, then extended by
+    vLLM's (its ``--vllm``): the engines never import each other."""
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((a for a in argv if not a.startswith("-")), None)
     p = OneLineParser(prog="swa-repro", description=PURPOSE, epilog=EPILOG)
@@ -53,7 +57,8 @@ def build_parser(argv=None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=help_, add_help=False)
             continue
         try:
-            importlib.import_module(mod).register(sub)
+            for m in (mod,) if isinstance(mod, str) else mod:
+                importlib.import_module(m).register(sub)
         except ModuleNotFoundError as e:  # its optional dependency is missing
             sp = sub.add_parser(name, help=f"(unavailable: {e})")
             sp.set_defaults(func=lambda a, e=e, n=name: _unavailable(n, e))

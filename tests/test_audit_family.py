@@ -17,6 +17,7 @@ from conftest import skip_module_unless
 skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
+from swa_repro.engine import families as efam
 from swa_repro.sglang import families as fam  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402
 from conftest import never  # noqa: E402
@@ -29,8 +30,8 @@ def test_small_config_keeps_the_published_pattern_and_sizes(family):
 
     cls_name, switches, arch = mc.MODELS[family]
     full = getattr(transformers, cls_name)(**switches)
-    s = fam.small_config(family)
-    kinds = fam.layer_kinds(full)
+    s = efam.small_config(family)
+    kinds = efam.layer_kinds(full)
     assert s.kinds == kinds[:len(s.kinds)] and set(s.kinds) == set(kinds)  # a prefix holding every kind
     assert len(s.kinds) == max(2, *(kinds.index(k) + 1 for k in set(kinds)))  # and the shortest such
     assert (s.sliding_window, s.num_qo_heads) == (full.sliding_window, full.num_attention_heads)

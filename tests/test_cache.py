@@ -145,7 +145,7 @@ def test_overlay_content_digest_tells_shipped_from_fixed(tmp_path):
 CHILD = '''
 import json, sys
 from pathlib import Path
-from swa_repro.sglang.overlay_run import child_main, child_parser
+from swa_repro.engine.child import child_main, child_parser
 p = child_parser("fake_child")
 p.add_argument("--log")
 def run(overlay, a):
@@ -166,7 +166,7 @@ def test_run_child_runs_once_per_content_and_again_when_the_code_changes(root, t
     assert doc == {"overlay": "ov"} and how["cache"] == "miss" and secs >= 0
     doc2, secs2, how = overlay_run.run_child("fake_child", overlay, args, "fake")
     assert (doc2, secs2, how["cache"]) == (doc, secs, "hit") and log.read_text() == "ran\n"
-    monkeypatch.setitem(C._CODE, (str(PACKAGE), ("core", "kernel", "evidence", "sglang")), "edited code")
+    monkeypatch.setitem(C._CODE, (str(PACKAGE), ("core", "kernel", "evidence", "engine", "sglang")), "edited code")
     assert overlay_run.run_child("fake_child", overlay, args, "fake")[2]["cache"] == "miss"
     assert log.read_text() == "ran\nran\n"
     (overlay / "sglang" / provision_rel()).write_text("fixed")  # another overlay content

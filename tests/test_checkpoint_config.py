@@ -167,7 +167,8 @@ def test_the_release_model_file_read_finds_what_gemma2_needs_beyond_its_class():
     every published family's config passes the same check (no key reported that the release has)."""
     from conftest import release_overlay
 
-    from swa_repro.sglang import checkpoint, families
+    from swa_repro.engine import families
+    from swa_repro.sglang import checkpoint
     from swa_repro.sglang import model_configs as mc
     from swa_repro.sglang.config_reads import config_reads
 

@@ -93,7 +93,7 @@ def test_commandr_fix_plans_the_window_the_layers_ask():
     """Issue #40 point 4: the hook returns what the sliding layers pass to RadixAttention (CohereAttention's
     own ``self.sliding_window_size = ...`` for a sliding layer, executed), HF's inclusive count, which vLLM
     keeps on purpose; the layers are not edited (the old fix gave the runner, and them, ``- 1``)."""
-    from swa_repro.sglang.families import small_config
+    from swa_repro.engine.families import small_config
 
     small = small_config("cohere2")
     text, new = _check_fix("0.5.23", "commandr_window_hook")
@@ -291,7 +291,7 @@ def fixed_sm100():
 def test_0_5_23_cohere2_with_the_fixes_plans_what_its_layers_ask_on_sm100(fixed_sm100):
     """Every kernel is told the layers' window (HF's inclusive count, kept as vLLM keeps it): exact against
     the layer, one key more than transformers' mask: layer != HF, as vLLM's table says it."""
-    from swa_repro.sglang.families import small_config
+    from swa_repro.engine.families import small_config
 
     f = fixed_sm100["cohere2"]
     assert f["build"]["runner_window"] == small_config("cohere2").sliding_window
@@ -319,8 +319,8 @@ def test_with_the_fixes_every_path_is_exact_on_older_releases(version):
     """The same audit on releases whose files differ (0.5.14: no head-dim gate on cutlass, the runner's
     window set inline in load_model; 0.5.20: get_platform()); both plan the full layers' paged pass
     over the whole sequence (``ragged_prefix_full_layers``)."""
+    from swa_repro.engine.families import small_config
     from swa_repro.sglang.audit.family_run import audit_families
-    from swa_repro.sglang.families import small_config
 
     _text(version, fix.BACKEND)
     doc = audit_families(version, "gemma2,cohere2", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)

@@ -13,10 +13,10 @@ import types
 import pytest
 import torch
 
+from swa_repro.engine.families import GPU_CLASSES
 from swa_repro.sglang.audit import family_live as fl
 from swa_repro.sglang.audit.env import DECODE, RAGGED
 from swa_repro.sglang.audit.live import Executor
-from swa_repro.sglang.families import GPU_CLASSES
 
 CARDS = {"A100": (8, 0), "H200": (9, 0), "B200": (10, 0)}
 

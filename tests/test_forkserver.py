@@ -1,4 +1,4 @@
-"""The fork server (``sglang.forkserver``) and shared bytecode (``sglang.bytecode``): a forked run is
+"""The fork server (``engine.forkserver``) and shared bytecode (``engine.bytecode``): a forked run is
 the plain ``python -m`` run, and a hard-linked overlay copy compiles only what it replaced."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang import forkserver
+from swa_repro.engine import forkserver
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only")
 
@@ -92,7 +92,7 @@ def test_loaded_from_venv_is_the_stdlib_and_the_safe_roots_only():
 def test_a_preload_that_starts_a_thread_is_caught(tmp_path):
     (tmp_path / "fs_quiet.py").write_text("X = 1\n")
     (tmp_path / "fs_threaded.py").write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from swa_repro.sglang import forkserver as f; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from swa_repro.engine import forkserver as f; "
             "print(f._preload(['fs_quiet'], set()), f._preload(['fs_threaded', 'fs_quiet'], {'fs_threaded'}), "
             "f._preload(['fs_threaded'], set()), f._threads())")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
@@ -104,7 +104,7 @@ def test_a_preload_that_starts_a_thread_is_caught(tmp_path):
 CHILD = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from swa_repro.sglang import bytecode
+    from swa_repro.engine import bytecode
     copy = Path(sys.argv[1])
     print(bytecode.share(copy))
     sys.path.insert(0, str(copy))
@@ -145,7 +145,7 @@ def test_a_linked_copy_reads_the_release_overlays_bytecode(tmp_path):
 def test_a_variable_torch_sets_itself_does_not_start_a_second_server():
     """The parent's first ``import torch._dynamo`` writes TORCHINDUCTOR_CACHE_DIR (its default) into
     os.environ: the same run before and after it goes to one server; any other variable does not."""
-    from swa_repro.sglang import forkserver
+    from swa_repro.engine import forkserver
 
     env = {"PATH": "/bin", "PYTHONPATH": "/x"}
     assert forkserver.server_key(env) == forkserver.server_key({**env, "TORCHINDUCTOR_CACHE_DIR": "/tmp/t"})

@@ -1,4 +1,4 @@
-"""Every kind of overlay run gives the same document forked from a warm server (``sglang.forkserver``)
+"""Every kind of overlay run gives the same document forked from a warm server (``engine.forkserver``)
 as from a plain ``python -m`` child: one server serves them in turn, so each later run forks from
 what the earlier ones taught it to preload (where a wrongly preloaded library would show)."""
 
@@ -41,7 +41,7 @@ def _runs() -> list:
 @pytest.mark.matrix
 @pytest.mark.slow
 def test_forked_runs_equal_plain_runs(monkeypatch):
-    from swa_repro.sglang import forkserver
+    from swa_repro.engine import forkserver
 
     monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
     monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")

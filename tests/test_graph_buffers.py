@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from swa_repro.engine.standins import PagedStandIn, RaggedStandIn
 from swa_repro.kernel import graph_buffers as gb
-from swa_repro.sglang.audit.env import PagedStandIn, RaggedStandIn
 from swa_repro.sglang.fix.upstream_cpu import PlanTimePaged
 
 WS = torch.zeros(8, dtype=torch.uint8)

@@ -212,7 +212,7 @@ def test_a_plain_audit_entry_with_its_findings_stripped_is_recomputed(tmp_path, 
         return {"document": {"findings": [{"path": "extend_paged"}], "driven": [{"path": "extend_paged"}]},
                 "seconds": 1.0}
 
-    monkeypatch.setattr(overlay_run, "_run_child", child)
+    monkeypatch.setattr(overlay_run, "run_in_child", child)
     doc, _, how = overlay_run.run_child("m", tmp_path, [], "audit")
     entry = next((tmp_path / "results" / "overlay-run").glob("*.json"))
     e = json.loads(entry.read_text())
@@ -555,7 +555,7 @@ def test_a_fixed_copy_holding_other_fix_code_than_this_process_makes_is_made_aga
     from conftest import release_overlay
     from swa_repro.sglang.fix import apply_fixes
     from swa_repro.sglang.fix import overlay as fo
-    from swa_repro.sglang.patch.files import sha256_hex
+    from swa_repro.engine.patching import sha256_hex
 
     shipped = release_overlay("0.5.23")
     overlay = tmp_path / "sglang" / "0.5.23"

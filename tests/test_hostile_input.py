@@ -171,7 +171,7 @@ def test_the_writer_is_all_or_nothing(tmp_path, monkeypatch, src, capfd, backend
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["site", "t.txt"] and target.read_bytes() == b"old"
 
-    from swa_repro.sglang.patch import files
+    from swa_repro.engine import patching as files
 
     real, calls = files.write_atomic, []
 

@@ -194,7 +194,7 @@ def test_cli_refusals(argv, words, capsys):
 # ----------------------------------------------------------------------------- the audit of the fixed release
 def audit(version, *extra):
     """``swa-repro audit --sglang VERSION --json EXTRA``, the CLI run in this process: the release's
-    child forks from this worker's warm server (``sglang.forkserver``) instead of a new interpreter
+    child forks from this worker's warm server (``engine.forkserver``) instead of a new interpreter
     importing torch & co. again (the CLI as a subprocess: test_cli_errors, test_sglang_kit)."""
     import contextlib
     import io

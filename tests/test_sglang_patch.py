@@ -17,7 +17,9 @@ import pytest
 
 from swa_repro.cli import main
 from swa_repro.sglang import patch as sp
-from swa_repro.sglang.patch import files, stubs
+from swa_repro.core.outputs import backup_paths
+from swa_repro.engine.patching import unified_diff
+from swa_repro.sglang.patch import stubs
 from difftools import changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
 
@@ -72,7 +74,7 @@ def test_diff_adds_the_window_only_inside_the_two_methods(installed, capsys):
     assert diff.startswith("--- a/") and "\n+++ b/" in diff
     assert ("+        window_left: int = -1," in diff) == (not flag)
     new = sp.transform(text, "unfixed" if flag else "fixed")
-    assert diff == sp.unified_diff(text, new, str(installed).lstrip("/"))
+    assert diff == unified_diff(text, new, str(installed).lstrip("/"))
     old_lines, new_lines = changed_lines(text, new)
     assert old_lines and inside(old_lines, sp.method_spans(text))
     assert inside(new_lines, sp.method_spans(new))
@@ -130,7 +132,7 @@ def test_in_place_apply_and_revert_in_a_fake_site_packages(fake_site, capsys):
     state = sp.classify(original.decode()).state
     flag = [] if state == "unfixed" else ["--reverse"]
     assert main(["patch", "apply", "--in-place", *flag]) == 0
-    bak, meta = files.backup_paths(fake_site)
+    bak, meta = backup_paths(fake_site)
     assert bak.read_bytes() == original
     info = json.loads(meta.read_text())
     assert info["original_sha256"] == hashlib.sha256(original).hexdigest()
@@ -178,7 +180,7 @@ def test_file_changed_since_backup_is_refused(fake_site, capsys):
     assert "changed since" in capsys.readouterr().err
     assert main(["patch", "apply", "--in-place"]) == 2
     assert "changed since" in capsys.readouterr().err
-    bak, _ = files.backup_paths(fake_site)
+    bak, _ = backup_paths(fake_site)
     assert fake_site.read_bytes() == changed and bak.read_bytes() == original
 
 

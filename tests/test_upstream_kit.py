@@ -157,7 +157,7 @@ def _run(overlay: Path, files: list[Path], tmp_path: Path) -> dict:
     the overlay's release and backend file, its kit files, the test files, swa-repro's code and the
     interpreter; a change of any runs it again."""
     from swa_repro.core.cache import cached, code_hash, interpreter
-    from swa_repro.sglang.overlay_run import child_env, run_module
+    from swa_repro.engine.child import child_env, run_module
     from swa_repro.sglang.provision import content_digest
 
     def run() -> dict:

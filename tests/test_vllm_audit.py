@@ -206,7 +206,7 @@ def test_cell_states():
 def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
     """cohere2's window is the config's, or + 1 where the release's commandr.py says so (0.29.0 on).
     (The config is Cohere2Config's defaults as ``small_config`` gives them, without importing transformers.)"""
-    from swa_repro.sglang import families as sf
+    from swa_repro.engine import families as sf
     from swa_repro.vllm.families import MODELS, resolve
 
     monkeypatch.setattr(sf, "small_config", lambda name: sf.SmallConfig(
@@ -226,7 +226,7 @@ def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
 
 def test_committed_table_renders_from_its_json():
     """docs/audit/vllm-releases.md is what ``table.markdown`` makes of the committed JSON."""
-    from swa_repro.sglang import families as sf
+    from swa_repro.engine import families as sf
     from swa_repro.vllm import table
 
     p = table.TABLE_DIR / f"{table.NAME}.json"
@@ -241,7 +241,7 @@ def test_committed_table_renders_from_its_json():
 def test_release_034_gemma2_sm90():
     """vLLM 0.34.0's own backend: the prefill wrapper is planned with the window and the cap; the
     XQA decode kernel is called with the window and without a soft cap."""
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.audit import run_audit
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
@@ -276,7 +276,7 @@ def test_release_034_cuda_graph_decode_on_sm80_captures_with_plan_and_replays_wi
     """On sm80 0.34.0 decodes through the wrapper: under FULL CUDA graphs its first plan is a full
     ``plan`` (the capture), the next step ``fast_decode_plan`` (the replay, fast_plan_decode); the
     replay runs the module the capture picked, with the window and cap: told what the layer asks."""
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.audit import run_audit
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm80"], note=lambda s: None)
@@ -295,7 +295,7 @@ def test_release_034_cuda_graph_decode_on_sm80_captures_with_plan_and_replays_wi
 @pytest.mark.parametrize("version", ["0.20.0", "0.25.0", "0.29.0", "0.30.0", "0.34.0"])
 def test_release_table_findings(version):
     """Each structural epoch's release, every family, sm90 and sm100: what the table says."""
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.audit import run_release
     from swa_repro.vllm.families import FAMILIES
     from swa_repro.vllm.verdict import cell
@@ -357,7 +357,7 @@ def test_dcp_is_asked_of_the_specs_own_sizing():
 
 
 def test_dcp_lines_say_which_families_each_release_refuses():
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.table import dcp_lines
 
     no = {"sliding": {"refused": "AssertionError: DCP not support sliding window.", "source": "vllm/x.py:9"},

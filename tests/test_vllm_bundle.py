@@ -214,8 +214,8 @@ def test_chain_is_what_the_measurement_finds(tmp_path):
     """Re-measure (minutes: one child per missing distribution, twice) and compare with CHAIN; the
     flashinfer bundle is .bundle's where one was built, else built here (a clean clone has none)."""
     from swa_repro.evidence.bundle import build_bundle
-    from swa_repro.evidence.vllm_measure import measure
     from swa_repro.sglang.device_image import IMAGE
+    from swa_repro.vllm.bundle_measure import measure
 
     fi = FI_BUNDLE
     if not list(fi.glob("flashinfer-*.tar.xz")):

@@ -61,7 +61,7 @@ def _ck(tmp_path: Path, name: str, values: dict):
 @pytest.mark.matrix
 @pytest.mark.parametrize("version", RELEASES)
 def test_each_table_family_given_as_a_file_asks_what_the_table_route_finds(version, tmp_path):
-    from swa_repro.sglang import families as sf
+    from swa_repro.engine import families as sf
     from swa_repro.vllm import checkpoint, families
 
     overlay = _overlay(version)

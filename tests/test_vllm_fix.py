@@ -150,7 +150,7 @@ def test_fix_bad_input_is_one_line(argv, says, capsys):
 
 
 def test_committed_fixed_table_renders_from_its_json():
-    from swa_repro.sglang import families as sf
+    from swa_repro.engine import families as sf
     from swa_repro.vllm import table
 
     p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
@@ -170,7 +170,7 @@ def test_committed_fixed_table_renders_from_its_json():
 def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
     """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
     and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm import table
     from swa_repro.vllm.audit import run_release
     from swa_repro.vllm.fix import upstream_diff

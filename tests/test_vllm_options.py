@@ -129,7 +129,7 @@ def _table(cache_dtypes, pages):
 
 
 def test_the_tables_option_sections():
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.table import cache_dtype_lines, page_lines
 
     t = _table({"nvfp4": {"state": "refused", "why": ["full: ValueError: requires sm100f"], "routes": []},
@@ -163,7 +163,7 @@ def test_release_034_options():
     refused for gpt-oss (head_size 64, the release's own reason); pages stay at 64. sm100: a GQA model
     gets pages of 128 on trtllm-gen (the cap dropped for gemma2), cohere2 (MHA) 64. Fixed: gemma2 gets
     64 and is refused an NVFP4 cache by the selector (the fix's supports_combination reason)."""
-    from swa_repro.sglang.families import GPU_CLASSES
+    from swa_repro.engine.families import GPU_CLASSES
     from swa_repro.vllm.audit import run_release
     from swa_repro.vllm.verdict import cell
 

@@ -61,7 +61,7 @@ def unusable(e: OSError):
 _CODE: dict = {}
 
 
-def code_hash(subpackages=("core", "kernel", "evidence", "sglang"), root: Path = PACKAGE) -> str:
+def code_hash(subpackages=("core", "kernel", "evidence", "engine", "sglang"), root: Path = PACKAGE) -> str:
     """sha256 over the path and bytes of every ``.py`` file (and stub) under ``root``'s
     ``subpackages`` and its ``__init__.py``. The default is every layer up to ``sglang``: all the
     code a release's child process can import (``tests/test_layers.py`` holds the layers: nothing

@@ -32,7 +32,7 @@ from swa_repro.core.errors import UsageError
 REPO = Path(__file__).resolve().parents[2]
 TRACKED_DIRS = ("docs", "recordings", "notebooks", "benchmarks")
 
-# The tool's own files beside a file patched in place (``sglang.patch.files``): never an output.
+# The tool's own files beside a file patched in place (``engine.patching``): never an output.
 BACKUP_SUFFIX, META_SUFFIX = ".swa-repro.bak", ".swa-repro.json"
 
 

@@ -1,6 +1,6 @@
 """A GPU machine's site-packages seen from here: the entries of this interpreter's that the machine
 has, linked into a folder, so that an import it lacks fails here as it would there. Shared by
-``sglang.device_image.device_view`` (the sglang bundle's check) and ``vllm_measure`` (the vLLM
+``sglang.device_image.device_view`` (the sglang bundle's check) and ``vllm.bundle_measure`` (the vLLM
 bundle's import chain)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ but no vLLM and no network, beside the flashinfer bundle (``--flashinfer PIN --k
 PIN the release's flashinfer pin), so that ``python -m swa_repro.vllm.live`` runs the release's FlashInfer
 backend on the real FlashInfer there.
 
-What travels is measured (:data:`CHAIN_MEASURED`, ``vllm_measure.measure``): vLLM's package from its wheel without
+What travels is measured (:data:`CHAIN_MEASURED`, ``vllm.bundle_measure.measure``): vLLM's package from its wheel without
 its compiled code (:func:`exclusion`: ``.so``, the ``vllm-rs`` binary, ``third_party``, C/CUDA sources,
 data files the import path does not read; the audit's platform replaces ``vllm._C``, as in
 ``swa_repro.vllm.drive.setup``), its dist-info untouched, and :data:`CHAIN`, the distributions the live
@@ -11,7 +11,7 @@ child's imports need that neither the device image nor the flashinfer bundle has
 ``vllm-site-VERSION.tar.xz``, ``install.sh [TARGET]`` (after the flashinfer bundle's, same TARGET) and
 ``MANIFEST.json``. No module of a higher layer is imported (tests/test_layers.py): the release's wheel
 comes from the cache ``swa_repro.vllm.provision`` fills, and the device image's distributions reach
-``vllm_measure.measure`` as an argument (``swa_repro.sglang.device_image.IMAGE``).
+``vllm.bundle_measure.measure`` as an argument (``swa_repro.sglang.device_image.IMAGE``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def check_version(version: str) -> str:
     if version not in MEASURED:
         raise UsageError(f"--vllm {version}: the bundle's import chain was measured on vLLM "
                          f"{', '.join(MEASURED)} only (vllm_bundle.MEASURED; 0.34.0 pins flashinfer 0.7.3, not on "
-                         "PyPI); re-measure with vllm_measure.measure for another release")
+                         "PyPI); re-measure with vllm.bundle_measure.measure for another release")
     return MEASURED[version]
 
 

@@ -2,7 +2,7 @@
 
 sglang constructs and calls three FlashInfer wrapper classes; two kinds of stand-in replace them
 on CPU: the model wrappers (``kernel.wrappers``, output through the kernel model or the
-reference) and the audit's recorders (``sglang.audit.env``, zero output, the calls are the
+reference) and the audit's recorders (``engine.standins``, zero output, the calls are the
 point). Both subclass the signatures here, so the ~30-parameter argument lists exist once: what
 sglang calls with, and what ``sglang.audit.bind`` binds a recorded call to.
 

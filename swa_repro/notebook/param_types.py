@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from swa_repro.core.case import MAX_BATCH, MAX_HEADS, MAX_KV_LEN
-from swa_repro.sglang.families import GPU_CLASSES
+from swa_repro.engine.families import GPU_CLASSES
 
 SEED_MAX = 2**32 - 1  # numpy's seed range
 

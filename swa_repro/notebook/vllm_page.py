@@ -85,7 +85,7 @@ def live(mode: str) -> tuple[dict, str]:
     ``--fix cap-route`` (``vllm.audit.run_live``: minutes, most of them JIT builds); otherwise the
     committed H200 recording (``recordings/vllm-live``: every path, Gemma-2 and Cohere2)."""
     if mode == "live":
-        from swa_repro.sglang.families import GPU_CLASSES
+        from swa_repro.engine.families import GPU_CLASSES
         from swa_repro.vllm.audit import run_live
 
         docs = {site: run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", fix=fix,
@@ -105,7 +105,7 @@ def live_nvfp4(mode: str) -> tuple[dict, str]:
     """Gemma-2's mixed batch with an NVFP4 cache (``--kv-cache-dtype nvfp4``, 0.32.0+ on sm90: fa2's
     wrappers): on CUDA (``mode`` live) run here as shipped; otherwise the committed H100 recording."""
     if mode == "live":
-        from swa_repro.sglang.families import GPU_CLASSES
+        from swa_repro.engine.families import GPU_CLASSES
         from swa_repro.vllm.audit import run_live
 
         doc = run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", paths="nvfp4_kv_mixed",

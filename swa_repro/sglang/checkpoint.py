@@ -32,6 +32,7 @@ from pathlib import Path
 from swa_repro.core import checkpoint_config as cc
 from swa_repro.core.checkpoint_config import config_object, looks_like_path  # noqa: F401 (the callers' names)
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.families import SmallConfig
 from swa_repro.sglang import families as fam
 from swa_repro.sglang import model_configs as mc
 
@@ -97,7 +98,7 @@ def served_by(arch: str, version: str, overlay: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- the small config
-def small_config(ck: Checkpoint) -> fam.SmallConfig:
+def small_config(ck: Checkpoint) -> SmallConfig:
     """The user's config cut to the shortest prefix (at least 2 layers) holding every layer kind."""
     text = ck.text_config()
     kinds = fam.layer_kinds(text)
@@ -112,7 +113,7 @@ def small_config(ck: Checkpoint) -> fam.SmallConfig:
         d.update({**per_layer_cut(d, len(kinds), n), **cut})
     nq = int(text.num_attention_heads)
     hd = getattr(text, "head_dim", None) or int(text.hidden_size) // nq
-    return fam.SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
+    return SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
                            int(getattr(text, "num_key_value_heads", None) or nq),
                            float(getattr(text, "attn_logit_softcapping", None) or 0.0),
                            ck.config_class.split(" ")[0].removeprefix("transformers."))

@@ -46,6 +46,7 @@ from swa_repro.core.intervals import ceil_div
 from swa_repro.core.case import Case, CaseError
 from swa_repro.core.mode import resolve_mode
 from swa_repro.core.reference import reference_attention
+from swa_repro.engine.patching import unified_diff
 from swa_repro.kernel import wrappers as mw
 from swa_repro.kernel.model import ModelResult, simulate
 from swa_repro.sglang import patch as sglang_patch
@@ -377,7 +378,7 @@ def patch_diff() -> str:
     text = path.read_text()
     if sglang_patch.classify(text).state == "fixed":
         return ""
-    return sglang_patch.unified_diff(text, sglang_patch.transform(text, "fixed"), "flashinfer_backend.py")
+    return unified_diff(text, sglang_patch.transform(text, "fixed"), "flashinfer_backend.py")
 
 
 def file_digest() -> str:

@@ -12,7 +12,7 @@ graphs and are not run. The kit's assertion is ``assert_close(atol=rtol=3e-2)``
 
 Modes: ``live`` runs the kit untouched on CUDA. ``model`` (CPU) replaces, in the backend module
 only, FlashInfer's wrapper classes by the kernel-model wrappers (as ``harness.sglang_env``), its
-``torch`` by ``audit.env._CpuTorch`` (decode allocates ``device="cuda"`` buffers) and the Triton
+``torch`` by ``engine.standins.CpuTorch`` (decode allocates ``device="cuda"`` buffers) and the Triton
 kv-indices kernel by its torch port (``releases.kv_indices_everywhere``), and it adapts two
 things, both because the kit was written for CUDA: the prefill route is paged-only
 (``SGLANG_FLASHINFER_USE_PAGED=1``: the kernel model has no non-causal paged prefix + LSE merge
@@ -86,10 +86,10 @@ def model_env(fb):
     """The CPU substitutions and adaptations of the module docstring, restored on exit."""
     import torch
 
+    from swa_repro.engine.standins import CpuTorch
     from swa_repro.sglang import harness, releases
-    from swa_repro.sglang.audit.env import _CpuTorch
 
-    names = dict(harness.MODEL_CLASSES, global_workspace_buffer=None, torch=_CpuTorch())
+    names = dict(harness.MODEL_CLASSES, global_workspace_buffer=None, torch=CpuTorch())
     with harness._namespace(fb, names), releases.release_env(fb, use_paged=True), torch.no_grad():
         yield
 
@@ -223,7 +223,7 @@ def _child(overlay, a) -> dict:
 
 
 if __name__ == "__main__":
-    from swa_repro.sglang.overlay_run import child_main, child_parser
+    from swa_repro.engine.child import child_main, child_parser
 
     p = child_parser("swa_repro.sglang.kit")
     p.add_argument("--mode", choices=("model", "live"), required=True)

@@ -26,18 +26,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-# name -> (transformers config class, constructor switches, sglang architecture).
-# Switches only turn a published feature on (Qwen2 ships use_sliding_window=False); no sizes here.
-MODELS: dict[str, tuple[str, dict, str]] = {
-    "gemma2": ("Gemma2Config", {}, "Gemma2ForCausalLM"),
-    "gemma3": ("Gemma3TextConfig", {}, "Gemma3ForCausalLM"),
-    "gpt-oss": ("GptOssConfig", {}, "GptOssForCausalLM"),
-    "exaone4": ("Exaone4Config", {}, "Exaone4ForCausalLM"),
-    "cohere2": ("Cohere2Config", {}, "Cohere2ForCausalLM"),
-    "gemma4": ("Gemma4TextConfig", {}, "Gemma4ForCausalLM"),
-    "mistral": ("MistralConfig", {}, "MistralForCausalLM"),
-    "qwen2-swa": ("Qwen2Config", {"use_sliding_window": True}, "Qwen2ForCausalLM"),
-}
+from swa_repro.engine.families import MODELS
+
 # Looked for and reported as absent when transformers does not ship them (remote-code models).
 ABSENT = {"phi3-small": ("Phi3SmallConfig", "Phi3SmallForCausalLM")}
 

@@ -5,22 +5,18 @@ One interpreter cannot hold two sglang releases and the installed one must stay 
 parent provisions, the child (``python -m MODULE --overlay DIR --out FILE ...``) imports X's
 ``sglang``, checks every loaded ``sglang.*`` module came from the overlay (:func:`foreign_modules`)
 and writes a JSON document. Used by ``audit --sglang`` (``audit.release``) and
-``sglang-check --kit-only --sglang`` (``sglang.kit``).
+``sglang-check --kit-only --sglang`` (``sglang.kit``). The engine-neutral plumbing (the child's
+environment, the fork server, ``child_main``) is ``engine.child``; here: sglang's overlays, the
+cache key of a run on one and the check that sglang came from it.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.sglang import bytecode, forkserver
+from swa_repro.engine.child import run_in_child, whole_run
 
 
 # ----------------------------------------------------------------------------- parent
@@ -55,26 +51,11 @@ def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: 
     from swa_repro.core.cache import cached
 
     if not cache:
-        doc = _run_child(module, overlay, args, what)
+        doc = run_in_child(module, overlay, args, what)
         return doc["document"], doc["seconds"], {"cache": "off"}
     parts = {**child_parts(module, overlay), "args": list(args)}
-    doc, how = cached("overlay-run", parts, lambda: _run_child(module, overlay, args, what), valid=whole_run)
+    doc, how = cached("overlay-run", parts, lambda: run_in_child(module, overlay, args, what), valid=whole_run)
     return doc["document"], doc["seconds"], how
-
-
-def whole_run(d) -> bool:
-    """A cached child run is used only with its document (a non-empty dict) and its seconds."""
-    return isinstance(d, dict) and isinstance(d.get("document"), dict) and bool(d["document"]) and "seconds" in d
-
-
-def run_module(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str]:
-    """``python -m module argv`` under ``env`` -> ``(returncode, stdout, stderr)``: forked from a warm
-    server (``forkserver``: the venv's imports done once), else a plain child."""
-    forked = forkserver.run(module, argv, env, tmp)
-    if forked is None:
-        p = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env)
-        forked = (p.returncode, p.stdout, p.stderr)
-    return forked
 
 
 def child_parts(module: str, overlay: Path) -> dict:
@@ -84,31 +65,6 @@ def child_parts(module: str, overlay: Path) -> dict:
     from swa_repro.sglang.provision import content_digest
 
     return {"module": module, "overlay": content_digest(overlay), "code": code_hash(), "interpreter": interpreter()}
-
-
-def child_env() -> dict:
-    """The child's environment: this package importable, and the release's bytecode kept. Without
-    it every child compiled the release from source again (cProfile of a family audit: 20.5 s of
-    ``compile()``) wherever ``PYTHONDONTWRITEBYTECODE`` is set (this project's CI image): as the
-    Makefile does, bytecode goes to one folder, ``$PYTHONPYCACHEPREFIX`` or the cache's ``pycache/``."""
-    from swa_repro.core.cache import cache_root
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.setdefault("PYTHONPYCACHEPREFIX", str(cache_root() / "pycache"))
-    return env
-
-
-def _run_child(module: str, overlay: Path, args: list[str], what: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out.json"
-        t0 = time.monotonic()
-        rc, _, stderr = run_module(module, ["--overlay", str(overlay), "--out", str(out), *args], child_env(), Path(tmp))
-        if rc != 0 or not out.is_file():
-            last = [ln for ln in stderr.splitlines() if ln.strip()]
-            raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")
-        return {"document": json.loads(out.read_text()), "seconds": round(time.monotonic() - t0, 1)}
 
 
 # ----------------------------------------------------------------------------- child
@@ -144,26 +100,3 @@ def check_no_foreign(overlay: Path) -> int:
     if bad:
         raise UsageError(f"{len(bad)} sglang modules did not come from the overlay (e.g. {bad[0]})")
     return sum(1 for k in sys.modules if k == "sglang" or k.startswith("sglang."))
-
-
-def child_parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"python -m {prog}")
-    p.add_argument("--overlay", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    return p
-
-
-def child_main(parser: argparse.ArgumentParser, run, argv=None) -> int:
-    """Parse, put the overlay first on ``sys.path`` (before anything imports sglang), ``run(overlay,
-    args)`` -> document written to ``--out``; any error is one stderr line for the parent, exit 2."""
-    a = parser.parse_args(argv)
-    overlay = a.overlay.resolve()
-    sys.path.insert(0, str(overlay))
-    bytecode.share(overlay)  # a fixed or kit overlay: the release's compiled modules, not a second compile
-    try:
-        doc = run(overlay, a)
-    except Exception as e:  # one line for the parent, never a traceback
-        print(f"{type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
-        return 2
-    a.out.write_text(json.dumps(doc, default=str))
-    return 0

@@ -38,17 +38,16 @@ def cache_root() -> Path:
 
 
 def overlay_dir(version: str) -> Path:
-    return cache_root() / "sglang" / version
+    from swa_repro.engine.overlay import release_overlay
+
+    return release_overlay("sglang", version)
 
 
 def installer(target: Path, version: str) -> list[str]:
-    """uv next to this interpreter or on PATH, else ``python -m pip``."""
-    uv = Path(sys.executable).with_name("uv")
-    uv = str(uv) if uv.is_file() else shutil.which("uv")
-    if uv:
-        return [uv, "pip", "install", "--python", sys.executable, "--no-deps", "--target", str(target),
-                f"sglang=={version}"]
-    return [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), f"sglang=={version}"]
+    """``engine.overlay.install_command`` of ``sglang==version``."""
+    from swa_repro.engine.overlay import install_command
+
+    return [*install_command(target), f"sglang=={version}"]
 
 
 def _refusal(version: str, output: str) -> str:
@@ -90,7 +89,7 @@ def intact(target: Path, version: str, say: bool = False) -> dict | None:
     """The cached overlay's info if its marker is whole and its files are its wheel's (``record``:
     RECORD's sha256 of each, checked when their stamp changed), else None: made again. ``say``: one
     stderr line on a damaged overlay."""
-    from swa_repro.sglang import record
+    from swa_repro.engine import record
 
     info = record.marker(target / MARKER) if target.is_dir() else None
     bad = record.damaged(target, "sglang-*.dist-info") if info is not None else []
@@ -114,7 +113,7 @@ def _install(version: str, target: Path) -> tuple[Path, dict]:
     tool = "uv pip" if Path(cmd[0]).name == "uv" else "pip"
     info = {"sglang": version, "installer": f"{tool} install --no-deps --target <overlay> sglang=={version}",
             "install_seconds": round(time.monotonic() - t0, 1), "flashinfer_pin": flashinfer_pin(partial)}
-    from swa_repro.sglang.record import damaged
+    from swa_repro.engine.record import damaged
 
     bad = damaged(partial, "sglang-*.dist-info")
     if bad:

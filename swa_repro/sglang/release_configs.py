@@ -123,7 +123,7 @@ def _registry_line(mod) -> int:
 
 
 def main(argv=None) -> int:
-    from swa_repro.sglang.overlay_run import child_main, child_parser
+    from swa_repro.engine.child import child_main, child_parser
 
     return child_main(child_parser(MODULE), lambda overlay, a: child(overlay), argv)
 

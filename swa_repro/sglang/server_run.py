@@ -2,7 +2,7 @@
 
 A child (``python -m swa_repro.sglang.server_run --overlay DIR --out F --configs JSON``) imports X's
 ``sglang`` with CUDA faked as one GPU of each class (:data:`DEVICES`: capability, name, memory; as
-``evidence.vllm_measure`` fakes an H100 for what asks at import), writes each model's ``config.json``
+``vllm.bundle_measure`` fakes an H100 for what asks at import), writes each model's ``config.json``
 to a folder and, per GPU class and model, in a fork of its own (nothing one server's resolution sets,
 the environment or a cached platform probe, reaches the next), builds ``ServerArgs(model_path=FOLDER,
 **flags)`` and resolves it as a launcher does (``__post_init__``; 0.5.19+ ``resolve_once``) for each
@@ -214,7 +214,7 @@ def child(overlay: Path, configs: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    from swa_repro.sglang.overlay_run import child_main, child_parser
+    from swa_repro.engine.child import child_main, child_parser
 
     p = child_parser(MODULE)
     p.add_argument("--configs", type=json.loads, required=True, help="name -> config.json, as JSON")

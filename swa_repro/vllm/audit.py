@@ -1,7 +1,7 @@
 """``swa-repro audit --vllm X [--model FAMILY[,..]|all] [--gpu CLASS[,..]]``: the parent side.
 
 Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` once per
-release in a child forked from the warm server (``sglang.overlay_run.run_module``; the child forks
+release in a child forked from the warm server (``engine.child.run_module``; the child forks
 once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
 families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
 what the layer asks for and what each FlashInfer kernel is told, with the cell's verdict
@@ -20,14 +20,14 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.exit_status import exit_status
-from swa_repro.sglang import families as sf
+from swa_repro.engine import families as ef
 from swa_repro.vllm import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
 DEFAULT_FAMILY = "gemma2"
 
 
-def check(version: str, model: str | None, gpu: str | None) -> tuple[list[str], list[sf.GpuClass]]:
+def check(version: str, model: str | None, gpu: str | None) -> tuple[list[str], list[ef.GpuClass]]:
     """-> (families, GPU classes); any bad input one line (``UsageError``, exit 2), before any work."""
     from swa_repro.vllm.provision import check_release
 
@@ -39,18 +39,18 @@ def check(version: str, model: str | None, gpu: str | None) -> tuple[list[str], 
     if bad or not names:
         raise UsageError(f"--model {bad[0] if bad else model!r}: unknown family for --vllm; choose from "
                          f"{', '.join(FAMILIES)} or all, or give a checkpoint's config.json or the folder holding it")
-    gpus = [x.strip() for x in (gpu or sf.DEFAULT_GPU).split(",") if x.strip()]
-    unknown = [x for x in gpus if x not in sf.GPU_CLASSES]
+    gpus = [x.strip() for x in (gpu or ef.DEFAULT_GPU).split(",") if x.strip()]
+    unknown = [x for x in gpus if x not in ef.GPU_CLASSES]
     if unknown or not gpus:
-        raise UsageError(f"--gpu {gpu!r}: choose one or more of {', '.join(sf.GPU_CLASSES)}")
-    return names, [sf.GPU_CLASSES[g] for g in gpus]
+        raise UsageError(f"--gpu {gpu!r}: choose one or more of {', '.join(ef.GPU_CLASSES)}")
+    return names, [ef.GPU_CLASSES[g] for g in gpus]
 
 
-def arch(g: sf.GpuClass) -> str:
+def arch(g: ef.GpuClass) -> str:
     return ".".join(map(str, g.arch))
 
 
-def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, note=print,
+def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, note=print,
                 fix: str | None = None, checkpoint=None) -> tuple[dict, float, dict]:
     """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
     ``fix``: on a copy of the release with that fix (``vllm.fix``); ``checkpoint``: the user's
@@ -72,13 +72,13 @@ def run_release(version: str, families: list[str], gpus: list[sf.GpuClass], *, n
 
         args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
-             "code": code_hash(("core", "kernel", "evidence", "sglang", "vllm")), "interpreter": interpreter()}
+             "code": code_hash(("core", "kernel", "evidence", "engine", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
                       valid=lambda d: whole(d, families, gpus))
     return doc["document"], doc["seconds"], how
 
 
-def whole(d, families: list[str], gpus: list[sf.GpuClass]) -> bool:
+def whole(d, families: list[str], gpus: list[ef.GpuClass]) -> bool:
     """A cached child document is used only whole: its audits hold every family on every GPU class
     asked, each a dict (``core.cache``: else it is recomputed)."""
     audits = d.get("document", {}).get("audits") if isinstance(d, dict) and isinstance(d.get("document"), dict) else None
@@ -87,13 +87,13 @@ def whole(d, families: list[str], gpus: list[sf.GpuClass]) -> bool:
                                                     for f in families) for g in gpus)
 
 
-def run_audit(version: str, family: str, gpu: sf.GpuClass, *, note=print) -> tuple[dict, float, dict]:
+def run_audit(version: str, family: str, gpu: ef.GpuClass, *, note=print) -> tuple[dict, float, dict]:
     """One family on one GPU class (phase 1's shape): -> (its audit, seconds, how)."""
     doc, seconds, how = run_release(version, [family], [gpu], note=note)
     return doc["audits"][arch(gpu)][family], seconds, how
 
 
-def run_live(version: str, families: list[str], gpus: list[sf.GpuClass], *, mode: str, fix: str | None = None,
+def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode: str, fix: str | None = None,
              paths: str | None = None, budget: float = 300.0, note=print) -> dict:
     """The live step (``vllm.live``): ``mode`` live, this GPU's real FlashInfer for its own class
     (any other class said, not run); ``model``, the CPU model of what each kernel is told, per
@@ -125,7 +125,7 @@ def run_live(version: str, families: list[str], gpus: list[sf.GpuClass], *, mode
 
 
 def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.drive") -> dict:
-    from swa_repro.sglang.overlay_run import run_module
+    from swa_repro.engine.child import run_module
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
@@ -145,7 +145,7 @@ def _fmt(d: dict) -> str:
             f"sinks={d['sinks']}")
 
 
-def render(doc: dict, version: str, gpu: sf.GpuClass) -> list[str]:
+def render(doc: dict, version: str, gpu: ef.GpuClass) -> list[str]:
     """One family on one GPU class, as text."""
     fam = doc["family"]
     if doc.get("error"):
@@ -232,7 +232,7 @@ def read_line(ck: dict) -> str:
             f"{', '.join(mine) or 'none of the attention keys'}; from the class's defaults: {', '.join(other) or 'none'}")
 
 
-def cell_states(doc: dict, families: list[str], gpus: list[sf.GpuClass]) -> list[str]:
+def cell_states(doc: dict, families: list[str], gpus: list[ef.GpuClass]) -> list[str]:
     """Every asked cell's answer state (``verdict.cell``) for ``core.exit_status``; a quantized cache's
     finding is one only with a flag (``--kv-cache-dtype``)."""
     out = []

@@ -38,9 +38,9 @@ def check(a, given: set[str]) -> None:
     """Every misuse of ``audit``'s flags together (one ``UsageError``), before either path runs."""
     _lists(a, given)
     if a.sglang is not None:
-        from swa_repro.sglang.provision import check_release
+        from swa_repro.core.versions import check_sglang_release
 
-        check_release(a.sglang)  # "" or 0.5.15.post2: one line, never the installed sglang nor the installer
+        check_sglang_release(a.sglang)  # "" or 0.5.15.post2: one line, never the installed sglang nor the installer
     if not a.release_table:
         extra = [flag(k) for k in ("out", "releases", "jobs") if k in given]
         if extra:
@@ -71,7 +71,7 @@ def _lists(a, given: set[str]) -> None:
 
 def _vllm(a, given: set[str]) -> None:
     """What only the sglang path reads, with ``--vllm``."""
-    from swa_repro.sglang.audit.cli import REMOVED_SOURCE
+    from swa_repro.engine.commands import REMOVED_SOURCE
 
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)

@@ -1,14 +1,14 @@
-"""``swa-repro audit`` with ``--vllm VERSION``: sglang's audit command (``sglang.audit.cli``) plus
-the vLLM audit (``vllm.audit``); without ``--vllm`` nothing changes."""
+"""``swa-repro audit`` with ``--vllm VERSION``: the ``audit`` command the top-level CLI registered
+first (sglang's, ``sglang.audit.cli``: ``cli.COMMANDS``) extended by the vLLM audit (``vllm.audit``);
+without ``--vllm`` the command's own function runs, unchanged. Nothing of sglang is imported here."""
 
 from __future__ import annotations
 
-from swa_repro.sglang.audit import cli as sglang_cli
+from swa_repro.engine.commands import extended
 
 
 def register(sub) -> None:
-    sglang_cli.register(sub)
-    p = sub.choices["audit"]
+    p = extended(sub, "audit")
     p.add_argument("--vllm", metavar="VERSION", help="audit this vLLM release's FlashInfer backend (0.20.0 or "
                    "later; its wheel's Python files as a cached overlay, run in a subprocess): per layer kind and "
                    "path (prefill, decode, mixed), the window, cap, scale and sinks asked vs told; with --model "
@@ -16,7 +16,7 @@ def register(sub) -> None:
                    "--release-table: VERSION[,..] or 'table' (the table's releases) -> --out/vllm-releases.md + .json")
     p.add_argument("--diff", action="store_true", help="with --vllm X --fix cap-route: print the fix as a unified "
                    "diff against release X's flashinfer.py (the upstream diff) instead of auditing")
-    sglang_func = p.get_default("func")
+    other = p.get_default("func")  # the command as registered before: sglang's audit
     from swa_repro.vllm import audit_args
 
     defaults = {k: p.get_default(k) for k in audit_args.DEFAULTED}
@@ -34,7 +34,7 @@ def register(sub) -> None:
                 from swa_repro.core.errors import UsageError
 
                 raise UsageError("--diff goes with --vllm X --fix cap-route")
-            return sglang_func(a)
+            return other(a)
         if a.release_table:
             from swa_repro.vllm import table
 

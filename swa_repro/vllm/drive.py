@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from swa_repro.sglang.overlay_run import child_main, child_parser
+from swa_repro.engine.child import child_main, child_parser
 from swa_repro.vllm import standins
 
 ARCH = [9, 0]  # what AuditCuda reports; set in each fork before anything asks
@@ -66,12 +66,12 @@ def setup(rec: standins.Recorder, kernels=None, device: str = "cpu"):
     platforms._current_platform = AuditCuda()
     import vllm.v1.attention.backends.flashinfer as fb
 
-    from swa_repro.sglang.audit.env import _CpuTorch
+    from swa_repro.engine.standins import CpuTorch
 
     fb.get_dcp_world_size_and_rank = lambda *a, **k: (1, 0)
     if device != "cpu":
         return fb
-    fb.torch = _CpuTorch()  # device="cuda" buffers land on the CPU, as in the sglang audit
+    fb.torch = CpuTorch()  # device="cuda" buffers land on the CPU, as in the sglang audit
     fb._copy_page_indices_kernel = CopyPageIndices()
     if hasattr(fb, "_trtllm_prefill_attn_kvfp8_dequant"):  # a Triton kernel (fp8 cache, trtllm-gen prefill)
         fb._trtllm_prefill_attn_kvfp8_dequant = DequantCopy()

@@ -4,7 +4,7 @@ vLLM's model classes cannot be built here: importing ``vllm.model_executor.model
 the others) reaches ``vllm/vllm_flash_attn/__init__.py``, which raises ImportError without the
 compiled ``_vllm_fa2_C``/``_vllm_fa3_C`` (0.34.0 ``model_executor/layers/attention/
 mm_encoder_attention.py:33`` -> ``v1/attention/backends/fa_utils.py:24``). So the numbers come
-from the family's config (transformers' published defaults, ``sglang.families.small_config``),
+from the family's config (transformers' published defaults, ``engine.families.small_config``),
 and each one cites the line of *that release's* model file that hands it to ``Attention(...)``,
 found by the patterns in ``RULES``; a pattern that changes the value (cohere2's
 ``config.sliding_window + 1``, 0.29.0 on) is applied where the release has it, and a value whose
@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from swa_repro.sglang import families as sf
+from swa_repro.engine import families as ef
 
 FAMILIES = ("gemma2", "gemma3", "gpt-oss", "cohere2", "mistral")
 MODELS = "vllm/model_executor/models"
@@ -56,7 +56,7 @@ def find(overlay: Path, rel: str, patterns) -> tuple[str | None, str]:
 
 def resolve(name: str, overlay: Path) -> dict:
     """The family's per-kind parameters for the release in ``overlay``, each with its source."""
-    sc = sf.small_config(name)
+    sc = ef.small_config(name)
     cfg = sc.config
     mfile, rules = RULES[name]
     src = {}
@@ -70,10 +70,10 @@ def resolve(name: str, overlay: Path) -> dict:
     scale = float(qpas) ** -0.5 if src["scale"][0] == "qpas" else sc.head_dim ** -0.5
     sinks = src.get("sinks", (None,))[0] == "config"
     layers = {}
-    for kind in sorted(set(sc.kinds) & {sf.SLIDING, sf.FULL}):
-        layers[kind] = {"sliding_window": window if kind == sf.SLIDING else None, "logits_soft_cap": cap,
+    for kind in sorted(set(sc.kinds) & {ef.SLIDING, ef.FULL}):
+        layers[kind] = {"sliding_window": window if kind == ef.SLIDING else None, "logits_soft_cap": cap,
                         "scale": scale, "sinks": sinks,
-                        "hf_window_left": sc.sliding_window - 1 if kind == sf.SLIDING else -1}
+                        "hf_window_left": sc.sliding_window - 1 if kind == ef.SLIDING else -1}
     return {"family": name, "num_qo_heads": sc.num_qo_heads, "num_kv_heads": sc.num_kv_heads,
             "head_dim": sc.head_dim, "hf_sliding_window": sc.sliding_window, "hf_cap": sc.cap or None,
             "layers": layers, "sources": {k: v[1] for k, v in src.items()},

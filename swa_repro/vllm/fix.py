@@ -333,7 +333,7 @@ def fixed_overlay(version: str, overlay: Path) -> Path:
     import hashlib
 
     from swa_repro.core.cache import cache_root, locked
-    from swa_repro.sglang.record import damaged, marker
+    from swa_repro.engine.record import damaged, marker
 
     target = cache_root() / "vllm-fixed" / f"{version}-cap-route"
     texts = {rel: after for rel, (_, after) in edited(version, overlay).items()}

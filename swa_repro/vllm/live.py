@@ -16,7 +16,7 @@ model of what each kernel is told (``live_kernels.install_model``). Per path (a 
 * **cap**: one run on random data whose logits reach the soft cap (q and k scaled so that the
   scaled dot products have a standard deviation of twice the cap; 1 where the layer has none). Per
   row the largest error against the float64 reference at what the layer asks (``err_asked``: a row
-  is *wrong* past ``ATOL``; the tolerances are the sglang live judge's, ``sglang.audit.live``), at
+  is *wrong* past ``ATOL``; the tolerances are the live judge's, ``engine.tolerance``), at
   transformers' window and cap (``err_hf``), and at what the kernel that ran the row is told
   (``err_told``, from its recorded call, ``paths.told``): within ``ATOL + RTOL * |reference|``
   everywhere, the kernel does what the audit says it is told (``told_agrees``).
@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from swa_repro.sglang.overlay_run import child_main, child_parser
+from swa_repro.engine.child import child_main, child_parser
 
 LIVE_PATHS = ("decode", "mixed", "spec_decode", "cuda_graph_decode", "prefill")
 OPTIONS = ("nvfp4_kv_mixed",)  # run where asked (``--paths``): a serving option's batch
@@ -160,10 +160,9 @@ def cap_check(case, runner, asked: dict, hf: dict, seed: int) -> dict:
 
     from swa_repro.core.batch import LAYOUT_SEED, build_paged_batch, random_inputs
     from swa_repro.core.reference import intended_mask, masked_attention
-    from swa_repro.sglang.audit.live import (  # the sglang live judge's: bf16 against float64
-        ATOL,
-        RTOL,
-    )
+
+    # the live judge's tolerances: bf16 against float64
+    from swa_repro.engine.tolerance import ATOL, RTOL
 
     a = amplitude(asked["sm_scale"], case.head_dim, asked["logits_soft_cap"])
     qs, ks, vs = random_inputs(case, seed=seed)
@@ -286,7 +285,7 @@ def family(fb, fam: dict, rec, device: str, arch, paths: list[str], seed: int, r
 def run(overlay, a) -> dict:
     import torch
 
-    from swa_repro.sglang.audit.live import ATOL, RTOL
+    from swa_repro.engine.tolerance import ATOL, RTOL
     from swa_repro.vllm import drive, families, live_kernels, standins
 
     cuda = a.device == "cuda"

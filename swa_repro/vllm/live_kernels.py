@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from swa_repro.sglang.audit.env import DecodeStandIn, PagedStandIn
+from swa_repro.engine.standins import DecodeStandIn, PagedStandIn
 from swa_repro.vllm import standins
 
 # what vLLM's backend binds from flashinfer and runs (0.30.0-0.34.0 flashinfer.py imports; XQA

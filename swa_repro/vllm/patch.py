@@ -2,15 +2,14 @@
 (``vllm.fix``) on the installed vLLM's two files it edits, the FlashInfer backend and
 ``vllm/utils/flashinfer.py`` (where the rule lives: ``vllm.fix_utils``), or ``--source FILE``: a
 backend file inside a vLLM tree, whose ``vllm/utils/flashinfer.py`` is edited with it. The command is
-sglang's (``sglang.patch.cli``) plus ``--vllm``, as ``vllm.cli`` adds it to ``audit``; without
-``--vllm`` nothing changes.
+sglang's (``sglang.patch.cli``, registered first by ``cli.COMMANDS``) plus ``--vllm``, as ``vllm.cli``
+adds it to ``audit``; without ``--vllm`` nothing changes.
 
-The same actions and safety as the sglang patch (``sglang.patch.files``): ``apply --out FILE`` writes
-a patched copy, ``apply --in-place`` keeps a sha256-checked backup beside the file and ``revert``
-restores it byte for byte; a file that is neither the original nor swa-repro's patch is left alone.
-Each file keeps its own backup; both are checked before either is written, and a second write that
-fails restores the first. ``apply --out`` (one patched copy) is refused: the fix is two files (use
-``diff``, or ``--in-place``).
+The same safety as the sglang patch (``engine.patching``): ``apply --in-place`` keeps a sha256-checked
+backup beside each file and ``revert`` restores it byte for byte; a file that is neither the original
+nor swa-repro's patch is left alone. Both files are checked before either is written, and a second
+write that fails restores the first. ``apply --out`` (one patched copy) is refused: the fix is two
+files (use ``diff``, or ``--in-place``).
 The installed file is found without importing vLLM (its import needs CUDA extensions).
 """
 
@@ -30,15 +29,15 @@ UTILS = fix_utils.UTILS
 
 
 def register(sub) -> None:
-    from swa_repro.sglang.patch import cli as sglang_cli
+    """``--vllm`` added to the ``patch`` command registered before it (sglang's: ``cli.COMMANDS``)."""
+    from swa_repro.engine.commands import extended
 
-    sglang_cli.register(sub)
-    p = sub.choices["patch"]
+    p = extended(sub, "patch")
     p.add_argument("--vllm", action="store_true", help="vLLM's FlashInfer backend instead (the installed "
                    "vllm/v1/attention/backends/flashinfer.py, or --source): its fix " + ", ".join(vfix.FIXES)
                    + " (the default --fix), as `swa-repro audit --vllm X --fix` checks it")
-    sglang_func = p.get_default("func")
-    p.set_defaults(func=lambda a: run(a) if a.vllm else sglang_func(a))
+    other = p.get_default("func")
+    p.set_defaults(func=lambda a: run(a) if a.vllm else other(a))
 
 
 def installed_backend() -> tuple[Path, str]:
@@ -113,9 +112,7 @@ def edit_whole(texts: dict[str, str], version: str, source: Path | None, where: 
 
 
 def run(args) -> int:
-    from swa_repro.sglang.patch.cli import check_outputs, check_paths
-    from swa_repro.sglang.patch.edit import unified_diff
-    from swa_repro.sglang.patch.files import read_backend
+    from swa_repro.engine.patching import check_outputs, check_paths, read_backend, unified_diff
 
     check_outputs(args)
     name = vfix.check(args.fix or "cap-route")
@@ -147,9 +144,9 @@ def run(args) -> int:
 
 
 def _apply(paths: dict, texts: dict, new: dict, version: str, source, name: str) -> int:
-    """Each file in place with its own backup (``sglang.patch.files.apply_in_place``); where the
+    """Each file in place with its own backup (``engine.patching.apply_in_place``); where the
     second fails, the first is restored, so the pair is never left half fixed."""
-    from swa_repro.sglang.patch.files import apply_in_place, revert_in_place
+    from swa_repro.engine.patching import apply_in_place, revert_in_place
 
     revert = "swa-repro patch revert --vllm" + (f" --source {paths[BACKEND]}" if source else "")
     done = []
@@ -168,7 +165,8 @@ def _apply(paths: dict, texts: dict, new: dict, version: str, source, name: str)
 
 def _revert(paths: dict) -> int:
     """Both files restored from their backups (one without a backup is left as it is: said so)."""
-    from swa_repro.sglang.patch.files import backup_paths, revert_in_place
+    from swa_repro.core.outputs import backup_paths
+    from swa_repro.engine.patching import revert_in_place
 
     have = [rel for rel, p in paths.items() if backup_paths(p)[1].exists()]
     if not have:

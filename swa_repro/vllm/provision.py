@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.sglang.provision import installer
+from swa_repro.engine.overlay import install_command
 
 MIN_RELEASE = (0, 20, 0)
 # vLLM's releases from 0.20.0 on, as `pip index versions vllm` listed them (2026-12-05); a newer one
@@ -124,10 +124,10 @@ def provision(version: str) -> tuple[Path, dict]:
 
 def _current(target: Path, say: bool = False) -> dict | None:
     """The marker of an unpacked overlay whose .deps are the ones this code installs for it and whose
-    files are its wheel's (``sglang.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
+    files are its wheel's (``engine.record``: RECORD's sha256 of each but the ``.so`` it leaves out,
     checked when their stamp changed), ``.deps``' each its own wheel's likewise (a damaged ``openai``
     there is a child that fails or answers from other code); else None (made again; ``say``: one stderr line if damaged)."""
-    from swa_repro.sglang.record import damaged, marker
+    from swa_repro.engine.record import damaged, marker
 
     info = marker(target / MARKER) if target.is_dir() else None
     if info is None or info.get("deps") != deps_for(target):
@@ -171,12 +171,12 @@ def _unpack(version: str, target: Path) -> tuple[Path, dict]:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"vllm {version} has no {BACKEND}: the audit drives the v1 FlashInfer backend")
     deps = deps_for(partial)
-    cmd = installer(partial / ".deps", "x")[:-1] + deps
+    cmd = install_command(partial / ".deps") + deps
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise UsageError(f"installing {', '.join(deps)} for vllm {version} failed (no network?)")
-    from swa_repro.sglang.record import damaged
+    from swa_repro.engine.record import damaged
 
     bad = damaged(partial, "vllm-*.dist-info", skip=lambda rel: rel.endswith(".so"))
     if bad:

@@ -5,7 +5,7 @@ vLLM 0.34.0 imports from ``flashinfer`` names the venv's flashinfer 0.6.12 lacks
 ``nvfp4_quantize_append_paged_kv_cache_with_slot_mapping``; it pins flashinfer 0.7.3), so the
 whole package is a stand-in, not a patch of the installed one:
 
-* the three wrapper classes are the sglang audit's stand-ins (``sglang.audit.env``: flashinfer
+* the three wrapper classes are the audits' stand-ins (``engine.standins``: flashinfer
   0.6.12's call contract from ``kernel.signatures``, zero outputs, a paged ``run()`` asserts its
   window equals the planned one), subclassed to record every ``plan``/``run`` with its arguments
   bound to flashinfer's parameter names;
@@ -26,7 +26,7 @@ import types
 
 import torch
 
-from swa_repro.sglang.audit.env import DecodeStandIn, PagedStandIn, RaggedStandIn
+from swa_repro.engine.standins import DecodeStandIn, PagedStandIn, RaggedStandIn
 
 class SinkStandIn(PagedStandIn):
     """flashinfer's ``BatchAttentionWithAttentionSinkWrapper`` (``attention/_core.py:218``, a

@@ -13,8 +13,8 @@ import json
 import sys
 
 from swa_repro.core.outputs import keep_fuller, out_dir, write_atomic
-from swa_repro.sglang import families as sf
-from swa_repro.sglang.audit.table import TABLE_DIR, provenance
+from swa_repro.engine import families as ef
+from swa_repro.engine.provenance import TABLE_DIR, provenance
 from swa_repro.vllm import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
@@ -209,9 +209,9 @@ def main(a) -> int:
     if bad:
         raise UsageError(f"--model {bad[0]}: unknown family for --vllm; choose from {', '.join(FAMILIES)} or all")
     gnames = (a.gpu or ",".join(GPUS)).split(",")
-    if any(g not in sf.GPU_CLASSES for g in gnames):
-        raise UsageError(f"--gpu {a.gpu!r}: choose one or more of {', '.join(sf.GPU_CLASSES)}")
-    gpus = [sf.GPU_CLASSES[g] for g in gnames]
+    if any(g not in ef.GPU_CLASSES for g in gnames):
+        raise UsageError(f"--gpu {a.gpu!r}: choose one or more of {', '.join(ef.GPU_CLASSES)}")
+    gpus = [ef.GPU_CLASSES[g] for g in gnames]
     fix = None
     if a.fix is not None:
         from swa_repro.vllm import fix as vfix
@@ -224,11 +224,9 @@ def main(a) -> int:
     command = (f"swa-repro audit --release-table --vllm {a.vllm} --model {a.model or 'all'} "
                f"--gpu {','.join(gnames)}" + (f" --fix {fix}" if fix else ""))
     t = build(versions, families, gpus, note=lambda s: print(s, file=sys.stderr), fix=fix)
-    prov = provenance(command, [])
-    prov.pop("timings_s", None)
-    prov["how"] = ("each release's vLLM wheel, Python files only, as an overlay first on sys.path of this venv, in "
-                   "its own subprocess (forked per GPU class and family); every loaded vllm module checked to come "
-                   "from the overlay; FlashInfer replaced by recording stand-ins (CPU)")
+    prov = provenance(command, "each release's vLLM wheel, Python files only, as an overlay first on sys.path of "
+                      "this venv, in its own subprocess (forked per GPU class and family); every loaded vllm module "
+                      "checked to come from the overlay; FlashInfer replaced by recording stand-ins (CPU)")
     prov["timings_s"] = t.pop("timings_s")
     t = {"provenance": prov, "families": families, "gpus": gnames, "fix": fix, **t}
     out.mkdir(parents=True, exist_ok=True)

@@ -1,35 +1,35 @@
 """Upstream threads on each vLLM finding (issue #27), for the cap-route diff's header and the README.
 
-The same record as the sglang findings' (``sglang.fix.upstream_refs``: its ``Ref``, state as the
+The same record as the sglang findings' (``engine.upstream_refs``: its ``Ref``, state as the
 thread showed it when read, summaries ours), for the findings of ``docs/audit/vllm-releases.md``.
 A finding with no thread that reports it says so, with what was searched (``NONE_FOUND``).
 """
 
 from __future__ import annotations
 
-from swa_repro.sglang.fix.upstream_refs import FLASHINFER, ISSUE_33915, Ref, _ref
+from swa_repro.engine.upstream_refs import FLASHINFER, ISSUE_33915, Ref, ref
 
 VLLM = "vllm-project/vllm"
 
-FI_1493 = _ref(1493, FLASHINFER, "issue", "Switch between trtllm-gen vs fa2/fa3 backends inside Attention wrappers",
-               "closed", "vLLM calling the trtllm-gen kernels directly, not through the wrappers, and the wish that "
-               "the wrappers carry everything those kernels need",
-               "the consequence for a soft cap: the kernels called directly take none, so ours keeps soft-capped "
-               "layers on the wrappers")
-VLLM_47790 = _ref(47790, VLLM, "issue", "[RFC]: Separate Flashinfer GQA into TRTLLM and flashinfer backends.", "open",
-                  "a feature table per FlashInfer API and backend (FP8, SWA, NVFP4 KV, LSE) for splitting the backend",
-                  "its table has no soft-cap column; the audit finds the cap is what trtllm-gen and XQA lack")
-VLLM_24280 = _ref(24280, VLLM, "issue", "[Feature]: decouple attention backend block size from KVCacheManager block "
-                  "size", "open", "trtllm-gen's page limit and splitting a large KV-cache block into kernel pages",
-                  "the fix relies on that split: a soft-capped model is offered pages up to 64 only")
-FI_4347 = _ref(4347, FLASHINFER, "issue", "Blackwell TRTLLM-Gen paged attention kernel is incorrect with page sizes "
-               "> 128", "closed", "wrong trtllm-gen output at large pages on Blackwell",
-               "why large pages are trtllm-gen's own: ours does not move them to another kernel")
-VLLM_47684 = _ref(47684, VLLM, "issue", "[RFC]: FlashInfer NVFP4 KV serving on pre-SM100 GPUs", "open",
-                  "an NVFP4 KV cache with FlashInfer on Ampere and Hopper (fa2 prefill, the slot-mapping append)",
-                  "the audit reads 0.32.0+ doing it on sm90, decode on the wrapper told the cap; sm100 has no "
-                  "such path, so the fix refuses a soft-capped model there at startup, where flashinfer's "
-                  "trtllm-gen wrapper would raise at the first plan")
+FI_1493 = ref(1493, FLASHINFER, "issue", "Switch between trtllm-gen vs fa2/fa3 backends inside Attention wrappers",
+              "closed", "vLLM calling the trtllm-gen kernels directly, not through the wrappers, and the wish that "
+              "the wrappers carry everything those kernels need",
+              "the consequence for a soft cap: the kernels called directly take none, so ours keeps soft-capped "
+              "layers on the wrappers")
+VLLM_47790 = ref(47790, VLLM, "issue", "[RFC]: Separate Flashinfer GQA into TRTLLM and flashinfer backends.", "open",
+                 "a feature table per FlashInfer API and backend (FP8, SWA, NVFP4 KV, LSE) for splitting the backend",
+                 "its table has no soft-cap column; the audit finds the cap is what trtllm-gen and XQA lack")
+VLLM_24280 = ref(24280, VLLM, "issue", "[Feature]: decouple attention backend block size from KVCacheManager block "
+                 "size", "open", "trtllm-gen's page limit and splitting a large KV-cache block into kernel pages",
+                 "the fix relies on that split: a soft-capped model is offered pages up to 64 only")
+FI_4347 = ref(4347, FLASHINFER, "issue", "Blackwell TRTLLM-Gen paged attention kernel is incorrect with page sizes "
+              "> 128", "closed", "wrong trtllm-gen output at large pages on Blackwell",
+              "why large pages are trtllm-gen's own: ours does not move them to another kernel")
+VLLM_47684 = ref(47684, VLLM, "issue", "[RFC]: FlashInfer NVFP4 KV serving on pre-SM100 GPUs", "open",
+                 "an NVFP4 KV cache with FlashInfer on Ampere and Hopper (fa2 prefill, the slot-mapping append)",
+                 "the audit reads 0.32.0+ doing it on sm90, decode on the wrapper told the cap; sm100 has no "
+                 "such path, so the fix refuses a soft-capped model there at startup, where flashinfer's "
+                 "trtllm-gen wrapper would raise at the first plan")
 
 REFS: dict[str, tuple[Ref, ...]] = {
     "cap_dropped": (FI_1493, VLLM_47790, ISSUE_33915),

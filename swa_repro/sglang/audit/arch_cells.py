@@ -201,7 +201,7 @@ def published_keys(model_type: str) -> dict:
     (Gemma2ForSequenceClassification reads gemma2.py's ``hidden_act`` as Gemma2ForCausalLM does)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from swa_repro.sglang import families as fam
+    from swa_repro.engine import families as fam
 
     cls = CONFIG_MAPPING_NAMES.get(model_type)
     return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in mc.MODELS.items() if c == cls), {})

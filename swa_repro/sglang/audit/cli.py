@@ -26,12 +26,10 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.exit_status import exit_status
 from swa_repro.core.outputs import keep_fuller, nonempty_path, out_dir
+from swa_repro.engine.commands import REMOVED_SOURCE
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang import provision
-
-REMOVED_SOURCE = ("--sglang-source was removed: it spliced another release's backend file into the installed "
-                  "package; use --sglang VERSION to audit that release's own code")
 
 
 def register(sub) -> None:

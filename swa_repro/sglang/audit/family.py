@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from swa_repro.engine.families import FULL, SLIDING, GpuClass, small_config
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
@@ -37,7 +38,6 @@ from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.env import RAGGED
 from swa_repro.sglang.audit.gpu_backends import backend_of, cap_state, wrappers
-from swa_repro.sglang.families import FULL, SLIDING, GpuClass, small_config
 
 
 def family_shape(layer, window: int) -> ap.Shape:

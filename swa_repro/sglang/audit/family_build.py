@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swa_repro.sglang.families import SmallConfig, rel_line
+from swa_repro.engine.families import SmallConfig
+from swa_repro.sglang.families import rel_line
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,10 +12,10 @@ import time
 
 import torch
 
+from swa_repro.engine.families import GPU_CLASSES, SLIDING, GpuClass
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit.env import DECODE
 from swa_repro.sglang.audit.gpu_backends import backend_of
-from swa_repro.sglang.families import GPU_CLASSES, SLIDING, GpuClass
 
 
 @dataclasses.dataclass

@@ -22,12 +22,13 @@ import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine import families as efam
+from swa_repro.engine.child import child_main, child_parser
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
 from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer, cell_of
 from swa_repro.sglang.checkpoint import Checkpoint
-from swa_repro.sglang.overlay_run import check_no_foreign, child_main, child_parser, child_parts, import_release, \
-    overlay_for, run_child
+from swa_repro.sglang.overlay_run import check_no_foreign, child_parts, import_release, overlay_for, run_child
 
 
 
@@ -139,7 +140,7 @@ def _serving(overlay: Path, version: str, names: list[str], ck: Checkpoint | Non
 
     from swa_repro.sglang.serving_server import serving
 
-    models = {ck.family: ckpt.small_config(ck).config} if ck else {n: fam.small_config(n).config for n in names}
+    models = {ck.family: ckpt.small_config(ck).config} if ck else {n: efam.small_config(n).config for n in names}
     models.update(archs or {})
     # as JSON holds them (lists, not tuples): an answer renders the same fresh and from the committed table
     return json.loads(json.dumps({n: asdict(fp) for n, fp in serving(overlay, version, models).items()}))
@@ -192,7 +193,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
         try:
             mine = (smalls or {}).get(name) or small
             docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs,
-                                             small=fam.SmallConfig.from_dict(mine) if mine else None)
+                                             small=efam.SmallConfig.from_dict(mine) if mine else None)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
 

@@ -32,14 +32,12 @@ import numpy as np
 import torch
 
 from swa_repro.core.reference import masked_attention
+from swa_repro.engine.tolerance import ATOL, RTOL
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
 from swa_repro.sglang.audit.env import RAGGED
 from swa_repro.sglang.audit.keys import Pair, call_keys, pairs
 from swa_repro.sglang.trace import decode
 from swa_repro.sglang.trace import first_tensor as _first_tensor
-
-ATOL = 2e-2  # bf16 outputs against float64 (the harness's tolerance)
-RTOL = 2.0 ** -7  # one bf16 ulp, relative (the model's agreement only; a row is wrong by ATOL alone)
 
 
 def _call(trace, index: int, device, workspaces):

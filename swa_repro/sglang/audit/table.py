@@ -15,14 +15,13 @@ derived from the run's *recorded calls* only:
 
 from __future__ import annotations
 
-import datetime
 import json
-import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.engine.provenance import TABLE_DIR
+from swa_repro.engine.provenance import provenance as engine_provenance
 from swa_repro.sglang.audit.spec import GRAPH_TREE_PATHS, TREE_PATHS
 
 VERIFY = ("target_verify_eagle", *TREE_PATHS, "target_verify_ngram")  # the tree shapes: audit.spec
@@ -96,8 +95,6 @@ def cells(run: dict) -> dict:
 
 
 # ----------------------------------------------------------------------------- the committed table
-ROOT = Path(__file__).resolve().parents[3]
-TABLE_DIR = ROOT / "docs" / "audit"
 REQUIRED = ("0.5.10", "0.5.12", "0.5.14", "0.5.15.post1", "0.5.16", "0.5.19", "0.5.23")
 
 
@@ -143,20 +140,14 @@ def key_text(c: dict | None) -> str:
     return ": ".join(parts[:1]) + (" " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
 
-def provenance(command: str, docs: list[dict]) -> dict:
-    from importlib import metadata
+HOW = ("each release's own sglang package (an overlay: uv pip install --no-deps --target) first on "
+       "sys.path of this venv, in its own subprocess; every loaded sglang module checked to come "
+       "from the overlay; FlashInfer's wrappers replaced by recording stand-ins (CPU)")
 
-    try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except OSError:
-        commit = None
-    return {"command": command, "date": datetime.date.today().isoformat(), "swa_repro_commit": commit,
-            "python": platform.python_version(), "torch": metadata.version("torch"),
-            "base_flashinfer": metadata.version("flashinfer-python"),
-            "how": "each release's own sglang package (an overlay: uv pip install --no-deps --target) first on "
-                   "sys.path of this venv, in its own subprocess; every loaded sglang module checked to come "
-                   "from the overlay; FlashInfer's wrappers replaced by recording stand-ins (CPU)",
+
+def provenance(command: str, docs: list[dict]) -> dict:
+    """``engine.provenance``'s, in sglang's words, with each release's timings."""
+    return {**engine_provenance(command, HOW),
             "timings_s": {d["release"]["sglang"]: {k: d["release"].get(k) for k in
                                                    ("import_seconds", "audit_seconds", "child_seconds")}
                           | {"install_seconds": d["release"].get("overlay_info", {}).get("install_seconds")}

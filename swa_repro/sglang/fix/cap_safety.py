@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from swa_repro.sglang.overlay_run import child_main, child_parser, import_release, overlay_for, run_child
+from swa_repro.engine.child import child_main, child_parser
+from swa_repro.sglang.overlay_run import import_release, overlay_for, run_child
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A release's overlay (shipped or fixed: ``fix.overlay``) with sglang's test kit edited
 (``kit_edits``), as a hard-linked copy in ``sglang-kit/`` beside the overlays, made once and checked
-against its wheel's ``RECORD`` each time it is reused (``sglang.record``, issue #43), as the
+against its wheel's ``RECORD`` each time it is reused (``engine.record``, issue #43), as the
 release's and the fixed overlays are: a file damaged in the copy (cut short, edited, replaced) is a
 copy made again, never a kit run on other bytes whose result is cached under the intact key
 (``provision.content_digest`` reads the RECORD and the replaced files, not the rest)."""
@@ -57,10 +57,10 @@ def _kit_overlay(overlay: Path, names) -> Path:
 
 def kit_intact(dst: Path, why: bool = False):
     """Whether a kit copy is whole: its marker reads and lists the files it replaced (the kit edits',
-    and a fixed overlay's), and every other file is its wheel's (``sglang.record``, as the release's
+    and a fixed overlay's), and every other file is its wheel's (``engine.record``, as the release's
     and fixed overlays are checked, issue #43): a damaged file is a copy made again, never a kit
     run on other bytes cached under the intact key. ``why``: the list of damaged files instead."""
-    from swa_repro.sglang.record import damaged, marker
+    from swa_repro.engine.record import damaged, marker
 
     info = marker(dst / KIT_MARKER)
     try:
@@ -74,8 +74,8 @@ def _make_kit_overlay(overlay: Path, dst: Path, names) -> None:
     import hashlib
     import json
 
+    from swa_repro.engine.record import marker
     from swa_repro.sglang.fix.overlay import MARKER, replaced
-    from swa_repro.sglang.record import marker
 
     fixed = marker(overlay / MARKER)
     partial = dst.with_name(f".{dst.name}.partial")

@@ -45,8 +45,8 @@ def fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
 
 def intact(dst: Path) -> dict | None:
     """The fixed copy's marker if it is whole and every file is the release's (its RECORD) or the
-    fix's (the marker's ``fixed_sha256``): a damaged copy is made again (``sglang.record``, issue #43)."""
-    from swa_repro.sglang.record import damaged, marker
+    fix's (the marker's ``fixed_sha256``): a damaged copy is made again (``engine.record``, issue #43)."""
+    from swa_repro.engine.record import damaged, marker
 
     info = marker(dst / MARKER)
     try:
@@ -63,9 +63,9 @@ def replaced(info: dict) -> dict[str, str]:
 
 
 def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
+    from swa_repro.engine.patching import sha256_hex
     from swa_repro.sglang.fix import BACKEND, apply_fixes, by_file
     from swa_repro.sglang.fix.alternatives import EDITS, apply_alternative
-    from swa_repro.sglang.patch.files import sha256_hex
 
     dst = overlay.parent.parent / "sglang-fixed" / f"{version}-{code_key(names)}"
     src = overlay / "sglang" / REL_PATH
@@ -113,7 +113,7 @@ def _holds(info: dict, fixed: bytes, others: dict) -> bool:
     made by the code this process imported: a copy made by a process whose fix modules changed on disk
     under it (a long test run across an edit or a checkout) carried the new key and the old fix, and
     every later audit reused it (seen: 0.5.20's copy without the per-wrapper mask buffers)."""
-    from swa_repro.sglang.patch.files import sha256_hex
+    from swa_repro.engine.patching import sha256_hex
 
     want = {info["file"]: sha256_hex(fixed), **{f"sglang/{r}": sha256_hex(new) for r, (_, new) in others.items()}}
     have = {info["file"]: info["fixed_sha256"], **{r: v["fixed_sha256"] for r, v in (info.get("files") or {}).items()}}

@@ -112,8 +112,8 @@ def run_tests(site: Path, files: list[Path], work: Path) -> dict:
     """``upstream_cpu`` in a child on ``site`` over ``files``, cached by the content of everything
     it reads that a series changes (the edited package files, the test files) and the code."""
     from swa_repro.core.cache import cached, code_hash, interpreter
+    from swa_repro.engine.child import child_env, run_module
     from swa_repro.sglang.fix import kit_edits as ke
-    from swa_repro.sglang.overlay_run import child_env, run_module
     from swa_repro.sglang.provision import content_digest, provision
 
     def run() -> dict:

@@ -32,7 +32,7 @@ from swa_repro.core.outputs import write_atomic
 from swa_repro.kernel import graph_buffers
 from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
-from swa_repro.sglang import bytecode
+from swa_repro.engine import bytecode
 
 
 def attend(q, k, v, *, sm_scale, causal, window, cap, mask=None):

@@ -160,7 +160,7 @@ def shipped_cells() -> dict:
 
 
 def write(out: Path, note=print) -> list[Path]:
-    from swa_repro.sglang.audit.family_fix import fixed_cells
+    from swa_repro.sglang.audit.family_companion import fixed_cells
 
     texts = release_texts()
     assert all(states(texts[n], (n,), FIXES[n].file)[n].state != "unknown" for n in FAMILY_ORDER)

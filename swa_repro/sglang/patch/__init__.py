@@ -16,18 +16,18 @@ Everything works on the real source text, one module per job:
 * ``stubs``: :func:`plan_window_lefts` runs the two methods on stub globals (:func:`compile_class`);
 * ``swap``: the context managers :func:`patched` / :func:`unpatched` swap the two methods of the
   loaded class;
-* ``files``: :func:`apply_in_place` / :func:`revert_in_place` (site-packages only with
-  ``--in-place``, with a backup that ``revert`` restores byte for byte, sha256-checked);
+* ``files``: :func:`apply_in_place` (site-packages only with ``--in-place``, with a backup that
+  ``engine.patching.revert_in_place`` restores byte for byte, sha256-checked);
 * ``cli``: ``swa-repro patch`` shows or writes the change.
 """
 
-from swa_repro.sglang.patch.classify import (CBF, CLASS, MODULE, OTHER, REL_PATH, USW, PatchError, Structure,
-                                             classify, method_spans)
-from swa_repro.sglang.patch.edit import transform, unified_diff
-from swa_repro.sglang.patch.files import apply_in_place, installed_path, revert_in_place
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.patch.classify import CBF, CLASS, MODULE, OTHER, REL_PATH, USW, Structure, classify, method_spans
+from swa_repro.sglang.patch.edit import transform
+from swa_repro.sglang.patch.files import apply_in_place, installed_path
 from swa_repro.sglang.patch.stubs import compile_class, plan_window_lefts
 from swa_repro.sglang.patch.swap import patched, unpatched
 
 __all__ = ["CBF", "CLASS", "MODULE", "OTHER", "REL_PATH", "USW", "PatchError", "Structure", "apply_in_place",
            "classify", "compile_class", "installed_path", "method_spans", "patched", "plan_window_lefts",
-           "revert_in_place", "transform", "unified_diff", "unpatched"]
+           "transform", "unpatched"]

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swa_repro.core.errors import UsageError
+from swa_repro.engine.patching import PatchError
 
 MODULE = "sglang.srt.layers.attention.flashinfer_backend"
 REL_PATH = Path("srt/layers/attention/flashinfer_backend.py")  # under the sglang package
@@ -37,11 +37,6 @@ def parse(text: str) -> ast.Module:
     state, each edit's check; 324 parses of ~0.05 s for one release's fixes, measured). The tree is
     shared: read it, never modify it."""
     return ast.parse(text)
-
-
-class PatchError(UsageError):
-    """Refused: the message says why and what to do; nothing was written."""
-
 
 
 @dataclass

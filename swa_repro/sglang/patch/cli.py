@@ -7,18 +7,19 @@ from pathlib import Path
 
 import swa_repro.sglang.patch as patch_pkg
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import new_file, untracked_file, write_atomic
-from swa_repro.sglang import fix
-from swa_repro.sglang.patch.classify import classify
-from swa_repro.sglang.patch.edit import transform, unified_diff
-from swa_repro.sglang.patch.files import (
-    apply_in_place,
+from swa_repro.engine.patching import (
     backup_info,
-    installed_path,
+    check_outputs,
+    check_paths,
+    diff_or_copy,
     read_backend,
     revert_in_place,
     sha256_hex,
 )
+from swa_repro.sglang import fix
+from swa_repro.sglang.patch.classify import classify
+from swa_repro.sglang.patch.edit import transform
+from swa_repro.sglang.patch.files import apply_in_place, installed_path
 
 
 def register(sub):
@@ -39,28 +40,6 @@ def register(sub):
                    "of a model file (commandr_window_hook: srt/models/commandr.py) edits that file (the "
                    "installed one, or --source); `all` edits the backend and names the others")
     p.set_defaults(func=run)
-
-
-def check_outputs(args) -> None:
-    """``--out`` / ``--in-place`` / ``--force`` as the action allows (also ``vllm.patch``'s)."""
-    if args.out and args.in_place:
-        raise UsageError("choose one of --out FILE and --in-place")
-    if (args.out or args.in_place) and args.action != "apply":
-        raise UsageError("--out / --in-place go with `apply`")
-    if args.force and not args.out:
-        raise UsageError("--force goes with `apply --out FILE` (it replaces FILE)")
-
-
-def check_paths(args, path: Path) -> None:
-    """Before any work: the source exists; ``--out`` is a new file (a folder, a link, an existing or
-    read-only file, or the source itself is one line). Also ``vllm.patch``'s."""
-    if not path.exists() and not path.is_symlink():
-        raise UsageError(f"--source {path}: no such file")
-    if args.out:
-        if args.out.resolve() == path.resolve():
-            raise UsageError("--out is the source file itself; use --in-place (it keeps a backup)")
-        new_file(args.out, "--out", force=args.force)
-        untracked_file(args.out, "--out", force=args.force)  # docs/, recordings/, a tracked file: with --force
 
 
 def run(args) -> int:
@@ -96,7 +75,7 @@ def run(args) -> int:
         print(apply_in_place(path, target))
         return 0
     new = transform(text, target)  # refuses unknown
-    return _diff_or_copy(args, path, text, new, f"is already {target}", f"{s.state} -> {target}")
+    return diff_or_copy(args, path, text, new, f"is already {target}", f"{s.state} -> {target}")
 
 
 def _target_file(text: str | None, names) -> str:
@@ -142,24 +121,6 @@ def _run_fixes(args, path: Path, text: str, names, target: str) -> int:
         _others(path, target, names)
         return 0
     new = fix.apply_fixes(text, names, target)  # refuses a structure it does not know
-    rc = _diff_or_copy(args, path, text, new, f"already has {label}", label)
+    rc = diff_or_copy(args, path, text, new, f"already has {label}", label)
     _others(path, target, names)
     return rc
-
-
-def _diff_or_copy(args, path: Path, text: str, new: str, same: str, what: str) -> int:
-    """``diff``: the unified diff; ``apply --out FILE``: the patched copy (``path`` untouched)."""
-    if new == text:
-        print(f"swa-repro patch: {path} {same}; nothing to do", file=sys.stderr)
-        return 0
-    diff = unified_diff(text, new, str(path).lstrip("/"))
-    if args.action == "diff":
-        sys.stdout.write(diff)
-        return 0
-    if args.out is None:
-        sys.stdout.write(diff)
-        raise UsageError("nothing written: choose `--out FILE` (a patched copy) or `--in-place` "
-                         "(patch the file, with a backup)")
-    write_atomic(args.out, new.encode(), like=path)
-    print(f"wrote {args.out} ({what}); {path} unchanged")
-    return 0

@@ -7,7 +7,6 @@ unfixed -> fixed edit reverses to the original bytes) before anyone writes it.
 from __future__ import annotations
 
 import ast
-import difflib
 import re
 import types
 
@@ -222,8 +221,3 @@ def transform(text: str, target: str) -> str:
         raise PatchError("internal error: the patch does not reverse to the original bytes; "
                          "nothing was written")
     return new
-
-
-def unified_diff(old: str, new: str, path="flashinfer_backend.py") -> str:
-    return "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                        f"a/{path}", f"b/{path}"))

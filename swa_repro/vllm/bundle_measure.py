@@ -1,7 +1,8 @@
 """How :data:`~swa_repro.evidence.vllm_bundle.CHAIN` was measured, runnable again for another release:
 :func:`measure` runs :data:`PROBE` (the live child's imports, with the real flashinfer) in a child that
 sees only the device image, the flashinfer bundle and what was added so far, and adds the distribution of
-each ModuleNotFoundError until none is left. Nothing here is imported by the bundle command."""
+each ModuleNotFoundError until none is left. Nothing here is imported by the bundle command. vLLM's, not
+the evidence layer's: its probe runs the project's vLLM modules (``vllm.drive``, ``vllm.live``, ...)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from swa_repro.evidence.vllm_bundle import IMAGE_KNOWN, REPO, unpack_vllm, vllm_
 # What the live child (swa_repro/vllm/live.py run) imports, with the real flashinfer: drive.setup with
 # live_kernels.install_real (the audit's CUDA platform, then the release's FlashInfer backend), the
 # vLLM modules drive.setup and vllm.paths use, and families.resolve for gemma2 and cohere2. A string,
-# run in a child: this layer imports no vllm module of the project.
+# run in a child (where only the device image's distributions are importable).
 PROBE = r"""
 import json, sys, traceback
 from pathlib import Path

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 MAX_SERVERS = 3  # each holds torch & co. (~0.5 GB, shared copy-on-write with its children)
-MODULE = "swa_repro.sglang.forkserver"  # this file, run as ``python -m`` (where its __name__ is __main__)
+MODULE = "swa_repro.engine.forkserver"  # this file, run as ``python -m`` (where its __name__ is __main__)
 STATE = ("SWA_REPRO_FORKSERVER_DENY", "SWA_REPRO_FORKSERVER_KNOWN", "SWA_REPRO_FORKSERVER_EXECS")  # over an exec
 MAX_EXECS = 2
 # A run forked from the server computes single-threaded (its tensors are small: tests/conftest.py
@@ -48,7 +48,7 @@ def enabled() -> bool:
 
 # ----------------------------------------------------------------------------- parent
 class Server:
-    """One ``python -m swa_repro.sglang.forkserver`` process; :meth:`run` is ``subprocess.run``'s
+    """One ``python -m swa_repro.engine.forkserver`` process; :meth:`run` is ``subprocess.run``'s
     ``(returncode, stdout, stderr)`` for one ``python -m module argv``."""
 
     def __init__(self, env: dict, cwd: str):

@@ -24,10 +24,10 @@ MARKER = ".swa-repro-overlay.json"  # provision.MARKER: the release overlay's ow
 
 def origin_of(overlay: Path) -> Path | None:
     """The release overlay that ``overlay`` was copied from, or None (it is one, or not a copy)."""
-    from swa_repro.sglang.provision import overlay_dir
+    from swa_repro.engine.overlay import release_overlay
 
     try:
-        origin = overlay_dir(json.loads((overlay / MARKER).read_text())["sglang"])
+        origin = release_overlay("sglang", json.loads((overlay / MARKER).read_text())["sglang"])
     except (OSError, ValueError, KeyError):
         return None
     return origin if origin.is_dir() and origin.resolve() != overlay.resolve() else None
