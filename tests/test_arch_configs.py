@@ -70,7 +70,7 @@ def test_a_composite_configs_vision_key_is_its_sub_configs(plan_0523):
     which transformers' Gemma3Config carries in ``vision_config``; the text part's window is Gemma3TextConfig's."""
     from transformers import Gemma3Config, Gemma3TextConfig
 
-    from swa_repro.sglang.config_reads import config_reads
+    from swa_repro.engine.config_reads import config_reads
 
     smalls, _ = plan_0523
     models = _overlay("0.5.23") / "sglang" / "srt" / "models"
@@ -82,7 +82,7 @@ def test_a_composite_configs_vision_key_is_its_sub_configs(plan_0523):
 
 
 def test_a_build_reads_the_constructors_keys_not_load_weights():
-    from swa_repro.sglang.config_reads import config_reads
+    from swa_repro.engine.config_reads import config_reads
 
     f = _overlay("0.5.23") / "sglang" / "srt" / "models" / "cohere2_moe.py"
     lines = f.read_text().splitlines()

@@ -170,7 +170,7 @@ def test_the_release_model_file_read_finds_what_gemma2_needs_beyond_its_class():
     from swa_repro.engine import families
     from swa_repro.sglang import checkpoint
     from swa_repro.sglang import model_configs as mc
-    from swa_repro.sglang.config_reads import config_reads
+    from swa_repro.engine.config_reads import config_reads
 
     overlay = release_overlay("0.5.23")
     gemma2 = mc.model_file_in(overlay / "sglang" / "srt" / "models", "Gemma2ForCausalLM")

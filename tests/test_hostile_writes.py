@@ -366,8 +366,12 @@ from swa_repro.cli import main
 
 marks = Path(sys.argv[1])
 def one(path, out, *a):
-    (marks / path.stem).touch()
-    subprocess.run(["sleep", "60"])  # a kernel: a child process that runs until it is ended
+    kernel = subprocess.Popen(["sleep", "60"])  # a kernel: a child process that runs until it is ended
+    (marks / path.stem).touch()  # only once it runs: a SIGINT before would orphan it (a loaded machine did)
+    try:
+        kernel.wait()
+    finally:
+        kernel.kill()
     return {"notebook": path.stem, "status": "failed", "error": "ended", "seconds": 1, "mode": "model",
             "checks_passed": None, "checks_failed": None}
 runner.run_one = one

@@ -18,6 +18,22 @@ import pytest
 
 from swa_repro.vllm import fix, fix_utils
 
+
+def _vllm_modules() -> dict:
+    return {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+
+
+@pytest.fixture(autouse=True)
+def _no_stand_in_vllm_left_behind():
+    """A test here imports a stand-in ``vllm`` package from its tmp folder; monkeypatch restores only the
+    modules it deleted, so the stand-in stayed in ``sys.modules`` and a later test of the same worker
+    found it as the installed vLLM (``vllm.patch.installed_backend``: "does not exist")."""
+    before = _vllm_modules()
+    yield
+    for k in _vllm_modules():
+        del sys.modules[k]
+    sys.modules.update(before)
+
 UTILS_SNIPPET = '''class _Logger:
     def __init__(self):
         self.warned = []

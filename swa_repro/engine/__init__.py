@@ -23,5 +23,7 @@ name (``bytecode``: only sglang's copies share a release's bytecode; ``forkserve
 * ``provenance``: where the audit tables go (``docs/audit``) and what each says about how it was made;
 * ``upstream_refs``: an upstream thread as cited (``Ref``), and the thread both engines cite;
 * ``families``: model families (transformers' config classes), their small configs, GPU classes;
-* ``commands``: the ``audit`` / ``patch`` parsers sglang registers and vLLM extends.
+* ``commands``: the ``audit`` / ``patch`` parsers sglang registers and vLLM extends;
+* ``config_reads``: the config keys a release's model class reads, from its source (both engines'
+  checkpoint checks).
 """

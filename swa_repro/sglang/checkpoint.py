@@ -65,7 +65,7 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
     building the model class reads a key the config lacks (``config_reads``' build reads: the
     constructor, not ``load_weights`` or a branch only some configs take; a key a sub-config or the
     release's own config class sets counts as set: ``Checkpoint.has``)."""
-    from swa_repro.sglang.config_reads import config_reads
+    from swa_repro.engine.config_reads import config_reads
 
     models = overlay / "sglang" / "srt" / "models"
     path = mc.model_file_in(models, ck.architecture)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from swa_repro.sglang.config_reads import model_imports
+from swa_repro.engine.config_reads import model_imports
 
 NO_WINDOW = (-1, None, 0)
 WINDOW_WORD = "sliding_window_size"

@@ -70,7 +70,7 @@ def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
     """One line for a key the release's entry class reads off its config on every config (a read
     inside an ``if`` aside: ``config_reads``' ``branches=False``) that the file lacks and neither its
     class nor vLLM's loader sets: the build would stop there with an ``AttributeError``."""
-    from swa_repro.sglang.config_reads import VLLM_MODELS, config_reads
+    from swa_repro.engine.config_reads import VLLM_MODELS, config_reads
 
     module, cls = registry.served(overlay)[ck.architecture]
     path = overlay / registry.MODELS / f"{module}.py"

@@ -1,4 +1,5 @@
-"""The config keys a release's model class reads, from its source (``ast``, nothing imported).
+"""The config keys a release's model class reads, from its source (``ast``, nothing imported): sglang's
+and vLLM's model files alike (``sglang.checkpoint``, ``vllm.checkpoint``).
 
 Why: a user's ``config.json`` that lacks a key the release's model file reads with no default would
 fail deep in the audit's child (``AttributeError`` while the model is built, ~15 s in); read off the
