@@ -380,6 +380,15 @@ sys.exit(main(["run", "00", "01", "02", "03", "--mode", "model", "--jobs", sys.a
 """
 
 
+def _terminal_sigint() -> None:
+    """The child gets SIGINT as a terminal's user has it (default action, not blocked), whatever the
+    test worker inherited or was left with by earlier tests (a disposition of SIG_IGN or a blocked mask
+    passes through fork and exec, and Python keeps an ignored SIGINT ignored: under the full suite the
+    run never saw the Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_stops_the_run_and_marks_the_set(tmp_path, jobs):
     """A real SIGINT while a kernel (a child process) runs: with ``--jobs 2`` the old runner waited for
@@ -389,7 +398,7 @@ def test_ctrl_c_stops_the_run_and_marks_the_set(tmp_path, jobs):
     marks.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.Popen([sys.executable, "-c", CHILD, str(marks), str(out), str(jobs)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_sigint)
     try:
         t0 = time.monotonic()
         while len(list(marks.iterdir())) < jobs and time.monotonic() - t0 < 60 and p.poll() is None:
