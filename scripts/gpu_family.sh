@@ -14,6 +14,10 @@
 # family: python -m swa_repro.sglang.audit.family_run --overlay SITE --families $FAMILIES --gpus $GPU
 #   --live cuda [--paths $PATHS] on both sites at once (they wait on the same JIT locks), each with a
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
+# CHECKPOINTS (issue #41): comma-separated users' checkpoints (a config.json or its folder) audited
+#   instead of FAMILIES: before the family step, python -m swa_repro.sglang.audit.checkpoint_smalls reads
+#   each on $SITE as `audit --model PATH` does and writes smalls.json (each cut to a few layers, the
+#   user's values); the children get --families <the folders' names> --smalls-file smalls.json.
 # If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
 # the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
 # (gemma2,gemma3), GPU (sm80,sm90: both run on an H100 or H200), PATHS (empty: every path), PYTHON
@@ -44,15 +48,31 @@ STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 LOG="$ART/gpu_family-$STAMP.log"
 CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
-rm -f "$ART"/family-live-*.json "$ART/steps.tsv"
+SMALLS="$ART/smalls.json"
+rm -f "$ART"/family-live-*.json "$ART/steps.tsv" "$SMALLS"
 
 family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
   local t0 site="${2%%:*}" out="$ART/family-live-$1.json"; t0=$(elapsed)
   [ -n "${DRY_RUN:-}" ] && out=/dev/null
   run env PYTHONPATH="$ROOT:$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m \
     swa_repro.sglang.audit.family_run --overlay "$site" --out "$out" --families "$FAMILIES" --gpus "$GPU" \
-    --live cuda --live-budget-s "$(( $3 - LIVE_MARGIN_S ))" ${PATHS:+--paths "$PATHS"} 2> "$ART/family-live-$1.err"
+    --live cuda --live-budget-s "$(( $3 - LIVE_MARGIN_S ))" ${PATHS:+--paths "$PATHS"} \
+    ${CHECKPOINTS:+--smalls-file "$SMALLS"} 2> "$ART/family-live-$1.err"
   local rc=$?; step "family_$1" "$t0" "$rc"; return "$rc"
+}
+
+checkpoints() {  # CHECKPOINTS read on the shipped site as `audit --model PATH` reads each -> $SMALLS; prints
+  # the labels (the folders' names: the children's --families)
+  local cks; IFS=, read -r -a cks <<< "$CHECKPOINTS"
+  local cmd=(env PYTHONPATH="$ROOT:$SITE" "$PY" -m swa_repro.sglang.audit.checkpoint_smalls --overlay "$SITE"
+             --sglang "$SGLANG_VERSION" --out "$SMALLS" "${cks[@]}")
+  echo "+ ${cmd[*]}" >&"${RUN_FD:-2}"; echo "${cmd[*]}" >> "$CMD_LOG"
+  if [ -n "${DRY_RUN:-}" ]; then labels; else "${cmd[@]}"; fi
+}
+
+labels() {  # CHECKPOINTS' folder names, as checkpoint_smalls.label_of names them
+  local c cks; IFS=, read -r -a cks <<< "$CHECKPOINTS"
+  for c in "${cks[@]}"; do basename "${c%/config.json}"; done | paste -sd,
 }
 
 {
@@ -78,6 +98,10 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
     step patch "$T0" "$P"; echo "== patch apply: exit status $P"
     [ "$P" -ne 0 ] && { RC=1; STEPS="${STEPS/family/}"; echo "== family: skipped on both sites (the patch failed)"; }
   fi
+  if has family && [ -n "${CHECKPOINTS:-}" ]; then
+    if FAMILIES="$(checkpoints)"; then echo "== checkpoints read: $FAMILIES"
+    else echo "== checkpoints: not read (above); family skipped"; RC=1; STEPS="${STEPS/family/}"; fi
+  fi
   if has family; then
     T=$(( $(left) - RESERVE_S ))
     if [ "$T" -lt "$MIN_STEP_S" ] || [ "$T" -le "$LIVE_MARGIN_S" ]; then
@@ -96,6 +120,7 @@ family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live
   exit "$RC"
 } 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
-write_out "steps: $STEPS; families $FAMILIES; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC" \
-  "$ART/family-live-shipped.json" "$ART/family-live-fixed.json"
+[ -n "${CHECKPOINTS:-}" ] && FAMILIES="$(labels)"  # set in the pipeline's subshell above: again here
+write_out "steps: $STEPS; families $FAMILIES${CHECKPOINTS:+ (checkpoints $CHECKPOINTS)}; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC" \
+  "$ART/family-live-shipped.json" "$ART/family-live-fixed.json" "$SMALLS"
 exit "$RC"

@@ -23,6 +23,10 @@ case "$1" in
       out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); echo '{"live": {"executor": "cuda"}}' > "$out"
       ev "family-end $*"; exit 0
     fi
+    if [ "$mod" = swa_repro.sglang.audit.checkpoint_smalls ]; then
+      ev "smalls PYTHONPATH=$PYTHONPATH $*"; [ -z "${SMALLS_FAIL:-}" ] || { echo "error: bad" >&2; exit 2; }
+      out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); echo '{"a": {}, "b": {}}' > "$out"; echo "a,b"; exit 0
+    fi
     case "$1 $2" in
       "patch apply") ev "patch PYTHONPATH=$PYTHONPATH $*"; [ -z "${PATCH_FAIL:-}" ] || exit 1;;
     esac;;
@@ -87,4 +91,24 @@ def test_paths_are_passed_when_set(rig):
 def test_a_family_step_it_cannot_run_is_skipped_said_and_exits_1(rig, env, says):
     r, _, ev = rig(**env)
     assert r.returncode == 1 and says in r.stdout
+    assert not [e for e in ev if e.startswith("family-start")]
+
+
+def test_checkpoints_are_read_on_the_shipped_site_then_audited_by_their_labels(rig):
+    r, out, ev = rig(CHECKPOINTS="ck/a,ck/b/config.json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    shipped = rig.sites["shipped"]
+    (smalls,) = [e for e in ev if e.startswith("smalls")]
+    assert f"--overlay {shipped} --sglang 0.5.23 --out " in smalls and smalls.split()[1].endswith(f":{shipped}")
+    assert " ck/a ck/b/config.json " in smalls
+    starts = [e for e in ev if e.startswith("family-start")]
+    assert len(starts) == 2 and all("--families a,b " in e and "--smalls-file " in e for e in starts)
+    assert float(smalls.split()[-1]) < min(float(e.split()[-1]) for e in starts)
+    assert json.loads(lzma.decompress((out / "smalls.json.xz").read_bytes())) == {"a": {}, "b": {}}
+    assert "families a,b (checkpoints ck/a,ck/b/config.json);" in (out / "gpu.txt").read_text()
+
+
+def test_checkpoints_it_cannot_read_skip_the_family_step_and_exit_1(rig):
+    r, _, ev = rig(CHECKPOINTS="ck/a", SMALLS_FAIL=1)
+    assert r.returncode == 1 and "== checkpoints: not read" in r.stdout
     assert not [e for e in ev if e.startswith("family-start")]
