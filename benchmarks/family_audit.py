@@ -2,7 +2,7 @@
 
     python -m benchmarks.family_audit [--release 0.5.23] [--vllm 0.34.0] [--table-out DIR] [--nice 19]
 
-Two timings, each a fresh ``swa-repro`` process computing every cell (the one-release run with the
+Each timing is a fresh ``swa-repro`` process computing every cell (the one-release run with the
 result cache off, ``SWA_REPRO_NO_CACHE=1``; the table with it on and cold for this code, since a
 cell's key holds the code's hash: the cells it wrote are counted, and later tests read them); the
 overlays and the release's bytecode are the cache's, as on any second run. The load average before
@@ -14,6 +14,13 @@ they say what the run itself costs.
 
 * ``one_release``: ``swa-repro audit --sglang X --model all --gpu sm90`` (every family of one release
   at its real window, 4096 for most), target 60 s on 2 cores;
+* ``release_row``: ``swa-repro audit --release-table --model all --gpu sm90,sm100,sm80 --releases X`` with
+  the result cache off: one release's row of the family table as the full table computes it (the 8
+  families and every other sliding-window architecture the release serves, 3 GPU classes: the release's
+  config classes, the family child and the ServerArgs child, from a cold fork server), target 60 s on
+  2 cores (issue #41: "one release <= 60 s"). For 0.5.23 (``family_fix.FIXED_RELEASE``) the command
+  also builds the table's companion (every family with ``--fix all``: one more child), so its time is
+  the row and the companion together;
 * ``full_table``: ``swa-repro audit --release-table --model all --gpu sm90,sm100,sm80 --releases
   <every supported release> --jobs 2`` (one child per release for all families and GPU classes),
   target 600 s on 2 cores. With ``--table-out docs/audit`` the timed run is also the regeneration;
@@ -51,6 +58,9 @@ GPUS = "sm90,sm100,sm80"
 # (step, what, limit in seconds)
 TARGETS = [("one_release", "one release's family audit, every family at its real window (4096 for most), "
                            "`--model all --gpu sm90`", 60.0),
+           ("release_row", ("one release's row of the family table (issue #41): the 8 families and every other "
+                            "sliding-window architecture x 3 GPU classes, `--release-table --releases 0.5.23` (with the "
+                            "companion table of 0.5.23 --fix all)"), 60.0),
            ("full_table", "the whole family table: every family x 18 releases x 3 GPU classes, `--jobs 2`", 600.0),
            ("vllm_one_release", "one vLLM release's audit (issue #27): every family x 3 GPU classes, every path "
                                 "and serving option, `--vllm 0.34.0 --model all --gpu sm90,sm100,sm80`", 60.0)]
@@ -97,6 +107,10 @@ def main(argv=None) -> int:
             runs[f"{k}_earlier"] = [runs[k], *runs.get(f"{k}_earlier", [])][:5]
     if a.only in (None, "one_release"):
         runs["one_release"] = timed(["audit", "--sglang", a.release, "--model", "all", "--gpu", "sm90"], a.nice)
+    if a.only in (None, "release_row"):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs["release_row"] = timed(["audit", "--release-table", "--model", "all", "--gpu", GPUS, "--releases",
+                                         a.release, "--out", tmp], a.nice)
     if a.only in (None, "full_table"):
         with tempfile.TemporaryDirectory() as tmp:
             out = a.table_out or Path(tmp)
@@ -109,7 +123,7 @@ def main(argv=None) -> int:
     now, command = datetime.now(timezone.utc).isoformat(timespec="seconds"), \
         "python -m benchmarks.family_audit " + " ".join(argv or sys.argv[1:])
     for k in ([a.only] if a.only else [t[0] for t in TARGETS]):  # each run says when, at which commit, by what
-        runs[k].update(date=now, commit=commit, by=command)
+        runs[k].update(date=now, commit=commit, by=command, cpu=_cpu() or "unknown")
     doc = {"provenance": {"date": now, "commit": commit, "cpu": _cpu() or "unknown", "cpu_count": os.cpu_count(),
                           "python": platform.python_version(), "command": command},
            "runs": runs}
@@ -128,7 +142,8 @@ def render(doc: dict | None) -> list[str]:
     if not doc:
         return lines + ["Not measured yet: run `python -m benchmarks.family_audit`.", ""]
     pv = doc["provenance"]
-    lines += [f"`python -m benchmarks.family_audit` on {pv['cpu']} ({pv['cpu_count']} cores); every cell computed "
+    lines += [f"`python -m benchmarks.family_audit` on {pv['cpu']} ({pv['cpu_count']} cores; the latest run's "
+              "machine, each run's where it recorded one); every cell computed "
               "(overlays and bytecode cached); each run's commit and date in its row.", "",
               "| target | limit | measured | verdict | how |", "|---|---|---|---|---|"]
     for key, what, limit in TARGETS:
@@ -144,7 +159,8 @@ def render(doc: dict | None) -> list[str]:
                      f"{' under nice -n ' + str(r['nice']) if r.get('nice') else ''}; exit {r['returncode']}; "
                      f"{r['cpu_s']:.0f} CPU-s (user + sys, every process); result cache {r['result_cache']}; "
                      f"load average {lb[0]:.1f} -> {la[0]:.1f} (1 min, start -> end); "
-                     f"{r.get('date', pv['date'])} at {r.get('commit', pv['commit'])} (`{r.get('by', pv['command'])}`) |")
+                     f"{r.get('date', pv['date'])} at {r.get('commit', pv['commit'])} (`{r.get('by', pv['command'])}`)"
+                     f"{'; on ' + r['cpu'] if r.get('cpu') else ''} |")
     for key, what, limit in TARGETS:
         for r in doc["runs"].get(f"{key}_earlier", []):
             lines.append(f"| (earlier run) {what} | <= {limit:.0f} s | {r['wall_s']:.0f} s | – | {r['cpu_s']:.0f} CPU-s; "

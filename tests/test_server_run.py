@@ -91,6 +91,47 @@ def test_clear_caches_empties_lru_caches_of_sglang_modules():
         del sys.modules[mod.__name__]
 
 
+def test_the_caches_found_once_are_the_ones_each_fork_clears():
+    """The child lists the lru caches once, before its forks; a fork clears that list without walking
+    every module again (what made each of ~230 forks copy the parent's pages)."""
+    mod = types.ModuleType("sglang._swa_test_list")
+    mod.probe = functools.lru_cache(maxsize=1)(lambda: object())
+    other = functools.lru_cache(maxsize=1)(lambda: object())
+    sys.modules[mod.__name__] = mod
+    try:
+        found = server_run.lru_caches()
+        assert mod.probe in found and other not in found
+        first, kept = mod.probe(), other()
+        assert server_run.clear_caches([mod.probe]) == 1 and mod.probe() is not first and other() is kept
+    finally:
+        del sys.modules[mod.__name__]
+
+
+def test_each_models_facts_are_cached_on_their_own(tmp_path, monkeypatch):
+    """A second set of models sharing one with the first runs the child for the new ones only (the
+    table's child resolves every column; a later audit of one family reused none of it)."""
+    from swa_repro.sglang import overlay_run
+
+    asked = []
+
+    def child(module, overlay, args, what, cache=True):
+        mine = __import__("json").loads(args[args.index("--configs") + 1])
+        asked.append(sorted(mine))
+        return {"facts": {n: {g: {s: {"ok": True, "of": n} for s in server_run.SCENARIOS} for g in server_run.DEVICES}
+                          for n in mine}}, 1.0, {"cache": "off"}
+
+    monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path))
+    monkeypatch.delenv("SWA_REPRO_NO_CACHE", raising=False)
+    monkeypatch.setattr(overlay_run, "run_child", child)
+    monkeypatch.setattr(overlay_run, "child_parts", lambda module, overlay: {"module": module, "overlay": "x"})
+    cfg = {n: {"architectures": [n], "sliding_window": w} for n, w in (("A", 8), ("B", 16), ("C", 32))}
+    first = server_run.server_facts("0.5.23", tmp_path, {"A": cfg["A"], "B": cfg["B"]})
+    second = server_run.server_facts("0.5.23", tmp_path, {"B": cfg["B"], "C": cfg["C"]})
+    assert asked == [["A", "B"], ["C"]] and second["B"] == first["B"] and second["C"]["sm90"]["default"]["of"] == "C"
+    server_run.server_facts("0.5.23", tmp_path, {"B": {**cfg["B"], "sliding_window": 64}})  # a new config: new facts
+    assert asked[-1] == ["B"]
+
+
 # ----------------------------------------------------------------------------- real releases, against the source
 NAMES = ["mistral", "qwen2-swa", "gemma2", "gpt-oss", "exaone4"]
 
