@@ -27,14 +27,22 @@ SEQS, WINDOW, FOREIGN = (12, 5), 4, 7
 
 
 def _threshold_rule(overlay) -> str:
-    """The last ``evict_threshold = ...`` of ``free_swa_out_of_window_slots`` that is not the
-    ``retain_floor`` clamp (the default branch: a radix cache with prefix sharing; 0.5.14: no
-    page-margin drop), read with ``ast`` from the release's file."""
-    tree = ast.parse((overlay / "sglang" / "srt" / "mem_cache" / "common.py").read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "free_swa_out_of_window_slots")
+    """The eviction threshold as text, read with ``ast`` from the release's file: the last
+    ``evict_threshold = ...`` of ``free_swa_out_of_window_slots`` that is not the ``retain_floor`` clamp
+    (the default branch: a radix cache with prefix sharing; 0.5.14: no page-margin drop), or before
+    0.5.14 the second argument of ``ScheduleBatch._evict_swa``'s ``new_swa_evicted_seqlen = max(...)``."""
+    srt = overlay / "sglang" / "srt"
+    fn = next((n for n in ast.parse((srt / "mem_cache" / "common.py").read_text()).body
+               if isinstance(n, ast.FunctionDef) and n.name == "free_swa_out_of_window_slots"), None)
+    if fn is None:
+        batch = ast.parse((srt / "managers" / "schedule_batch.py").read_text())
+        fn = next(n for n in ast.walk(batch) if isinstance(n, ast.FunctionDef) and n.name == "_evict_swa")
+        (rule,) = [ast.unparse(n.value.args[1]) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                   and [ast.unparse(t) for t in n.targets] == ["new_swa_evicted_seqlen"]
+                   and isinstance(n.value, ast.Call)]
+        return rule.replace("self.tree_cache.", "")
     rules = [ast.unparse(n.value) for n in sorted(ast.walk(fn), key=lambda n: getattr(n, "lineno", 0))
-             if isinstance(n, ast.Assign)
-             and [ast.unparse(t) for t in n.targets] == ["evict_threshold"]
+             if isinstance(n, ast.Assign) and [ast.unparse(t) for t in n.targets] == ["evict_threshold"]
              and "evict_threshold" not in ast.unparse(n.value)]
     assert rules, "the release's eviction threshold was not found"
     return rules[-1]
@@ -44,7 +52,9 @@ def _hand_view(overlay, seqs, window: int, decode: bool) -> list[list[int]]:
     """Each request's SWA slot per position, by hand: the free list starts at 1 (read in token.py), a
     foreign request takes the first FOREIGN, then each request its positions in order; a decoding
     request's positions below the release's threshold (pre_len = seq - 1) read slot 0."""
-    token = (overlay / "sglang" / "srt" / "mem_cache" / "allocator" / "token.py").read_text()
+    mem = overlay / "sglang" / "srt" / "mem_cache"
+    token = next(t for p in (mem / "allocator" / "token.py", mem / "allocator.py") if p.is_file()
+                 for t in [p.read_text()] if "class TokenToKVPoolAllocator" in t)
     assert re.search(r"self\.free_pages = torch\.arange\(\s*1,", token)  # slot 0 is the padding slot
     rule = _threshold_rule(overlay)
     out, nxt = [], 1 + FOREIGN
@@ -65,11 +75,11 @@ def _probe(version: str, mode: str) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.14", "0.5.12"])
 @pytest.mark.parametrize("mode", ["decode", "extend"])
 def test_a_two_request_batch_reads_the_swa_slots_the_releases_rules_give(version, mode):
-    """The release's SWAKVPool and allocator (0.5.23 and 0.5.14, whose thresholds differ by a page)
-    around two requests: each position's SWA slot as the release translates it equals the hand count;
+    """The release's SWAKVPool and allocator (0.5.23; 0.5.14, whose threshold is a page lower; 0.5.12,
+    whose allocator and eviction live elsewhere) around two requests: each position's SWA slot as the release translates it equals the hand count;
     a decode frees the first request's out-of-window slots (read as slot 0), an extend frees none."""
     overlay = release_overlay(version)
     doc = _probe(version, mode)

@@ -43,7 +43,11 @@ def answer(f: dict, gpu: str) -> dict:
         return a
     pooled = [r["hybrid_pool"] for r in f.get("paths") or [] if r.get("status") == "driven" and r.get("hybrid_pool")]
     if pooled and a["state"] != NOT_DRIVEN:
-        swa = next((p for p in pooled if p.get("layer_pool") == "swa"), pooled[0])
+        swa = next((p for p in pooled if p.get("layer_pool") == "swa"), None)
+        if swa is None:  # the built layers are all full ones: they live in the full pool, untranslated
+            return {**a, "note": "; ".join(filter(None, [
+                "judged on sglang's hybrid SWA KV pool (ModelConfig.is_hybrid_swa): the layers built are all full "
+                "attention, which read the full pool untranslated", a.get("note")]))}
         return {**a, "note": "; ".join(filter(None, [(
             f"judged on sglang's hybrid SWA KV pool (ModelConfig.is_hybrid_swa: {swa['pool']} + {swa['allocator']}, "
             "sliding calls' SWA slots read back to positions through the release's translate_loc_from_full_to_swa; "

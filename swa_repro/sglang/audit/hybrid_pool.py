@@ -6,7 +6,8 @@ With the hybrid pool a sliding layer's KV lives in a pool of its own: the FlashI
 kv_indices from full slots to SWA slots (``translate_loc_from_full_to_swa``, :1814-1820 decode,
 :2306-2312 prefill; the pool's ``full_to_swa_index_mapping``, swa_memory_pool.py:248-251). The
 mapping is filled by the release's allocator (``SWATokenToKVPoolAllocator``, allocator/swa.py:41:
-``alloc`` takes an SWA slot per full slot and ``set_full_to_swa_mapping``, :273-286), and a running
+``alloc`` takes an SWA slot per full slot and ``set_full_to_swa_mapping``, :273-286; 0.5.10-0.5.12: the
+same class in swa_memory_pool.py), and a running
 request's SWA slots that left the window are freed by the release's
 ``free_swa_out_of_window_slots`` (mem_cache/common.py:75; on a decode, pre_len ``req.seqlen - 1``,
 schedule_batch.py:4095), which clears their mapping to slot 0 (``free_swa``, allocator/swa.py:499).
@@ -34,18 +35,41 @@ FOREIGN = 7  # SWA slots a request scheduled before the batch holds (not the bat
 
 
 def classes():
-    """``(SWAKVPool, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots)`` of the release, or the
-    reason it has none (``ImportError`` / ``AttributeError`` text)."""
+    """``(SWAKVPool, SWATokenToKVPoolAllocator, eviction)`` of the release, or the reason it has none.
+    The allocator is in ``mem_cache/allocator/swa.py`` (0.5.14+) or ``swa_memory_pool.py`` (0.5.10-0.5.12,
+    :296 in 0.5.12); the eviction is ``free_swa_out_of_window_slots`` (mem_cache/common.py, 0.5.14+) or
+    ``ScheduleBatch._evict_swa`` (0.5.12 schedule_batch.py:2714), called as the scheduler calls it."""
     try:
-        pool = importlib.import_module("sglang.srt.mem_cache.swa_memory_pool").SWAKVPool
-        alloc = importlib.import_module("sglang.srt.mem_cache.allocator.swa").SWATokenToKVPoolAllocator
+        swa = importlib.import_module("sglang.srt.mem_cache.swa_memory_pool")
+        pool = swa.SWAKVPool
+        try:
+            alloc = importlib.import_module("sglang.srt.mem_cache.allocator.swa").SWATokenToKVPoolAllocator
+        except ImportError:
+            alloc = swa.SWATokenToKVPoolAllocator
     except (ImportError, AttributeError) as e:
         return f"the release's hybrid pool classes are not importable: {type(e).__name__}: {e}"
     try:
         evict = importlib.import_module("sglang.srt.mem_cache.common").free_swa_out_of_window_slots
     except (ImportError, AttributeError):
-        evict = None
+        evict = _batch_eviction()
     return pool, alloc, evict
+
+
+def _batch_eviction():
+    """``ScheduleBatch._evict_swa(req, pre_len)`` with the batch fields it reads (its tree cache's window
+    and page size, the pools), in ``free_swa_out_of_window_slots``' call shape; None if absent."""
+    fn = getattr(importlib.import_module("sglang.srt.managers.schedule_batch").ScheduleBatch, "_evict_swa", None)
+    if fn is None:
+        return None
+
+    def evict(req, pre_len, *, sliding_window_size, page_size, req_to_token_pool, token_to_kv_pool_allocator,
+              **_):
+        tree = types.SimpleNamespace(supports_swa=lambda: True, sliding_window_size=sliding_window_size,
+                                     page_size=page_size)
+        fn(types.SimpleNamespace(tree_cache=tree, req_to_token_pool=req_to_token_pool,
+                                 token_to_kv_pool_allocator=token_to_kv_pool_allocator), req, pre_len)
+    evict.release_fn = fn
+    return evict
 
 
 def where(obj) -> str:
@@ -64,7 +88,10 @@ class HybridPool:
     (the kit's one layer) in the SWA pool when ``sliding``, else in the full pool."""
 
     def __init__(self, runner, sliding: bool, window: int | None):
-        pool_cls, alloc_cls, self.evict = classes()
+        found = classes()
+        if isinstance(found, str):
+            raise RuntimeError(found)
+        pool_cls, alloc_cls, self.evict = found
         old = runner.token_to_kv_pool
         self.size = 2 * int(old.size) + 4 * FOREIGN  # room for the foreign requests' full slots
         kw = {"size": self.size, "size_swa": self.size, "page_size": 1, "dtype": old.dtype,
@@ -88,7 +115,15 @@ class HybridPool:
         """A request outside the batch takes ``n`` SWA slots, as ``alloc`` does (swa.py:273-286)."""
         full = torch.arange(self.next_foreign, self.next_foreign + n, dtype=torch.int64)
         self.next_foreign += n
-        self.alloc.set_full_to_swa_mapping(full, self.alloc.swa_attn_allocator.alloc(n))
+        self._map(full, self.alloc.swa_attn_allocator.alloc(n))
+
+    def _map(self, full: torch.Tensor, swa: torch.Tensor) -> None:
+        """``full_to_swa_index_mapping[full] = swa``: the allocator's ``set_full_to_swa_mapping``
+        (0.5.12+), or the assignment its ``alloc`` makes inline (0.5.11 swa_memory_pool.py:362-367)."""
+        if hasattr(self.alloc, "set_full_to_swa_mapping"):
+            self.alloc.set_full_to_swa_mapping(full, swa)
+        else:
+            self.alloc.full_to_swa_index_mapping[full.to(torch.int64)] = swa.to(torch.int64)
 
     def after_batch(self, batch) -> None:
         """The scheduler's allocations and frees before ``batch`` runs (module docstring)."""
@@ -97,7 +132,7 @@ class HybridPool:
         self._foreign(FOREIGN)
         for row, seq in zip(rows, seqs):
             full = rt[row, :seq].to(torch.int64)
-            self.alloc.set_full_to_swa_mapping(full, self.alloc.swa_attn_allocator.alloc(int(seq)))
+            self._map(full, self.alloc.swa_attn_allocator.alloc(int(seq)))
         self.batch = batch
 
     def before_plan(self) -> None:
@@ -131,7 +166,7 @@ class HybridPool:
     def facts(self) -> dict:
         return {"pool": type(self.pool).__name__, "allocator": type(self.alloc).__name__,
                 "layer_pool": "swa" if self.sliding else "full", "foreign_slots": FOREIGN, "freed": self.freed,
-                "eviction": where(self.evict) if self.evict else "none in this release"}
+                "eviction": where(getattr(self.evict, "release_fn", self.evict)) if self.evict else "none in this release"}
 
 
 class _Req:
