@@ -35,7 +35,7 @@ FOREIGN = 7  # SWA slots a request scheduled before the batch holds (not the bat
 
 
 def classes():
-    """``(SWAKVPool, SWATokenToKVPoolAllocator, eviction)`` of the release, or the reason it has none.
+    """``(SWAKVPool, SWATokenToKVPoolAllocator, eviction)`` of the release (a ``RuntimeError`` saying why not).
     The allocator is in ``mem_cache/allocator/swa.py`` (0.5.14+) or ``swa_memory_pool.py`` (0.5.10-0.5.12,
     :296 in 0.5.12); the eviction is ``free_swa_out_of_window_slots`` (mem_cache/common.py, 0.5.14+) or
     ``ScheduleBatch._evict_swa`` (0.5.12 schedule_batch.py:2714), called as the scheduler calls it."""
@@ -46,8 +46,8 @@ def classes():
             alloc = importlib.import_module("sglang.srt.mem_cache.allocator.swa").SWATokenToKVPoolAllocator
         except ImportError:
             alloc = swa.SWATokenToKVPoolAllocator
-    except (ImportError, AttributeError) as e:
-        return f"the release's hybrid pool classes are not importable: {type(e).__name__}: {e}"
+    except (ImportError, AttributeError) as e:  # said in the run's error, the cell stays unknown with it
+        raise RuntimeError(f"the release's hybrid pool classes are not importable: {type(e).__name__}: {e}") from e
     try:
         evict = importlib.import_module("sglang.srt.mem_cache.common").free_swa_out_of_window_slots
     except (ImportError, AttributeError):
@@ -88,10 +88,7 @@ class HybridPool:
     (the kit's one layer) in the SWA pool when ``sliding``, else in the full pool."""
 
     def __init__(self, runner, sliding: bool, window: int | None):
-        found = classes()
-        if isinstance(found, str):
-            raise RuntimeError(found)
-        pool_cls, alloc_cls, self.evict = found
+        pool_cls, alloc_cls, self.evict = classes()
         old = runner.token_to_kv_pool
         self.size = 2 * int(old.size) + 4 * FOREIGN  # room for the foreign requests' full slots
         kw = {"size": self.size, "size_swa": self.size, "page_size": 1, "dtype": old.dtype,
