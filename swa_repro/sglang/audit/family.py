@@ -33,7 +33,7 @@ from swa_repro.engine.families import FULL, SLIDING, GpuClass, small_config
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
-from swa_repro.sglang.audit import family_live, rows, spans
+from swa_repro.sglang.audit import family_live, hybrid_pool, rows, spans
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.env import RAGGED
@@ -61,6 +61,7 @@ class FamilyLayer(ap.LayerConfig):
     attn: object = None  # the model's RadixAttention of this kind
     family_shape: ap.Shape = ap.SHAPE
     trace_values = False  # the audit reads indices, masks and parameters; q/k/v/KV by shape only
+    hybrid = True  # a model the release serves on its hybrid SWA pool is driven on it (audit.hybrid_pool)
 
     @property
     def name(self) -> str:
@@ -75,13 +76,18 @@ class FamilyLayer(ap.LayerConfig):
         with untouched_kv_pools():
             runner = releases_kit.model_runner(case, dtype=torch.bfloat16, max_context_len=max_ctx, device=device,
                                                deterministic=use_paged and not releases.has_paged_switch())
+            if self.hybrid and self.built.facts.get("is_hybrid_swa"):
+                runner.hybrid_pool = hybrid_pool.HybridPool(runner, self.kind == SLIDING, self.built.runner_window)
         runner.model_config = self.built.model_config
         runner.sliding_window_size = self.built.runner_window
         runner.model = torch.nn.ModuleList(self.built.layers)  # a backend reading its layers finds the model's
         releases.newer_release_attrs(runner)
         layer = copy.copy(self.attn)
         layer.layer_id = 0  # the kit's pool holds one layer
-        return runner, fb.FlashInferAttnBackend(runner), layer
+        backend = fb.FlashInferAttnBackend(runner)
+        if getattr(runner, "hybrid_pool", None) is not None:
+            hybrid_pool.evict_before_plans(backend, runner.hybrid_pool)
+        return runner, backend, layer
 
     def extend_inputs(self, case, runner, layer, max_ctx: int, device: str):
         """The kit's batch (contiguous slots); zero q/k/v on ``device``: the stand-ins never read values."""
@@ -103,6 +109,7 @@ class LiveFamilyLayer(FamilyLayer):
     KV pool, as the synthetic audit's layers (``paths.LayerConfig``, ``paths._setup``), recorded by
     value. Slower and larger than :class:`FamilyLayer` (the pool is written whole)."""
     trace_values = True
+    hybrid = False  # its batches come from harness._inputs, which the hybrid pool's allocator does not see
 
     def extend_inputs(self, case, runner, layer, max_ctx: int, device: str):
         return ap.LayerConfig.extend_inputs(self, case, runner, layer, max_ctx, device)
@@ -199,6 +206,8 @@ def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass, memo: dict | N
              verdict=k["verdict"], cap=cap_state(run, gpu), findings=common["findings"])
     if "verdict_vs_layer" in k:
         d["verdict_vs_layer"] = k["verdict_vs_layer"]
+    if "hybrid_pool" in run.snapshot:  # driven on the release's hybrid SWA pool (audit.hybrid_pool)
+        d["hybrid_pool"] = run.snapshot["hybrid_pool"]
     return d
 
 

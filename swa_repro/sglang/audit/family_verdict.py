@@ -33,18 +33,44 @@ def answer(f: dict, gpu: str) -> dict:
     """The user's answer: affected on the default path / only with flags / only with speculative
     decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``.
     A model the release serves on its hybrid SWA KV pool (``ModelConfig.is_hybrid_swa``, from
-    ``is_hybrid_swa_model``'s architecture list: gpt-oss and Gemma-4 in 0.5.11-0.5.23) is
-    :data:`HYBRID`: the audit drives the ordinary pool, which the server takes only with
-    ``--disable-hybrid-swa-memory``; the verdict on that pool is kept beside it (``ordinary_pool``)."""
+    ``is_hybrid_swa_model``'s architecture list) is judged on that pool where its runs were driven on it
+    (``audit.hybrid_pool``: the release's ``SWAKVPool`` and allocator, each sliding call's SWA slots read
+    back to positions): the same states, said so in the note. Where the pool could not be driven it is
+    :data:`HYBRID`, with why."""
     a = _answer(f, gpu)
     hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
-    if not hybrid or a["state"] in ("not built", "flashinfer refused", NOT_DRIVEN):
+    if not hybrid or a["state"] in ("not built", "flashinfer refused"):
         return a
+    pooled = [r["hybrid_pool"] for r in f.get("paths") or [] if r.get("status") == "driven" and r.get("hybrid_pool")]
+    if pooled and a["state"] != NOT_DRIVEN:
+        swa = next((p for p in pooled if p.get("layer_pool") == "swa"), None)
+        if swa is None:  # the built layers are all full ones: they live in the full pool, untranslated
+            return {**a, "note": "; ".join(filter(None, [
+                "judged on sglang's hybrid SWA KV pool (ModelConfig.is_hybrid_swa): the layers built are all full "
+                "attention, which read the full pool untranslated", a.get("note")]))}
+        return {**a, "note": "; ".join(filter(None, [(
+            f"judged on sglang's hybrid SWA KV pool (ModelConfig.is_hybrid_swa: {swa['pool']} + {swa['allocator']}, "
+            "sliding calls' SWA slots read back to positions through the release's translate_loc_from_full_to_swa; "
+            f"out-of-window SWA slots freed by {swa['eviction']} before decode/verify, then reused by another "
+            f"request){_stale(f)}"), a.get("note")]))}
+    errors = [f"{r['kind']} {r['path']}: {r.get('why')}" for r in f.get("paths") or []
+              if r.get("status") not in ("driven", "absent")]
+    why = "it could not be driven (why: the runs' errors)" if errors else "no run was driven on it"
     return {**a, "state": HYBRID, "ordinary_pool": a["state"], "flags": "--disable-hybrid-swa-memory",
+            "why": errors[:3] or a.get("why"),
             "note": "; ".join(filter(None, [
                 f"sglang serves {f['build'].get('model_class')} on its hybrid SWA KV pool "
-                "(ModelConfig.is_hybrid_swa), which this audit does not model; the verdict is the ordinary "
-                f"pool's (--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
+                f"(ModelConfig.is_hybrid_swa): {why}; the verdict on the ordinary pool "
+                f"(--disable-hybrid-swa-memory): {a['state']}", a.get("note")]))}
+
+
+def _stale(f: dict) -> str:
+    """The driven runs on the hybrid pool whose sliding calls read slots the request no longer holds
+    (``foreign_keys``: a freed position's SWA slot, cleared to the padding slot, or another request's)."""
+    bad = [r["path"] for r in f.get("paths") or [] if r.get("hybrid_pool") and r.get("kind") == "sliding"
+           and any((s or {}).get("foreign_keys") for s in (r.get("keys") or {}).values())]
+    return f"; slots the request no longer holds read on: {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''}" \
+        if bad else ""
 
 
 def layer_off(f: dict) -> list[str]:

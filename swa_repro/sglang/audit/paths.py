@@ -25,6 +25,7 @@ import torch
 from swa_repro.core.case import Case
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang import patch as sglang_patch
+from swa_repro.sglang.audit import hybrid_pool
 from swa_repro.sglang.audit.env import audit_env
 from swa_repro.sglang.audit.spec import (EAGLE_TREES, GRAPH_TREES, NGRAM_TREES, Spec, chain_parents, eagle_draft,
                                          eagle_tree_layout, ngram_tree_layout)
@@ -128,10 +129,9 @@ def dispatch_mismatch(device: str) -> str | None:
 
 
 def snapshot(runner, batch) -> dict:
-    """What maps a wrapper's KV back to token positions (``audit.keys``): sglang's req-to-token
-    pool (slot of each position, per request row), the batch's request rows, query positions and
-    sequence lengths; CPU copies taken after the path ran."""
-    return {"req_to_token": runner.req_to_token_pool.req_to_token.detach().to("cpu", torch.int64).clone(),
+    """What maps a wrapper's KV back to positions (``audit.keys``): sglang's req-to-token pool (``hybrid_pool.rows_of``),
+    the batch's request rows, query positions and sequence lengths; CPU copies taken after the path ran."""
+    return {**hybrid_pool.rows_of(runner),
             "req_pool_indices": batch.req_pool_indices.detach().to("cpu", torch.int64).clone(),
             "positions": batch.positions.detach().to("cpu", torch.int64).clone(),
             "seq_lens": batch.seq_lens.detach().to("cpu", torch.int64).clone()}
@@ -198,8 +198,8 @@ def _run_layer(backend, layer, batch, n_tokens: int, case: Case, cfg: LayerConfi
 
 def _kit_batch(case: Case, runner, mode, max_ctx: int, device: str):
     kit = releases_kit.kit_module()
-    return kit._make_forward_batch(releases_kit.kit_case(kit, case, mode), runner, max_context_len=max_ctx,
-                                   device=device)
+    return hybrid_pool.after_batch(runner, kit._make_forward_batch(  # a hybrid pool's scheduler steps before it
+        releases_kit.kit_case(kit, case, mode), runner, max_context_len=max_ctx, device=device))
 
 
 # ----------------------------------------------------------------------------- the paths
