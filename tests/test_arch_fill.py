@@ -178,3 +178,21 @@ def test_a_layer_count_left_unset_is_the_length_of_the_pattern_the_class_counts(
     assert got["num_hidden_layers"][0] == len(pattern)
     nested = arch_fill.layer_count({"llm_config": {"layers_block_type": blocks}})
     assert nested["llm_config"][0]["num_hidden_layers"] == len(pattern)
+
+
+def test_a_column_with_no_route_says_what_its_class_takes():
+    """UnlimitedOCRForCausalLM takes a config class of the release's configs/ that no registry lists: the
+    line names it and its model_type (read here with a regex from the class's own file)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from swa_repro.sglang import config_routes
+
+    models = _models()
+    ann = _annotated_config((models / "unlimited_ocr.py").read_text(), "UnlimitedOCRForCausalLM")
+    cfg = (models.parent / "configs" / "unlimited_ocr.py").read_text()
+    mt = re.search(r'model_type = "([^"]+)"', cfg[cfg.index(f"class {ann}("):]).group(1)
+    assert mt not in CONFIG_MAPPING_NAMES
+    line = config_routes.unnamed("UnlimitedOCRForCausalLM", models / "unlimited_ocr.py")
+    assert f"config: {ann}" in line and repr(mt) in line
+    generic = config_routes.unnamed("IQuestLoopCoderForCausalLM", models / "iquest_loopcoder.py")
+    assert "no class of its own" in generic

@@ -140,3 +140,22 @@ def _route(name: str, path: Path, types: dict, model_type_of, mapping: dict, see
                 return Route(got.source, got.model_type, f"models/{path.name}:{cls.lineno} {name}({base.id}); "
                                                          + got.how)
     return None
+
+
+def unnamed(arch: str, model_file: Path) -> str:
+    """Why no route: what the class's ``__init__`` takes (a generic ``PretrainedConfig``, or a class in
+    neither transformers' mappings nor the release's registry, with its ``model_type``), for the
+    column's ``not built`` line."""
+    path = Path(model_file)
+    cls = _classes(path).get(arch)
+    if cls is None:
+        return f"{arch} is imported into models/{path.name}"
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    arg = next((a for a in (init.args.args + init.args.kwonlyargs if init else []) if a.arg == "config"), None)
+    ann = ast.unparse(arg.annotation) if arg is not None and arg.annotation is not None else None
+    where = f"models/{path.name}:{(arg or cls).lineno}"
+    if ann is None or ann in GENERIC:
+        return f"{where} {arch}.__init__ takes config{': ' + ann if ann else ''} (no class of its own)"
+    got = _imported_model_type(path, ann)
+    tail = f" (model_type {got[0]!r}, {got[1]})" if got else ""
+    return f"{where} {arch}.__init__(config: {ann}){tail}, a class in neither transformers' mappings nor the release's registry"

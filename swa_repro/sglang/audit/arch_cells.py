@@ -206,8 +206,8 @@ def column_config(a, version: str, overlay: Path, extra: dict | None = None, why
         how = r.how
     if mt is None:
         raise NoConfig(f"no published config: transformers {transformers.__version__} maps no model_type to "
-                       f"{a.architecture} and {how}; audit its checkpoint: swa-repro audit --sglang {version} "
-                       "--model PATH/config.json")
+                       f"{a.architecture} and {how}; {config_routes.unnamed(a.architecture, model_file)}: "
+                       f"audit its checkpoint: swa-repro audit --sglang {version} --model PATH/config.json")
     rel = types[mt]
     if rel.get("error"):
         raise NoConfig(f"no published config: the release's {rel['class']} ({rel['where']}; {how}) does not build "
