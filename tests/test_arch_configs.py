@@ -107,6 +107,9 @@ def test_a_column_still_not_built_names_the_key_the_line_and_the_class(plan_0523
         assert m, err
         key, file, line = m.groups()
         assert f"config.{key}" in (srt / "models" / file).read_text().splitlines()[int(line) - 1]
+        if "window" in key:  # never invented: the line sends the user to their checkpoint
+            assert "--model PATH/config.json" in err, err
+    assert any(re.search(r"lacks \w*window", e) for e in errs)
 
 
 def test_a_release_class_that_leaves_the_window_to_a_checkpoint_says_so(plan_0523):

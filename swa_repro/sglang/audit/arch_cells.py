@@ -106,8 +106,12 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
             label = "transformers' defaults" if "transformers defaults" in str(e) else \
                 "the release's config class defaults"
             label += f" with {len(set_by)} keys set by the audit ({', '.join(list(set_by)[:3])}, ...)" if set_by else ""
-            static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": f"not buildable from {label}: "
-                                      + str(e).removeprefix("--model ").removesuffix(": add it to the config")[:300]}
+            text = str(e).removeprefix("--model ").removesuffix(": add it to the config")[:300]
+            if re.search(r"lacks \w*window\w*,", text):  # a window is never invented (arch_fill)
+                text += (f"; a window the audit does not invent: audit a checkpoint: swa-repro audit --sglang {version} "
+                         "--model PATH/config.json")
+            static[a.architecture] = {"family": a.architecture, "discovered": facts,
+                                      "error": f"not buildable from {label}: {text}"}
     return smalls, static
 
 
