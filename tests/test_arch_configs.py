@@ -96,16 +96,33 @@ def test_a_build_reads_the_constructors_keys_not_load_weights():
 
 
 def test_a_column_still_not_built_names_the_key_the_line_and_the_class(plan_0523):
-    """Step3p5ForCausalLM: the release's Step3p5Config does not default ``use_head_wise_attn_gate``,
-    which step3p5.py reads while building."""
+    """A column whose key only a checkpoint can give (a window: never invented, #41 hC) names the key
+    and the line that reads it (Gemma4AssistantForCausalLM: gemma4_mtp.py reads ``sliding_window``)."""
     _, static = plan_0523
-    err = static["Step3p5ForCausalLM"]["error"]
-    m = re.search(r"lacks (\w+), which sglang 0\.5\.23's (\w+\.py):(\d+) reads and Step3p5Config", err)
-    assert m, err
-    key, file, line = m.groups()
+    errs = [d["error"] for d in static.values() if " lacks " in d.get("error", "")]
+    assert errs
     srt = _overlay("0.5.23") / "sglang" / "srt"
-    assert f"config.{key}" in (srt / "models" / file).read_text().splitlines()[int(line) - 1]
-    assert key not in (srt / "configs" / "step3p5.py").read_text()
+    for err in errs:
+        m = re.search(r"lacks (\w+), which sglang 0\.5\.23's (\w+\.py):(\d+) reads", err)
+        assert m, err
+        key, file, line = m.groups()
+        assert f"config.{key}" in (srt / "models" / file).read_text().splitlines()[int(line) - 1]
+        if "window" in key:  # never invented: the line sends the user to their checkpoint
+            assert "--model PATH/config.json" in err, err
+    assert any(re.search(r"lacks \w*window", e) for e in errs)
+
+
+def test_a_release_class_that_leaves_the_window_to_a_checkpoint_says_so(plan_0523):
+    """Step3p5ForCausalLM: its flag (``use_head_wise_attn_gate``) is now set by the audit (arch_fill),
+    and what is left is the window: the release's Step3p5Config defaults both ``sliding_window`` and
+    ``layer_types`` to None (read here from its signature), so the column says the window is a
+    checkpoint's."""
+    _, static = plan_0523
+    cfg = _overlay("0.5.23") / "sglang" / "srt" / "configs" / "step3p5.py"
+    assert _signature_default(cfg, "Step3p5Config", "sliding_window") is None
+    assert _signature_default(cfg, "Step3p5Config", "layer_types") is None
+    err = static["Step3p5ForCausalLM"]["error"]
+    assert "set no sliding layer (sliding_window=None, layer_types=None)" in err and "--model" in err, err
 
 
 def test_no_column_is_called_remote_code_where_the_release_has_a_class_for_it(plan_0523):

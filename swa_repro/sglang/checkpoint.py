@@ -108,9 +108,10 @@ def small_config(ck: Checkpoint) -> SmallConfig:
         cut["layer_types"] = list(text.layer_types[:n])
     d = {k: v for k, v in ck.values.items() if k != "auto_map"}  # no remote code: the class or a plain one
     if isinstance(d.get("text_config"), dict) and text is not ck.config:
-        d["text_config"] = {**d["text_config"], **per_layer_cut(d["text_config"], len(kinds), n), **cut}
+        d["text_config"] = {**d["text_config"], **per_layer_cut(d["text_config"], len(kinds), n),
+                            **pattern_cut(d["text_config"], cut.get("layer_types")), **cut}
     else:
-        d.update({**per_layer_cut(d, len(kinds), n), **cut})
+        d.update({**per_layer_cut(d, len(kinds), n), **pattern_cut(d, cut.get("layer_types")), **cut})
     nq = int(text.num_attention_heads)
     hd = getattr(text, "head_dim", None) or int(text.hidden_size) // nq
     return SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
@@ -125,6 +126,20 @@ def per_layer_cut(values: dict, full: int, n: int) -> dict:
     length must equal num_hidden_layers``)."""
     return {k: v[:n] for k, v in values.items() if "layer" in k and k != "layer_types" and isinstance(v, list)
             and len(v) == full > n}
+
+
+def pattern_cut(values: dict, layer_types: list | None) -> dict:
+    """A layer pattern the config class composes itself, cut with the layers: 0.5.23
+    configs/iquest_q1.py:73-84 builds ``layer_types`` as ``first_layers_types + hybrid_layers_types_block
+    * num_hybrid_layers_block + last_layers_types`` and refuses a count it does not match ("layer type
+    pattern has length 88, expected 3"). The cut's own kinds become the first part, the repeated block
+    runs 0 times, the other parts are empty: the class then composes exactly the cut."""
+    parts = [k for k, v in values.items() if k.endswith("layers_types") and k != "layer_types" and isinstance(v, list)]
+    repeats = [k for k, v in values.items() if k.startswith("num_") and k.endswith("_block") and isinstance(v, int)]
+    first = [k for k in parts if k.startswith("first")]
+    if not layer_types or len(first) != 1 or not repeats:
+        return {}
+    return {**{k: [] for k in parts}, first[0]: list(layer_types), **{k: 0 for k in repeats}}
 
 
 def record(ck: Checkpoint) -> dict:

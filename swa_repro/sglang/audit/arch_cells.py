@@ -37,8 +37,9 @@ from functools import cache
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.sglang import config_routes, swa_archs
 from swa_repro.sglang import model_configs as mc
-from swa_repro.sglang import swa_archs
+from swa_repro.sglang.audit import arch_fill
 
 CRASH = "crashes on FlashInfer"
 FALLBACK = "Transformers fallback"  # the column of models/transformers.py's entry classes
@@ -93,25 +94,85 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
         if crash:
             static[a.architecture] = {"family": a.architecture, "crash": crash, "discovered": facts}
             continue
-        label = "transformers' defaults" if model_type_of(a.architecture) else "the release's config class defaults"
+        set_by = {}
         try:
-            ck = column_config(a, version, overlay)
+            ck, set_by = filled_config(a, version, overlay)
             ckpt.check_release(ck, version, overlay)
             smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)),
-                                      "discovered": {**facts, "config": ck.path}}
+                                      "discovered": {**facts, "config": ck.path, "set_by_audit": set_by}}
         except NoConfig as e:
             static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": str(e)}
         except (UsageError, TypeError, ValueError, AttributeError) as e:
-            static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": f"not buildable from {label}: "
-                                      + str(e).removeprefix("--model ").removesuffix(": add it to the config")[:300]}
+            label = "transformers' defaults" if "transformers defaults" in str(e) else \
+                "the release's config class defaults"
+            label += f" with {len(set_by)} keys set by the audit ({', '.join(list(set_by)[:3])}, ...)" if set_by else ""
+            text = str(e).removeprefix("--model ").removesuffix(": add it to the config")[:300]
+            if re.search(r"lacks \w*window\w*,", text):  # a window is never invented (arch_fill)
+                text += (f"; a window the audit does not invent: audit a checkpoint: swa-repro audit --sglang {version} "
+                         "--model PATH/config.json")
+            static[a.architecture] = {"family": a.architecture, "discovered": facts,
+                                      "error": f"not buildable from {label}: {text}"}
     return smalls, static
+
+
+def filled_config(a, version: str, overlay: Path, rounds: int = 16):
+    """``(Checkpoint, set_by_audit)``: the column's config with each key its model file reads at build and
+    its defaults leave unset filled as ``arch_fill`` says (the sub-configs a class leaves None first),
+    until none is missing or one only a checkpoint can say (``check_release`` then says which)."""
+    from swa_repro.engine.config_reads import config_reads
+    from swa_repro.sglang import model_configs as mcs
+
+    models = overlay / "sglang" / "srt" / "models"
+    path = mcs.model_file_in(models, a.architecture)
+    extra, why, subs = {}, {}, None
+    for _ in range(rounds):
+        try:
+            ck = column_config(a, version, overlay, extra, why)
+        except UsageError:
+            if not subs:
+                raise
+            # the composite refuses its sub-configs' own defaults (transformers' Gemma4AssistantConfig:
+            # "hidden_size_per_layer_input must be 0"): left to a checkpoint; what it reads there is said
+            for k in subs:
+                extra.pop(k), why.pop(k)
+            subs = {}
+            ck = column_config(a, version, overlay, extra, why)
+        if subs is None:
+            subs = arch_fill.sub_config_defaults(ck.values["model_type"]) \
+                if ck.path.startswith("transformers defaults") else {}
+            legacy = arch_fill.legacy_keys(ck.values["model_type"], ck.values) \
+                if ck.path.startswith("transformers defaults") else {}
+            for k, (v, w) in legacy.items():
+                extra[k], why[k] = v, w
+            extra.update(subs)
+            why.update({k: f"{ck.config_class.split(' ')[0]} leaves {k} None, which a published checkpoint "
+                        "carries: its sub-config class's defaults" for k in subs})
+            if subs or legacy:
+                continue
+        if path is None:
+            return ck, why
+        missing = [(k, w) for k, w in config_reads(path, a.architecture, branches=False, build_only=True).items()
+                   if not ck.has(k)]
+        if not missing:
+            return ck, why
+        text = ck.text_config()
+        n = getattr(text, "num_hidden_layers", None) or len(getattr(text, "layer_types", None) or []) or None
+        got = arch_fill.fill(*missing[0], models, n, ck.values)
+        if got is None:
+            return ck, why
+        key = missing[0][0]
+        extra[key], why[key] = got[0], got[1]
+        if text is not ck.config and hasattr(text, "to_dict"):  # a composite: its text model reads it too
+            extra["text_config"] = {**{k: v for k, v in text.to_dict().items() if not k.startswith("_")},
+                                    **(extra.get("text_config") or {}), key: got[0]}
+    return ck, why
 
 
 class NoConfig(Exception):
     """A column with no config to build (its whole ``not built`` line)."""
 
 
-def column_config(a, version: str, overlay: Path):
+def column_config(a, version: str, overlay: Path, extra: dict | None = None, why: dict | None = None):
     """The config a column is built from: transformers' class defaults for the ``model_type`` its auto
     mapping names (the published defaults; where the release re-parses that type through a class of
     its own, ``release_configs``, that class's keys count as set: it fills them in the child too); for
@@ -127,26 +188,40 @@ def column_config(a, version: str, overlay: Path):
 
     mt = model_type_of(a.architecture)
     types = release_configs.registry(version, overlay).get("types", {})
+    model_file = overlay / "sglang" / "srt" / "models" / a.model_file
+    via, r = "", None
+    if mt is None:  # the config class the release's own code gives it (a draft, MTP or embedding sibling)
+        r = config_routes.route(a.architecture, model_file, types, model_type_of)
+        if r is not None and r.source == "transformers":
+            mt, via = r.model_type, f" ({r.how})"
+        elif r is not None:
+            types = {**types, r.model_type: {**types[r.model_type], "architectures": [a.architecture]}}
     if mt is not None:
         values = {"architectures": [a.architecture], "model_type": mt, **published_keys(mt)}
         rel = types.get(mt, {})
         if rel:  # the release re-parses the file through its own class: transformers' defaults written out
             values = {**transformers_defaults(mt), **values}
+        values.update(extra or {})
         provides = frozenset([*rel.get("attrs", []), *rel.get("defaults", {})])
-        return ckpt.Checkpoint(a.architecture, f"transformers defaults of model_type {mt}", values, a.architecture,
+        return ckpt.Checkpoint(a.architecture, f"transformers defaults of model_type {mt}{via}", values, a.architecture,
                                *ckpt.config_object(values, mt), provides)
-    mt, how = release_configs.model_type_for(a.architecture, overlay / "sglang" / "srt" / "models" / a.model_file,
-                                             types)
+    mt, how = release_configs.model_type_for(a.architecture, model_file, types)
+    if r is not None and mt == r.model_type:
+        how = r.how
     if mt is None:
         raise NoConfig(f"no published config: transformers {transformers.__version__} maps no model_type to "
-                       f"{a.architecture} and {how}; audit its checkpoint: swa-repro audit --sglang {version} "
-                       "--model PATH/config.json")
+                       f"{a.architecture} and {how}; {config_routes.unnamed(a.architecture, model_file)}: "
+                       f"audit its checkpoint: swa-repro audit --sglang {version} --model PATH/config.json")
     rel = types[mt]
     if rel.get("error"):
         raise NoConfig(f"no published config: the release's {rel['class']} ({rel['where']}; {how}) does not build "
                        f"from its defaults ({rel['error']}); audit its checkpoint: swa-repro audit --sglang {version} "
                        "--model PATH/config.json")
-    values = {**rel["defaults"], "architectures": [a.architecture], "model_type": mt}
+    values = {**rel["defaults"], **(extra or {}), "architectures": [a.architecture], "model_type": mt}
+    if why is not None:
+        for k, (v, w) in arch_fill.layer_count(values).items():
+            values[k] = v
+            why.setdefault(k, w)
     source = f"sglang {version}'s {rel['class']} defaults ({rel['where']})"
     ck = ckpt.Checkpoint(a.architecture, source, values, a.architecture,
                          f"{rel['class']} (sglang {version}, {rel['where']})", ClassDefaults.of(values),
@@ -157,8 +232,9 @@ def column_config(a, version: str, overlay: Path):
         raise NoConfig(f"no published config: {source} ({how}) leave {getattr(e, 'name', None) or e} unset: a "
                        f"checkpoint sets it; audit one: swa-repro audit --sglang {version} --model PATH/config.json") \
             from None
-    if cc.SLIDING not in kinds and not a.hybrid:
-        text = ck.raw_text()
+    text = ck.raw_text()
+    windowed = text.get("layer_types") or any("window" in k and isinstance(v, int) and v > 0 for k, v in text.items())
+    if cc.SLIDING not in kinds and (not a.hybrid or not windowed):  # hybrid: a window the pool runs, if any
         raise NoConfig(f"no published config: {source} ({how}) set no sliding layer (sliding_window="
                        f"{text.get('sliding_window')!r}, layer_types={_short(text.get('layer_types'))}): the window "
                        f"comes from a checkpoint; audit one: swa-repro audit --sglang {version} --model PATH/config.json")
