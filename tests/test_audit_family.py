@@ -252,6 +252,6 @@ def test_a_model_on_the_hybrid_swa_pool_is_not_given_the_ordinary_pools_verdict(
     cell = {"state": a["state"], "why": a["why"], "ordinary_pool": a["ordinary_pool"]}
     r = remedy("gemma4", cell, "sm80")
     assert r["fix"] is None and "--disable-hybrid-swa-memory" in r["instead"] and "patch --fix all" in r["instead"]
-    assert main_cell_text(cell).startswith("SWA pool: not modelled (ordinary pool: ")
+    assert main_cell_text(cell).startswith("SWA pool: not driven (ordinary pool: ")
     refused = {**f, "serving": {"flashinfer_kept": False, "refusal": ["sinks"]}}
     assert fr.answer(refused, "sm80")["state"] == "flashinfer refused"  # a refusal stays a refusal

@@ -23,7 +23,7 @@ SHORT = {"affected on the default path": "**affected**", "only with flags": "fla
          "flashinfer refused": "refused", "not built": "not built", "unknown (not driven)": "unknown",
          "not driven": "not driven", "crashes on FlashInfer": "crashes (sinks)",
          "fallback: not audited": "fallback: not audited",
-         HYBRID: "SWA pool: not modelled"}
+         HYBRID: "SWA pool: not driven"}
 # "grouped by what is wrong": a column's group is the worst state any of its cells has, in this order
 GROUPS = ("affected on the default path", "only with flags", "only with speculative decoding",
           "crashes on FlashInfer", "flashinfer refused", HYBRID, "unknown (not driven)", "not driven",
@@ -164,9 +164,10 @@ def markdown(table: dict) -> str:
              "picks it, decode, decode CUDA graph — lets a query see keys outside its window, or drops the "
              "cap), flags only (only paths that flags such as `SGLANG_FLASHINFER_USE_PAGED=1` or "
              "deterministic inference switch on), spec only (speculative verify), not affected, refused "
-             "(sglang refuses `--attention-backend flashinfer` for it), SWA pool: not modelled (the release "
-             "serves the model on its hybrid SWA KV pool, `ModelConfig.is_hybrid_swa`, which the audit does "
-             "not drive; in brackets the ordinary pool's verdict, what `--disable-hybrid-swa-memory` serves), "
+             "(sglang refuses `--attention-backend flashinfer` for it), SWA pool: not driven (the release "
+             "serves the model on its hybrid SWA KV pool, `ModelConfig.is_hybrid_swa`; the audit drives that pool "
+             "with the release's own classes and eviction, `sglang.audit.hybrid_pool`, and judges the cell on it; "
+             "where it could not, the cell says why, with the ordinary pool's verdict in brackets), "
              "not built (why in the JSON). Where "
              "FlashInfer is not the default backend on that GPU class, a cell applies with "
              "`--attention-backend flashinfer` (the JSON's `default_backend`).", ""]

@@ -7,7 +7,7 @@ show it. Kept apart from ``family_run``, which builds and drives: this module on
 from __future__ import annotations
 
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
-HYBRID = "unknown (hybrid SWA pool)"  # answer: served on the hybrid SWA KV pool, not modelled
+HYBRID = "unknown (hybrid SWA pool)"  # answer: served on the hybrid SWA KV pool, which could not be driven (hybrid_pool)
 LAYER_NOT_HF = "layer != HF"  # every kernel told what the layer asks, the layer another window (vllm.verdict's)
 SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
 DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
