@@ -15,9 +15,11 @@ config, at its values:
   defaults: what a published ``config.json`` of that type holds beside the keys it sets);
 * else the release's own config class (``vllm/transformers_utils/configs``) that its model file imports,
   at the defaults its ``__init__`` declares (constants, read with ``ast``);
-* **not built**, saying why, where there is none, where those defaults set no sliding layer (the window
-  comes from a checkpoint: ``--model PATH`` audits one), or where the release's model file reads a key the
-  class lacks (``checkpoint.check_reads``' line).
+* **not built**, saying why, where its model file reads a window but builds no vLLM ``Attention`` (0.20.0
+  deepseek_v4.py: an MLA layer of its own, which FlashInfer's ``FlashInferImpl`` does not serve), where
+  there is no config, where those defaults set no sliding layer (the window comes from a checkpoint:
+  ``--model PATH`` audits one), or where the release's model file reads a key the class lacks
+  (``checkpoint.check_reads``' line).
 
 Sinks the FlashInfer backend cannot take are not skipped: the column is driven with them
 (``sources.sinks``: the model file's line) and the release's ``validate_configuration`` /
@@ -53,10 +55,13 @@ def family_archs() -> set[str]:
 
 def discover(overlay: Path) -> dict[str, dict]:
     """architecture -> {``effect``, ``window``: the line that hands the layer its window} (module docstring)."""
-    out = {}
-    for arch in sorted(registry.served(overlay)):
+    out, reg = {}, registry.served(overlay)
+    for arch in sorted(reg):
         files = registry.attention_files(overlay, arch)
-        if not files:
+        if not files:  # its attention is a layer of its own (0.20.0 deepseek_v4.py: an MLA wrapper)
+            hit = registry.line_of(overlay, registry.module_files(overlay, reg[arch][0]), r"config\.sliding_window\b")
+            if hit:
+                out[arch] = {"effect": "own", "window": hit}
             continue
         effect, where = registry.window(overlay, files)
         if effect == "cache":
@@ -173,6 +178,10 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
     from swa_repro.vllm import checkpoint
 
     out = {"architecture": arch, "model": registry.served(overlay)[arch][0], **facts}
+    if facts.get("effect") == "own":
+        return {**out, "not_built": f"not served by FlashInferImpl: its model file builds no vLLM Attention layer and "
+                "hands the window it reads to an attention of its own (an MLA or other backend chooses its kernels): "
+                f"{facts['window']}"}
     try:
         ck = column_config(arch, version, overlay)
         out["config"] = ck.path
