@@ -119,7 +119,7 @@ def _fam(name: str, window: int, sinks: bool = False) -> dict:
                         if sinks else "no sinks passed"}}
 
 
-def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monkeypatch):
+def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monkeypatch, tmp_path):
     from swa_repro.engine import families as ef
     from swa_repro.vllm import arch_table, archs, audit, provision
 
@@ -140,7 +140,10 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
                                              "kernels": [{"kernel": "k", "how": "run", "differs": []}]}]}
         return {"audits": {"9.0": audits}}, 1.0, {}
 
-    monkeypatch.setattr(provision, "provision", lambda v: (Path("/nonexistent"), {}))
+    backend = tmp_path / "vllm/v1/attention/backends/flashinfer.py"
+    backend.parent.mkdir(parents=True)
+    backend.write_text("class FlashInferBackend:\n    @classmethod\n    def supports_sink(cls) -> bool:\n")
+    monkeypatch.setattr(provision, "provision", lambda v: (tmp_path, {}))
     monkeypatch.setattr(archs, "plan", lambda v, o: cols)
     monkeypatch.setattr(audit, "run_release", fake_run)
     gpus = [ef.GPU_CLASSES["sm90"]]
@@ -149,7 +152,8 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
     cells = doc["cells"]["sm90"]
     assert set(cells) == set(cols)
     assert cells["A"]["state"] == cells["B"]["state"] == "not affected"
-    assert cells["S"]["state"] == "refused" and "m.py:7: sinks=self.sinks" in cells["S"]["why"][-1]
+    assert cells["S"]["state"] == "refused" and "m.py:7: sinks=self.sinks" in cells["S"]["why"][-2]
+    assert cells["S"]["why"][-1].startswith("the backend: vllm/v1/attention/backends/flashinfer.py:3: def supports_sink")
     assert cells["N"]["state"] == "not built" and cells["N"]["why"] == ["no published config: because"]
     md = "\n".join(arch_table.lines({"architectures": {"9.9.9": doc}}, gpus))
     assert "| A | not affected |" in md and "| S | refused: sinks |" in md and "N (9.9.9)" in md

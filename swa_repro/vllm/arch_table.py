@@ -36,8 +36,8 @@ def build(version: str, gpus, *, note=print, fix: str | None = None) -> dict:
             fam = c["fam"]
             d = {"error": fam["error"]} if fam.get("error") else doc["audits"][arch(g)][of[a]]
             cell = vv.cell({**d, "family": fam})
-            if cell["state"] == "refused" and fam["layers"] and any(x["sinks"] for x in fam["layers"].values()):
-                cell["why"] = cell["why"] + [f"the model passes sinks: {fam['sources']['sinks']}"]
+            if cell["state"] == "refused" and any(x["sinks"] for x in fam["layers"].values()):
+                cell["why"] = cell["why"] + [f"the model passes sinks: {fam['sources']['sinks']}", sink_line(overlay)]
             row[a] = {**cell, "short": vv.short(cell), "default_backend": d.get("platform", {}).get("default"),
                       "asked": {k: {"window_left": (x["sliding_window"] or 0) - 1, "cap": x["logits_soft_cap"],
                                     "scale": x["scale"], "sinks": x["sinks"], "hf_window_left": x["hf_window_left"]}
@@ -46,6 +46,19 @@ def build(version: str, gpus, *, note=print, fix: str | None = None) -> dict:
     facts = {a: {k: v for k, v in c.items() if k != "fam"} | ({"sources": c["fam"]["sources"], "driven_as": of.get(a)}
                                                                if "fam" in c else {}) for a, c in cols.items()}
     return {"columns": facts, "cells": cells}
+
+
+BACKEND = "vllm/v1/attention/backends/flashinfer.py"
+
+
+def sink_line(overlay) -> str:
+    """Where the release's FlashInfer backend says whether it takes sinks (``supports_sink``; before it, the
+    impl's own refusal: ``has_sinks``)."""
+    from swa_repro.vllm import registry
+
+    p = overlay / BACKEND
+    hit = registry.line_of(overlay, [p], r"def supports_sink|if self\.has_sinks and") if p.is_file() else None
+    return f"the backend: {hit}" if hit else f"the backend: {BACKEND} (no supports_sink line found)"
 
 
 def lines(t: dict, gpus) -> list[str]:
