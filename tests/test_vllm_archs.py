@@ -126,7 +126,8 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
     cols = {"A": {"architecture": "A", "window": "m.py:1", "fam": _fam("A", 128)},
             "B": {"architecture": "B", "window": "m.py:1", "fam": _fam("B", 128)},
             "S": {"architecture": "S", "window": "m.py:1", "fam": _fam("S", 128, sinks=True)},
-            "N": {"architecture": "N", "window": "m.py:1", "not_built": "no published config: because"}}
+            "N": {"architecture": "N", "window": "m.py:1", "not_built": "no published config: because"},
+            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E("}}}
     driven = []
 
     def fake_run(version, families, gpus, **k):
@@ -155,5 +156,23 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
     assert cells["S"]["state"] == "refused" and "m.py:7: sinks=self.sinks" in cells["S"]["why"][-2]
     assert cells["S"]["why"][-1].startswith("the backend: vllm/v1/attention/backends/flashinfer.py:3: def supports_sink")
     assert cells["N"]["state"] == "not built" and cells["N"]["why"] == ["no published config: because"]
+    assert cells["E"]["state"] == "refused" and "encoder-only attention (m.py:3: E()" in cells["E"]["why"][0]
     md = "\n".join(arch_table.lines({"architectures": {"9.9.9": doc}}, gpus))
     assert "| A | not affected |" in md and "| S | refused: sinks |" in md and "N (9.9.9)" in md
+    assert "| E | refused: encoder-only |" in md
+
+
+@pytest.mark.matrix
+def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
+    """ModernBert's layers are bidirectional (``EncoderOnlyAttention``), which FlashInferImpl refuses; driven as
+    a decoder they read as a window off by one against transformers' causal convention (a false finding)."""
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    src = (overlay / "vllm/model_executor/models/modernbert.py").read_text()
+    assert "EncoderOnlyAttention(" in src  # the second route: the model file's text
+    c = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], "0.34.0", overlay)
+    assert "modernbert.py" in c["fam"]["encoder_only"]
+    got = archs.encoder_refusal(overlay, c["fam"])
+    assert got["state"] == "refused" and "flashinfer.py:" in got["why"][0]
+    assert "ModernBertModel" not in archs.groups({"ModernBertModel": c})[1]

@@ -34,11 +34,12 @@ def build(version: str, gpus, *, note=print, fix: str | None = None) -> dict:
                 row[a] = {"state": NOT_BUILT, "why": [c["not_built"]], "routes": [], "short": NOT_BUILT}
                 continue
             fam = c["fam"]
-            d = {"error": fam["error"]} if fam.get("error") else doc["audits"][arch(g)][of[a]]
-            cell = vv.cell({**d, "family": fam})
+            enc = archs.encoder_refusal(overlay, fam)
+            d = {"error": fam["error"]} if fam.get("error") else {} if enc else doc["audits"][arch(g)][of[a]]
+            cell = enc or vv.cell({**d, "family": fam})
             if cell["state"] == "refused" and any(x["sinks"] for x in fam["layers"].values()):
                 cell["why"] = cell["why"] + [f"the model passes sinks: {fam['sources']['sinks']}", sink_line(overlay)]
-            row[a] = {**cell, "short": vv.short(cell), "default_backend": d.get("platform", {}).get("default"),
+            row[a] = {**cell, "short": "refused: encoder-only" if enc else vv.short(cell), "default_backend": d.get("platform", {}).get("default"),
                       "asked": {k: {"window_left": (x["sliding_window"] or 0) - 1, "cap": x["logits_soft_cap"],
                                     "scale": x["scale"], "sinks": x["sinks"], "hf_window_left": x["hf_window_left"]}
                                 for k, x in fam["layers"].items()}}

@@ -194,7 +194,27 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
     except (TypeError, ValueError, AttributeError) as e:
         return {**out, "not_built": f"not buildable from {out.get('config')}: {type(e).__name__}: {str(e)[:200]}"}
     fam["how"] = f"{ck.path} + the release's model-file line per value"
+    enc = registry.line_of(overlay, registry.attention_files(overlay, arch), ENCODER)
+    if enc:  # FlashInferImpl takes decoder attention only: refused, not driven as a decoder
+        fam["encoder_only"] = enc
     return {**out, "fam": fam}
+
+
+# an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
+# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``)
+ENCODER = r"EncoderOnlyAttention\(|attn_type\s*=\s*AttentionType\.ENCODER_ONLY"
+DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
+
+
+def encoder_refusal(overlay: Path, fam: dict) -> dict | None:
+    """An encoder-only column's cell: refused by ``FlashInferImpl`` (its line), with the model's line."""
+    if not fam.get("encoder_only"):
+        return None
+    p = overlay / "vllm/v1/attention/backends/flashinfer.py"
+    hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
+    return {"state": "refused", "routes": [],
+            "why": [f"encoder-only attention ({fam['encoder_only']}): FlashInferImpl takes decoder attention only "
+                    f"({hit or 'vllm/v1/attention/backends/flashinfer.py: its attn_type check not found'})"]}
 
 
 def plan(version: str, overlay: Path) -> dict[str, dict]:
@@ -219,7 +239,7 @@ def groups(columns: dict[str, dict]) -> tuple[list[dict], dict[str, str]]:
     """-> (the distinct families to drive, each named ``cols-<key>``; architecture -> that name)."""
     drive, of = {}, {}
     for arch, c in columns.items():
-        if "fam" not in c or c["fam"].get("error"):
+        if "fam" not in c or c["fam"].get("error") or c["fam"].get("encoder_only"):
             continue
         name = f"cols-{key(c['fam'])}"
         drive.setdefault(name, {**c["fam"], "family": name})
