@@ -213,8 +213,8 @@ def encoder_refusal(overlay: Path, fam: dict) -> dict | None:
     p = overlay / "vllm/v1/attention/backends/flashinfer.py"
     hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
     return {"state": "refused", "routes": [],
-            "why": [f"encoder-only attention ({fam['encoder_only']}): FlashInferImpl takes decoder attention only "
-                    f"({hit or 'vllm/v1/attention/backends/flashinfer.py: its attn_type check not found'})"]}
+            "why": [(f"encoder-only attention ({fam['encoder_only']}): FlashInferImpl takes decoder attention only "
+                     f"({hit or 'vllm/v1/attention/backends/flashinfer.py: its attn_type check not found'})")]}
 
 
 def plan(version: str, overlay: Path) -> dict[str, dict]:
