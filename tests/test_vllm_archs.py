@@ -176,3 +176,7 @@ def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
     got = archs.encoder_refusal(overlay, c["fam"])
     assert got["state"] == "refused" and "flashinfer.py:" in got["why"][0]
     assert "ModernBertModel" not in archs.groups({"ModernBertModel": c})[1]
+    facts = archs.discover(overlay)
+    for a in ("Gemma3TextModel", "MistralModel"):  # their files pick EncoderOnlyAttention for a bidirectional config
+        col = archs.column(a, facts[a], "0.34.0", overlay)  # only: a decoder at the published defaults
+        assert "fam" in col and not col["fam"].get("encoder_only"), (a, col.get("not_built"))

@@ -194,15 +194,19 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
     except (TypeError, ValueError, AttributeError) as e:
         return {**out, "not_built": f"not buildable from {out.get('config')}: {type(e).__name__}: {str(e)[:200]}"}
     fam["how"] = f"{ck.path} + the release's model-file line per value"
-    enc = registry.line_of(overlay, registry.attention_files(overlay, arch), ENCODER)
-    if enc:  # FlashInferImpl takes decoder attention only: refused, not driven as a decoder
-        fam["encoder_only"] = enc
+    files = registry.attention_files(overlay, arch)
+    enc = registry.line_of(overlay, files, ENCODER)
+    if enc and not any(re.search(DECODER_CALL, registry._text(f)) for f in files):  # always bidirectional:
+        fam["encoder_only"] = enc  # FlashInferImpl takes decoder attention only: refused, not driven as a decoder
     return {**out, "fam": fam}
 
 
 # an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
-# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``)
-ENCODER = r"EncoderOnlyAttention\(|attn_type\s*=\s*AttentionType\.ENCODER_ONLY"
+# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``);
+# only where the files build no other attention: gemma3.py / llama.py pick ``EncoderOnlyAttention`` for a
+# bidirectional config only (0.31.0 gemma3.py:181-189 ``attn_cls = ... ; self.attn = attn_cls(``)
+ENCODER = r"\bEncoderOnlyAttention\("
+DECODER_CALL = r"\b(Attention|attn_cls)\("
 DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
 
 
