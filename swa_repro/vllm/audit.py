@@ -51,10 +51,11 @@ def arch(g: ef.GpuClass) -> str:
 
 
 def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, note=print,
-                fix: str | None = None, checkpoint=None) -> tuple[dict, float, dict]:
+                fix: str | None = None, checkpoint=None, fams: list | None = None) -> tuple[dict, float, dict]:
     """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
     ``fix``: on a copy of the release with that fix (``vllm.fix``); ``checkpoint``: the user's
-    config (``vllm.checkpoint``) audited instead of ``families``, checked against the release first."""
+    config (``vllm.checkpoint``) audited instead of ``families``, checked against the release first;
+    ``fams``: resolved families (``vllm.archs``' columns, named ``families``) driven instead."""
     from swa_repro.core.cache import cached, code_hash, interpreter
     from swa_repro.vllm.provision import content_digest, provision
 
@@ -71,6 +72,8 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
         from swa_repro.vllm.checkpoint import resolve
 
         args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
+    elif fams:
+        args += ["--fams", json.dumps(fams, sort_keys=True, default=str)]
     parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "engine", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),

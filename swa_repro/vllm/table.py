@@ -29,7 +29,9 @@ GPUS = ("sm90", "sm100", "sm80")
 NAME = "vllm-releases"
 
 
-def build(versions, families, gpus, *, note=print, fix: str | None = None) -> dict:
+def build(versions, families, gpus, *, note=print, fix: str | None = None, archs: bool = False) -> dict:
+    """Each release's cells; ``archs``: every architecture it serves with a sliding window too
+    (``arch_table``: the JSON's ``architectures``)."""
     from swa_repro.vllm.audit import arch, run_release
 
     out = {"releases": {}, "timings_s": {}}
@@ -55,6 +57,10 @@ def build(versions, families, gpus, *, note=print, fix: str | None = None) -> di
                                           if "kernel_page" in r}}
             rel[g.name] = row
         out["releases"][v] = rel
+        if archs:
+            from swa_repro.vllm import arch_table
+
+            out.setdefault("architectures", {})[v] = arch_table.build(v, gpus, note=note, fix=fix)
     return out
 
 
@@ -100,6 +106,9 @@ def markdown(t: dict, families, gpus) -> str:
             lines.append(f"| {v} | {d['default_backend']} | " + " | ".join(row[f]["short"] for f in families) + " |")
         lines.append("")
     lines += cache_dtype_lines(t, families, gpus) + page_lines(t, families, gpus) + dcp_lines(t, families, gpus)
+    from swa_repro.vllm import arch_table
+
+    lines += arch_table.lines(t, gpus)
     lines += ["## Routes: the kernels each path reaches (both layer kinds), latest release", ""]
     last = list(t["releases"])[-1]
     for g in gpus:
@@ -223,7 +232,8 @@ def main(a) -> int:
                 force=getattr(a, "force", False))
     command = (f"swa-repro audit --release-table --vllm {a.vllm} --model {a.model or 'all'} "
                f"--gpu {','.join(gnames)}" + (f" --fix {fix}" if fix else ""))
-    t = build(versions, families, gpus, note=lambda s: print(s, file=sys.stderr), fix=fix)
+    t = build(versions, families, gpus, note=lambda s: print(s, file=sys.stderr), fix=fix,
+              archs=a.model in (None, "all"))
     prov = provenance(command, "each release's vLLM wheel, Python files only, as an overlay first on sys.path of "
                       "this venv, in its own subprocess (forked per GPU class and family); every loaded vllm module "
                       "checked to come from the overlay; FlashInfer replaced by recording stand-ins (CPU)")

@@ -1,0 +1,182 @@
+"""The vLLM table's architecture columns (issue #41 item 4: ``vllm.archs``, ``vllm.arch_table``).
+
+Oracles, each a second route beside ``vllm.archs``':
+
+* the architecture list by text: the release's ``registry.py`` read with a regex (architecture ->
+  module) and each module's own file grepped for a window it hands ``per_layer_sliding_window`` or
+  one it reads off the config beside an ``Attention(``: every one of them has a column (built, or not
+  built with its reason), never dropped;
+* a new column's window from transformers' ``configuration_<model_type>.py`` read as text (its
+  ``sliding_window: ... = N`` default), not through the config class: the column asks for that window;
+* the table's build over a faked child: one fork per distinct parameter set, every column a cell, a
+  refusal of a column that passes sinks cites the model file's line, a column not built says why.
+
+The overlays are ``matrix`` (they need the vLLM wheels); the table's assembly runs everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import skip_module_unless
+
+skip_module_unless("transformers")
+
+
+def _overlay(version: str) -> Path:
+    from swa_repro.vllm.provision import provision
+
+    try:
+        return provision(version)[0]
+    except Exception as e:  # noqa: BLE001 - no cached wheel and no package index
+        pytest.skip(f"cannot provision vllm=={version}: {e}")
+
+
+def _by_grep(overlay: Path) -> set[str]:
+    """Architectures whose registry module (one file) hands a window or reads one off the config."""
+    models = overlay / "vllm/model_executor/models"
+    text = (overlay / "vllm/model_executor/models/registry.py").read_text()
+    out = set()
+    for a, mod in re.findall(r'^\s*"(\w+)": \(\s*"(\w+)",', text, re.MULTILINE):
+        f = models / f"{mod}.py"
+        if not f.is_file():
+            continue
+        src = f.read_text()
+        hands = re.search(r"per_layer_sliding_window=(?!per_layer_sliding_window\b|None\b)", src)
+        reads = re.search(r"config\.(sliding_window|use_sliding_window)\b", src)
+        if hands or reads:
+            out.add(a)
+    return out
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", ("0.20.0", "0.34.0"))
+def test_every_architecture_whose_file_hands_or_reads_a_window_has_a_column(version):
+    from swa_repro.vllm import archs
+
+    overlay = _overlay(version)
+    cols = archs.plan(version, overlay)
+    want = _by_grep(overlay) - archs.family_archs()
+    assert len(want) > 20 and want <= set(cols), sorted(want - set(cols))
+    for a, c in cols.items():
+        assert ("fam" in c) != ("not_built" in c), a
+        if "not_built" in c:
+            assert len(c["not_built"]) > 40, (a, c["not_built"])  # says why, and what to do
+        rel, line = c["window"].split(":")[:2]
+        assert re.search(r"sliding_window|layer_types", (overlay / rel).read_text().splitlines()[int(line) - 1]), a
+    assert sum("fam" in c for c in cols.values()) >= 10
+
+
+def _config_default(model_type: str, key: str = "sliding_window") -> int:
+    """transformers' published default of ``key`` for ``model_type``, read as text from its
+    ``configuration_<model_type>.py`` (``sliding_window: int | None = 4096``), not through the class."""
+    import importlib.util
+
+    root = Path(importlib.util.find_spec("transformers").origin).parent / "models" / model_type
+    text = (root / f"configuration_{model_type}.py").read_text()
+    return int(re.search(rf"^\s*{key}\s*(?::[^=\n]+)?=\s*(\d+)", text, re.MULTILINE).group(1))
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("arch,model_type", [("VaultGemmaForCausalLM", "vaultgemma"),
+                                             ("Exaone4ForCausalLM", "exaone4")])
+def test_a_new_columns_window_is_its_published_configs(arch, model_type):
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    facts = archs.discover(overlay)
+    assert arch in facts and arch not in archs.family_archs()
+    c = archs.column(arch, facts[arch], "0.34.0", overlay)
+    w = _config_default(model_type)
+    fam = c["fam"]
+    assert fam["hf_sliding_window"] == w and fam["layers"]["sliding"]["sliding_window"] == w
+    assert fam["layers"]["sliding"]["hf_window_left"] == w - 1 and fam["layers"]["full"]["sliding_window"] is None
+    assert fam["sources"]["window"].startswith("vllm/model_executor/models/")
+
+
+@pytest.mark.matrix
+def test_a_column_passing_sinks_is_built_with_them_and_its_line():
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    cols = archs.plan("0.34.0", overlay)
+    sinks = {a: c for a, c in cols.items() if "fam" in c and any(x["sinks"] for x in c["fam"]["layers"].values())}
+    assert "OpenAIPrivacyFilterForTokenClassification" in sinks
+    for a, c in sinks.items():
+        rel, line = c["fam"]["sources"]["sinks"].split(":")[:2]
+        assert "sinks=" in (overlay / rel).read_text().splitlines()[int(line) - 1], a
+
+
+# ----------------------------------------------------------------------------- the table's assembly
+def _fam(name: str, window: int, sinks: bool = False) -> dict:
+    layer = {"sliding_window": window, "logits_soft_cap": None, "scale": 0.1, "sinks": sinks,
+             "hf_window_left": window - 1}
+    return {"family": name, "num_qo_heads": 8, "num_kv_heads": 2, "head_dim": 64, "hf_sliding_window": window,
+            "hf_cap": None, "layers": {"sliding": layer}, "how": "test",
+            "sources": {"window": "m.py:1: w", "sinks": "vllm/model_executor/models/m.py:7: sinks=self.sinks"
+                        if sinks else "no sinks passed"}}
+
+
+def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monkeypatch, tmp_path):
+    from swa_repro.engine import families as ef
+    from swa_repro.vllm import arch_table, archs, audit, provision
+
+    cols = {"A": {"architecture": "A", "window": "m.py:1", "fam": _fam("A", 128)},
+            "B": {"architecture": "B", "window": "m.py:1", "fam": _fam("B", 128)},
+            "S": {"architecture": "S", "window": "m.py:1", "fam": _fam("S", 128, sinks=True)},
+            "N": {"architecture": "N", "window": "m.py:1", "not_built": "no published config: because"},
+            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E("}}}
+    driven = []
+
+    def fake_run(version, families, gpus, **k):
+        driven.append(families)
+        audits = {}
+        for f in k["fams"]:
+            sink = any(x["sinks"] for x in f["layers"].values())
+            audits[f["family"]] = {"platform": {"flashinfer_valid": not sink, "flashinfer_reasons": ["sinks"],
+                                                "default": "FLASHINFER"},
+                                   "rows": [{"layer": "sliding", "path": "prefill", "asked": {"window_left": 127},
+                                             "kernels": [{"kernel": "k", "how": "run", "differs": []}]}]}
+        return {"audits": {"9.0": audits}}, 1.0, {}
+
+    backend = tmp_path / "vllm/v1/attention/backends/flashinfer.py"
+    backend.parent.mkdir(parents=True)
+    backend.write_text("class FlashInferBackend:\n    @classmethod\n    def supports_sink(cls) -> bool:\n")
+    monkeypatch.setattr(provision, "provision", lambda v: (tmp_path, {}))
+    monkeypatch.setattr(archs, "plan", lambda v, o: cols)
+    monkeypatch.setattr(audit, "run_release", fake_run)
+    gpus = [ef.GPU_CLASSES["sm90"]]
+    doc = arch_table.build("9.9.9", gpus, note=lambda s: None)
+    assert len(driven) == 1 and len(driven[0]) == 2  # A and B ask the same: one fork
+    cells = doc["cells"]["sm90"]
+    assert set(cells) == set(cols)
+    assert cells["A"]["state"] == cells["B"]["state"] == "not affected"
+    assert cells["S"]["state"] == "refused" and "m.py:7: sinks=self.sinks" in cells["S"]["why"][-2]
+    assert cells["S"]["why"][-1].startswith("the backend: vllm/v1/attention/backends/flashinfer.py:3: def supports_sink")
+    assert cells["N"]["state"] == "not built" and cells["N"]["why"] == ["no published config: because"]
+    assert cells["E"]["state"] == "refused" and "encoder-only attention (m.py:3: E()" in cells["E"]["why"][0]
+    md = "\n".join(arch_table.lines({"architectures": {"9.9.9": doc}}, gpus))
+    assert "| A | not affected |" in md and "| S | refused: sinks |" in md and "N (9.9.9)" in md
+    assert "| E | refused: encoder-only |" in md
+
+
+@pytest.mark.matrix
+def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
+    """ModernBert's layers are bidirectional (``EncoderOnlyAttention``), which FlashInferImpl refuses; driven as
+    a decoder they read as a window off by one against transformers' causal convention (a false finding)."""
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    src = (overlay / "vllm/model_executor/models/modernbert.py").read_text()
+    assert "EncoderOnlyAttention(" in src  # the second route: the model file's text
+    c = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], "0.34.0", overlay)
+    assert "modernbert.py" in c["fam"]["encoder_only"]
+    got = archs.encoder_refusal(overlay, c["fam"])
+    assert got["state"] == "refused" and "flashinfer.py:" in got["why"][0]
+    assert "ModernBertModel" not in archs.groups({"ModernBertModel": c})[1]
+    facts = archs.discover(overlay)
+    for a in ("Gemma3TextModel", "MistralModel"):  # their files pick EncoderOnlyAttention for a bidirectional config
+        col = archs.column(a, facts[a], "0.34.0", overlay)  # only: a decoder at the published defaults
+        assert "fam" in col and not col["fam"].get("encoder_only"), (a, col.get("not_built"))
