@@ -224,8 +224,8 @@ def test_a_plain_audit_entry_with_its_findings_stripped_is_recomputed(tmp_path, 
 
 def test_a_vllm_cell_with_no_row_is_not_driven_and_exits_1(monkeypatch, capsys):
     """``vllm.verdict`` started from "not affected": a cell with no row at all read as an all-clear."""
-    from swa_repro.vllm import audit as va
-    from swa_repro.vllm import verdict as vv
+    from swa_repro.vllm.audit import core as va
+    from swa_repro.vllm.audit import verdict as vv
 
     fam = {"family": "gemma2", "layers": {"sliding": {"hf_window_left": 4095}}}
     assert vv.cell({"family": fam, "rows": []})["state"] == "not driven"
@@ -517,8 +517,8 @@ SNIPPET = '''class FlashInferMetadataBuilder:
 def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, monkeypatch, capsys, action):
     """The cap-route edits applied to both files, then the prefill route's argument line removed
     (its call otherwise whole): not "applied", and apply neither says "nothing to do" nor writes anything."""
-    from swa_repro.vllm import fix as vfix
-    from swa_repro.vllm import fix_utils
+    from swa_repro.vllm.fix import fixes as vfix
+    from swa_repro.vllm.fix import flashinfer_utils as fix_utils
     from swa_repro.vllm.provision import BACKEND
     from tests.test_vllm_fix_rule import UTILS_SNIPPET
 

@@ -28,9 +28,9 @@ def nothing_runs(monkeypatch, tmp_path):
     from swa_repro.sglang.audit import cli as scli
     from swa_repro.sglang.audit import family_run, family_table, release
     from swa_repro.sglang.audit import table as at
-    from swa_repro.vllm import audit as va
     from swa_repro.vllm import provision as vp
-    from swa_repro.vllm import table as vt
+    from swa_repro.vllm.audit import core as va
+    from swa_repro.vllm.audit import table as vt
 
     monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "cache"))
     for mod, name in ((provision, "provision"), (overlay_run, "run_child"), (release, "run_child"),

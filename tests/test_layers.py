@@ -94,7 +94,7 @@ def test_no_module_imports_a_higher_layer():
     ("swa_repro.sglang.check", "from swa_repro import notebook\n", "swa_repro.notebook"),
     ("swa_repro.notebook.story", "from swa_repro.cli import main\n", "swa_repro.cli"),
     ("swa_repro.engine.child", "from swa_repro.sglang import provision\n", "swa_repro.sglang"),
-    ("swa_repro.vllm.drive", "from swa_repro.sglang.audit.env import CpuTorch\n", "swa_repro.sglang.audit.env"),
+    ("swa_repro.vllm.audit.drive", "from swa_repro.sglang.audit.env import CpuTorch\n", "swa_repro.sglang.audit.env"),
     ("swa_repro.sglang.audit.cli", "def f():\n    from swa_repro.vllm import cli\n", "swa_repro.vllm"),
 ])
 def test_checker_catches_a_synthetic_violation(module, source, expect):
@@ -314,7 +314,7 @@ def test_no_private_name_across_packages():
 
 
 @pytest.mark.parametrize("module, source, expect", [
-    ("swa_repro.vllm.drive", "from swa_repro.sglang.audit.env import _CpuTorch\n",
+    ("swa_repro.vllm.audit.drive", "from swa_repro.sglang.audit.env import _CpuTorch\n",
      ["swa_repro.sglang.audit.env._CpuTorch"]),
     ("swa_repro.sglang.audit.live", "def f():\n    from ..trace import _first_tensor\n",
      ["swa_repro.sglang.trace._first_tensor"]),

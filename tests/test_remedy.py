@@ -104,7 +104,7 @@ def test_a_layer_asking_another_window_than_hf_is_layer_not_hf_as_in_vllm():
     ``layer != HF`` (vllm.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
     there; no fix offered. A kernel told something else is still affected, with the window line beside."""
     from swa_repro.sglang.audit.family_run import answer
-    from swa_repro.vllm.verdict import judge
+    from swa_repro.vllm.audit.verdict import judge
 
     a = answer(_cohere2_fixed("exact"), "sm90")
     assert a["state"] == LAYER_NOT_HF and a["why"] == ["sliding layer asks window_left 4096, transformers' mask 4095"]
@@ -325,8 +325,8 @@ def _vllm_doc(capped=True, default="FLASH_ATTN", error=None):
 def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
     """Issue #42 item 7: the verdict was one ~1,000-character line, named no remedy, and did not say
     that FlashInfer is not vLLM's default on sm90."""
-    from swa_repro.vllm.audit import render
-    from swa_repro.vllm.verdict import FLASHINFER_FLAG
+    from swa_repro.vllm.audit.core import render
+    from swa_repro.vllm.audit.verdict import FLASHINFER_FLAG
 
     lines = render(_vllm_doc(), "0.34.0", fam.GPU_CLASSES["sm90"])
     answer = lines[next(i for i, ln in enumerate(lines) if ln.startswith("  ANSWER: ")):]
@@ -346,7 +346,7 @@ def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
     (_vllm_doc(capped=False), "any", 0), (_vllm_doc(error="RuntimeError: no driver"), "never", 1),
 ])
 def test_vllm_audit_exit_status(doc, fail_on, rc, monkeypatch, capsys):
-    from swa_repro.vllm import audit
+    from swa_repro.vllm.audit import core as audit
 
     monkeypatch.setattr(audit, "run_release", lambda *a, **k: (
         {"audits": {"9.0": {"gemma2": doc}}, "families": [doc["family"]]}, 0.1, {"cache": "hit"}))

@@ -16,7 +16,8 @@ import types
 
 import pytest
 
-from swa_repro.vllm import fix, fix_utils
+from swa_repro.vllm.fix import fixes as fix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 
 
 def _vllm_modules() -> dict:
@@ -218,7 +219,7 @@ def test_before_032_the_builder_refuses_nvfp4_with_a_cap(tmp_path, monkeypatch, 
 
 def test_hunks_read_both_files_structure_not_comments():
     """Each edit is read from the code: a fixed file with one edit's code removed is partly applied."""
-    from swa_repro.vllm import patch
+    from swa_repro.vllm.patch import cli as patch
 
     texts = {patch.UTILS: fix_utils.edit(UTILS_SNIPPET, "x"), patch.BACKEND: fix.edit(BACKEND_SNIPPET, "x")}
     assert patch.state(texts, "x") == "applied"
@@ -232,7 +233,7 @@ def test_hunks_read_both_files_structure_not_comments():
 def test_vllms_unit_test_fails_shipped_and_passes_fixed(tmp_path, version):
     """The upstream diff's test (``fix_pytest``) on the release's own files, CPU: it fails on the
     shipped overlay (no ``has_logits_soft_cap``) and passes on the fixed one."""
-    from swa_repro.vllm.fix_pytest import run
+    from swa_repro.vllm.fix.unit_test import run
     from swa_repro.vllm.provision import provision
 
     overlay = provision(version)[0]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.vllm import fix as vfix
-from swa_repro.vllm import fix_utils
+from swa_repro.vllm.fix import fixes as vfix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 from swa_repro.vllm.provision import BACKEND
 from tests.test_vllm_fix_rule import UTILS_SNIPPET
 

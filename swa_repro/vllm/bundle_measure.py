@@ -20,7 +20,7 @@ from swa_repro.evidence.bundle import IMPORT_DEPS
 from swa_repro.evidence.site_view import site_view
 from swa_repro.evidence.vllm_bundle import IMAGE_KNOWN, REPO, unpack_vllm, vllm_wheel
 
-# What the live child (swa_repro/vllm/live.py run) imports, with the real flashinfer: drive.setup with
+# What the live child (swa_repro/vllm/audit/live.py run) imports, with the real flashinfer: drive.setup with
 # live_kernels.install_real (the audit's CUDA platform, then the release's FlashInfer backend), the
 # vLLM modules drive.setup and vllm.paths use, and families.resolve for gemma2 and cohere2. A string,
 # run in a child (where only the device image's distributions are importable).

@@ -21,7 +21,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.core.exit_status import exit_status
 from swa_repro.engine import families as ef
-from swa_repro.vllm import verdict as vv
+from swa_repro.vllm.audit import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
 DEFAULT_FAMILY = "gemma2"
@@ -60,7 +60,7 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
 
     overlay, info = provision(version)
     if fix:
-        from swa_repro.vllm.fix import fixed_overlay
+        from swa_repro.vllm.fix.fixes import fixed_overlay
 
         overlay = fixed_overlay(version, overlay)
     note(f"vllm {version}{' with --fix ' + fix if fix else ''}: overlay {overlay} "
@@ -71,7 +71,7 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
         from swa_repro.vllm.checkpoint import resolve
 
         args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
-    parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
+    parts = {"module": "swa_repro.vllm.audit.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "engine", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
                       valid=lambda d: whole(d, families, gpus))
@@ -103,7 +103,7 @@ def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode
     chosen = live_paths(paths)
     overlay, _ = provision(version)
     if fix:
-        from swa_repro.vllm.fix import fixed_overlay
+        from swa_repro.vllm.fix.fixes import fixed_overlay
 
         overlay = fixed_overlay(version, overlay)
     card = None
@@ -120,11 +120,11 @@ def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode
              f"({'real FlashInfer' if card else 'CPU model of what each kernel is told'})")
         args = ["--families", ",".join(families), "--paths", ",".join(chosen), "--device", "cuda" if card else "cpu",
                 "--arch", arch(g), "--budget-s", str(budget), "--deps", str(overlay / ".deps")]
-        out[g.name] = _child(overlay, args, f"vllm {version} live", "swa_repro.vllm.live")["document"]
+        out[g.name] = _child(overlay, args, f"vllm {version} live", "swa_repro.vllm.audit.live")["document"]
     return out
 
 
-def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.drive") -> dict:
+def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.audit.drive") -> dict:
     from swa_repro.engine.child import run_module
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -179,7 +179,7 @@ def main(a) -> int:
         families = [ck.architecture]
     fix = None
     if a.fix is not None or a.diff:
-        from swa_repro.vllm import fix as vfix
+        from swa_repro.vllm.fix import fixes as vfix
 
         fix = vfix.check(a.fix)
         if a.diff:
@@ -216,7 +216,7 @@ def main(a) -> int:
             d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
             print("\n".join(render(d, a.vllm + (f" with --fix {fix}" if fix else ""), g)))
     if live:
-        from swa_repro.vllm.live_report import render as render_live
+        from swa_repro.vllm.audit.live_report import render as render_live
 
         for g, d in live.items():
             print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
@@ -247,7 +247,7 @@ def cell_states(doc: dict, families: list[str], gpus: list[ef.GpuClass]) -> list
 
 
 def live_paths(paths: str | None) -> list[str]:
-    from swa_repro.vllm.live import LIVE_PATHS, OPTIONS
+    from swa_repro.vllm.audit.live import LIVE_PATHS, OPTIONS
 
     chosen = [x.strip() for x in (paths or ",".join(LIVE_PATHS)).split(",") if x.strip()]
     bad = [x for x in chosen if x not in LIVE_PATHS + OPTIONS]

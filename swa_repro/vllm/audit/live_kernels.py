@@ -28,7 +28,7 @@ import math
 import torch
 
 from swa_repro.engine.standins import DecodeStandIn, PagedStandIn
-from swa_repro.vllm import standins
+from swa_repro.vllm.audit import env as standins
 
 # what vLLM's backend binds from flashinfer and runs (0.30.0-0.34.0 flashinfer.py imports; XQA
 # through vllm/utils/flashinfer.py's lazy ``flashinfer.decode.xqa_batch_decode_with_kv_cache``)

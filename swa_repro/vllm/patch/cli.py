@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.vllm import fix as vfix
-from swa_repro.vllm import fix_utils
+from swa_repro.vllm.fix import fixes as vfix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 from swa_repro.vllm.provision import BACKEND
 
 UTILS = fix_utils.UTILS
