@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.sglang.audit.keys import tree_intended
+from swa_repro.sglang.audit.intended import tree_intended
 from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix import upstream as up
 
@@ -95,7 +95,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 def test_the_kit_tree_is_the_oracles_tree(texts):
     """The kit's topk > 1 draft mask is the tree (-1, 0, 0): each row its ancestors and itself."""
-    from swa_repro.sglang.audit.keys import tree_oracle
+    from swa_repro.sglang.audit.intended import tree_oracle
 
     draft = _functions(texts[ke.VERIFY], ("_draft_tree_mask",))["_draft_tree_mask"](draft_token_num=3, topk=2,
                                                                                       device="cpu")

@@ -32,10 +32,12 @@ import torch
 
 from swa_repro.core.errors import UsageError
 from swa_repro.kernel.model import simulate
+from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit.attended import plan_case
+from swa_repro.sglang.audit.calls import bind, geometry, given
 from swa_repro.sglang.audit.env import DECODE, PAGED
-from swa_repro.sglang.audit.keys import bind, geometry, given, plan_case
 from swa_repro.sglang.audit.reports import (  # noqa: F401  (what the findings say: notebook 05, audit.cli)
     REPORTS,
     advice,
@@ -149,7 +151,7 @@ def consequence(param: str, cls_name: str, backend: str, n_outside: int | None, 
 def analyze(run: ap.PathRun) -> list[Finding]:
     """Findings of one driven path: per wrapper, each forward vs the plan before it (a replay:
     the replayed plan vs the captured forward)."""
-    return [f for p in ak.pairs(run) for f in _compare(run, p.cls, p.backend, p.wrapper, p.plan, p.fwd, p.stage)]
+    return [f for p in ac.pairs(run) for f in _compare(run, p.cls, p.backend, p.wrapper, p.plan, p.fwd, p.stage)]
 
 
 def _compare(run, cls, backend, wid, plan_rec, fwd_rec, stage) -> list[Finding]:

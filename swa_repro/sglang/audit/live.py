@@ -34,8 +34,9 @@ import torch
 from swa_repro.core.reference import masked_attention
 from swa_repro.engine.tolerance import ATOL, RTOL
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
+from swa_repro.sglang.audit.calls import Pair, pairs
 from swa_repro.sglang.audit.env import RAGGED
-from swa_repro.sglang.audit.keys import Pair, call_keys, pairs
+from swa_repro.sglang.audit.keys import call_keys
 from swa_repro.sglang.trace import decode
 from swa_repro.sglang.trace import first_tensor as _first_tensor
 
