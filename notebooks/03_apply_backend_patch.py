@@ -54,7 +54,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("03_apply_backend_patch", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode
 
 output_dir = artifact_set("03_apply_backend_patch", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")

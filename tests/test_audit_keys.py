@@ -14,6 +14,7 @@ skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.core.reference import visible  # noqa: E402
+from swa_repro.engine.tolerance import ATOL, RTOL  # noqa: E402
 from swa_repro.sglang.audit import calls as ac  # noqa: E402
 from swa_repro.sglang.audit import core as audit  # noqa: E402
 from swa_repro.sglang.audit import env  # noqa: E402
@@ -138,7 +139,7 @@ def test_live_judging_counts_the_rows_a_windowless_kernel_gets_wrong(runs, path)
     expect = sum(int((((rk.k_pos[None] <= rk.q_pos[:, None]) & ~rk.intended).any(1)).sum())
                  for p in ac.pairs(run) for rk in audit_keys.call_keys(p, run.snapshot, 8))
     assert s["executed"] == 1 and s["wrong_rows"] == expect > 0 and s["backends"] == ["causal"]
-    assert s["max_err_uncapped"] == s["max_err_intended"] > audit_live.ATOL
+    assert s["max_err_uncapped"] == s["max_err_intended"] > ATOL
 
 
 def test_live_judging_on_the_kernel_model_agrees_with_the_key_level_prediction(runs):
@@ -175,8 +176,8 @@ def test_the_live_judge_predicts_with_the_backend_that_ran():
     as_ran = audit_live.judge(p, out, snap, 40, 0.0, ran="fa2")
     recorded = audit_live.judge(p, out, snap, 40, 0.0)
     assert as_ran.wrong_rows == recorded.wrong_rows > 0
-    assert as_ran.max_err_predicted <= audit_live.ATOL and as_ran.max_excess_predicted <= audit_live.ATOL
-    assert recorded.max_err_predicted > audit_live.ATOL
+    assert as_ran.max_err_predicted <= ATOL and as_ran.max_excess_predicted <= ATOL
+    assert recorded.max_err_predicted > ATOL
     assert as_ran.predicted_wrong_rows == as_ran.wrong_rows < recorded.predicted_wrong_rows
 
 
@@ -191,9 +192,9 @@ def test_the_model_agrees_within_a_bf16_ulp_of_the_reference_not_beyond():
     qo = len(snap["positions"])
     causal = torch.arange(qo)[None, :] <= torch.arange(qo)[:, None]  # what a window of 1000 leaves
     ref = masked_attention(fwd["q"], fwd["k"], fwd["v"], causal.numpy(), 1 / 8)
-    for out, agrees in ((ref * (1 + 0.9 * audit_live.RTOL), True), (ref + 0.1, False)):
+    for out, agrees in ((ref * (1 + 0.9 * RTOL), True), (ref + 0.1, False)):
         o = audit_live.judge(big, out, snap, 1000, 0.0, ran="fa2")
-        assert o.max_err_predicted > audit_live.ATOL
+        assert o.max_err_predicted > ATOL
         assert audit_live.summarize([o])["model_agrees"] is agrees, (o.max_err_predicted, o.max_excess_predicted)
 
 

@@ -61,12 +61,8 @@ def test_standin_wrappers_take_flashinfers_parameters():
 def test_sink_wrapper_is_a_paged_wrapper_recorded_once():
     """vLLM asserts ``isinstance(wrapper, BatchPrefillWithPagedKVCacheWrapper)`` of the sink wrapper
     (flashinfer subclasses it); its calls are recorded under its own name only."""
-    from swa_repro.vllm.audit.env import (
-        PagedStandIn,
-        Recorder,
-        SinkStandIn,
-        recording_wrapper,
-    )
+    from swa_repro.engine.standins import PagedStandIn
+    from swa_repro.vllm.audit.env import Recorder, SinkStandIn, recording_wrapper
 
     rec = Recorder()
     paged = recording_wrapper("BatchPrefillWithPagedKVCacheWrapper", PagedStandIn, rec)
@@ -108,12 +104,8 @@ def test_a_cuda_graph_replay_runs_the_module_its_capture_planned(capture_window,
     runs without them; after a capture planned with them, with them."""
     import torch
 
-    from swa_repro.vllm.audit.env import (
-        DecodeStandIn,
-        Recorder,
-        fast_decode_plan,
-        recording_wrapper,
-    )
+    from swa_repro.engine.standins import DecodeStandIn
+    from swa_repro.vllm.audit.env import Recorder, fast_decode_plan, recording_wrapper
     from swa_repro.vllm.audit.paths import told, verdict
 
     rec = Recorder()
@@ -135,7 +127,8 @@ def test_fast_decode_plan_keeps_no_cap_as_zero_as_flashinfers_does():
     forward asserts (``decode_wrapper._logits_soft_cap == (self.logits_soft_cap or 0.0)``)."""
     import torch
 
-    from swa_repro.vllm.audit.env import DecodeStandIn, Recorder, fast_decode_plan
+    from swa_repro.engine.standins import DecodeStandIn
+    from swa_repro.vllm.audit.env import Recorder, fast_decode_plan
 
     w = DecodeStandIn(torch.zeros(8), "NHD", use_cuda_graph=True)
     fast_decode_plan(Recorder())(w, torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), 8, 2, 64, 16,
@@ -227,12 +220,13 @@ def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
 def test_committed_table_renders_from_its_json():
     """docs/audit/vllm-releases.md is what ``table.markdown`` makes of the committed JSON."""
     from swa_repro.engine import families as sf
+    from swa_repro.engine.provenance import TABLE_DIR
     from swa_repro.vllm.audit import table
 
-    p = table.TABLE_DIR / f"{table.NAME}.json"
+    p = TABLE_DIR / f"{table.NAME}.json"
     t = json.loads(p.read_text())
     md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
-    assert md == (table.TABLE_DIR / f"{table.NAME}.md").read_text()
+    assert md == (TABLE_DIR / f"{table.NAME}.md").read_text()
     assert list(t["releases"]) == list(table.TABLE_RELEASES) and t["provenance"]["command"].startswith("swa-repro")
 
 
@@ -319,7 +313,8 @@ def test_release_table_findings(version):
 @pytest.mark.slow
 def test_notebook_08_vllm(tmp_path):
     """Notebook 08 (the committed tables, one heatmap, the live recording) runs headless with its checks passing."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
     assert r["status"] == "ok", r["error"]

@@ -151,9 +151,10 @@ def test_fix_bad_input_is_one_line(argv, says, capsys):
 
 def test_committed_fixed_table_renders_from_its_json():
     from swa_repro.engine import families as sf
+    from swa_repro.engine.provenance import TABLE_DIR
     from swa_repro.vllm.audit import table
 
-    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
+    p = TABLE_DIR / "fixed" / f"{table.NAME}.json"
     t = json.loads(p.read_text())
     md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
     assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
@@ -171,7 +172,7 @@ def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
     """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
     and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.audit import table
+    from swa_repro.engine.provenance import TABLE_DIR
     from swa_repro.vllm.audit.core import run_release
     from swa_repro.vllm.audit.verdict import cell
     from swa_repro.vllm.fix.fixes import upstream_diff
@@ -186,5 +187,5 @@ def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
             "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
     assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
         "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
-    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
+    committed = (TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
     assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])

@@ -220,12 +220,13 @@ def test_before_032_the_builder_refuses_nvfp4_with_a_cap(tmp_path, monkeypatch, 
 def test_hunks_read_both_files_structure_not_comments():
     """Each edit is read from the code: a fixed file with one edit's code removed is partly applied."""
     from swa_repro.vllm.patch import cli as patch
+    from swa_repro.vllm.provision import BACKEND
 
-    texts = {patch.UTILS: fix_utils.edit(UTILS_SNIPPET, "x"), patch.BACKEND: fix.edit(BACKEND_SNIPPET, "x")}
+    texts = {patch.UTILS: fix_utils.edit(UTILS_SNIPPET, "x"), BACKEND: fix.edit(BACKEND_SNIPPET, "x")}
     assert patch.state(texts, "x") == "applied"
     half = {**texts, patch.UTILS: texts[patch.UTILS].replace("    if has_logits_soft_cap:\n", "    if False:\n", 1)}
     assert patch.state(half, "x").startswith("partly applied (missing: can_use_trtllm_attention argument")
-    assert patch.state({patch.UTILS: UTILS_SNIPPET, patch.BACKEND: BACKEND_SNIPPET}, "x") == "needed"
+    assert patch.state({patch.UTILS: UTILS_SNIPPET, BACKEND: BACKEND_SNIPPET}, "x") == "needed"
 
 
 @pytest.mark.matrix

@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 
+from swa_repro.engine.provenance import TABLE_DIR
 from swa_repro.vllm.audit import table, verdict
 
 STATES = ("not affected", "layer != HF", "affected", "refused", "not driven")
@@ -15,7 +16,7 @@ COLORS = ("#cfe8cf", "#f3e3a1", "#e8837a", "#c9c9c9", "#ffffff")
 
 
 def load(fixed: bool = False) -> dict:
-    folder = table.TABLE_DIR / "fixed" if fixed else table.TABLE_DIR
+    folder = TABLE_DIR / "fixed" if fixed else TABLE_DIR
     return json.loads((folder / f"{table.NAME}.json").read_text())
 
 
@@ -75,7 +76,7 @@ def heatmap(df: pd.DataFrame, title: str):
 
 
 # ----------------------------------------------------------------------------- on the kernel (issue #27's live step)
-LIVE_CALL = table.TABLE_DIR.parents[1] / "recordings" / "vllm-live" / "0.33.0" / "call-20261205T2228-h200"
+LIVE_CALL = TABLE_DIR.parents[1] / "recordings" / "vllm-live" / "0.33.0" / "call-20261205T2228-h200"
 LIVE_VERSION, LIVE_PATHS = "0.33.0", "decode,mixed"
 
 

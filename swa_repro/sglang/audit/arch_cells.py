@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.sglang import model_configs as mc
+from swa_repro.engine.families import MODELS
 from swa_repro.sglang import swa_archs
 
 CRASH = "crashes on FlashInfer"
@@ -75,7 +75,7 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
     from swa_repro.sglang import checkpoint as ckpt
 
     srt = overlay / "sglang" / "srt"
-    family_archs = {a for _, _, a in mc.MODELS.values()}
+    family_archs = {a for _, _, a in MODELS.values()}
     smalls, static = {}, {}
     for a in swa_archs.discover(srt):
         if a.architecture in family_archs:
@@ -122,6 +122,7 @@ def column_config(a, version: str, overlay: Path):
     import transformers
 
     from swa_repro.core import checkpoint_config as cc
+    from swa_repro.core.checkpoint_config import config_object
     from swa_repro.sglang import checkpoint as ckpt
     from swa_repro.sglang import release_configs
 
@@ -134,7 +135,7 @@ def column_config(a, version: str, overlay: Path):
             values = {**transformers_defaults(mt), **values}
         provides = frozenset([*rel.get("attrs", []), *rel.get("defaults", {})])
         return ckpt.Checkpoint(a.architecture, f"transformers defaults of model_type {mt}", values, a.architecture,
-                               *ckpt.config_object(values, mt), provides)
+                               *config_object(values, mt), provides)
     mt, how = release_configs.model_type_for(a.architecture, overlay / "sglang" / "srt" / "models" / a.model_file,
                                              types)
     if mt is None:
@@ -204,7 +205,7 @@ def published_keys(model_type: str) -> dict:
     from swa_repro.engine import families as fam
 
     cls = CONFIG_MAPPING_NAMES.get(model_type)
-    return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in mc.MODELS.items() if c == cls), {})
+    return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in MODELS.items() if c == cls), {})
 
 
 @cache

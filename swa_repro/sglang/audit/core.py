@@ -38,13 +38,6 @@ from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.attended import plan_case
 from swa_repro.sglang.audit.calls import bind, geometry, given
 from swa_repro.sglang.audit.env import DECODE, PAGED
-from swa_repro.sglang.audit.reports import (  # noqa: F401  (what the findings say: notebook 05, audit.cli)
-    REPORTS,
-    advice,
-    report_table,
-    reports,
-    verdict,
-)
 from swa_repro.sglang.trace import PLAN_METHODS
 
 
@@ -217,7 +210,8 @@ def release_info() -> dict:
     file's state, classified from its structure (``patch.classify``)."""
     import sglang  # lazy: optional and slow to import
 
-    from swa_repro.sglang import harness, patch
+    from swa_repro.sglang import harness
+    from swa_repro.sglang.patch.classify import classify
 
     from swa_repro.sglang import fix
 
@@ -225,7 +219,7 @@ def release_info() -> dict:
     fixes = {}
     try:
         text = open(path).read()
-        state = patch.classify(text).state
+        state = classify(text).state
         fixes = {n: s.state for n, s in fix.states(text).items()}  # `swa-repro patch --fix` (0.5.14+)
     except Exception as e:  # a file the classifier cannot read is "unknown", said why
         state = f"unknown ({type(e).__name__})"

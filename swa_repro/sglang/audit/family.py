@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_repro.engine.families import FULL, SLIDING, GpuClass, small_config
+from swa_repro.core.checkpoint_config import FULL, SLIDING
+from swa_repro.engine.families import GpuClass, small_config
 from swa_repro.sglang import harness, releases, releases_kit
 from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit import core as audit_core
@@ -304,6 +305,6 @@ def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dic
 
 
 def mc_name(family: str) -> str:
-    from swa_repro.sglang.model_configs import MODELS
+    from swa_repro.engine.families import MODELS
 
     return MODELS[family][0]

@@ -94,7 +94,7 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
 
 
 def _before_fixes(release: str) -> bool:
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     return parse(release) < parse(FIRST_FIXABLE)
 

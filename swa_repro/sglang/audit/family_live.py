@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from swa_repro.engine.families import GPU_CLASSES, SLIDING, GpuClass
+from swa_repro.core.checkpoint_config import SLIDING
+from swa_repro.engine.families import GPU_CLASSES, GpuClass
 from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit.env import DECODE
 from swa_repro.sglang.audit.gpu_backends import backend_of

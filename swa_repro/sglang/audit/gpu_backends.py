@@ -5,9 +5,9 @@ whether the layer's cap survives. The key verdict (``audit.family.record``) and 
 
 from __future__ import annotations
 
+from swa_repro.engine.families import GpuClass
 from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit.env import DECODE
-from swa_repro.sglang.families import GpuClass
 
 
 def backend_of(gpu: GpuClass):

@@ -225,7 +225,7 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
     """One layer kind on one path: each stage's cap check on one builder (a CUDA-graph capture, then
     its replay: the replay re-plans through ``fast_decode_plan``), the last stage's kernels and keys."""
     from swa_repro.core.case import Case
-    from swa_repro.vllm.audit.paths import PAGE
+    from swa_repro.vllm.audit.kvcache import PAGE
 
     fam, w = drive.fam, asked["window_left"]
     kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"

@@ -236,4 +236,4 @@ def main(a) -> int:
     return 0
 
 
-__all__ = ["TABLE_DIR", "TABLE_RELEASES", "main"]
+__all__ = ["TABLE_RELEASES", "main"]
