@@ -225,7 +225,7 @@ def test_a_plain_audit_entry_with_its_findings_stripped_is_recomputed(tmp_path, 
 
 
 def test_a_vllm_cell_with_no_row_is_not_driven_and_exits_1(monkeypatch, capsys):
-    """``vllm.verdict`` started from "not affected": a cell with no row at all read as an all-clear."""
+    """``vllm.audit.verdict`` started from "not affected": a cell with no row at all read as an all-clear."""
     from swa_repro.vllm.audit import core as va
     from swa_repro.vllm.audit import verdict as vv
 

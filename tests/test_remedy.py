@@ -96,7 +96,7 @@ def _cohere2_fixed(verdict_vs_layer: str) -> dict:
 
 def test_a_layer_asking_another_window_than_hf_is_layer_not_hf_as_in_vllm():
     """Issue #40 point 4: every kernel told what the layer asks, the layer asking HF's inclusive count:
-    ``layer != HF`` (vllm.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
+    ``layer != HF`` (vllm.audit.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
     there; no fix offered. A kernel told something else is still affected, with the window line beside."""
     from swa_repro.sglang.audit.family_verdict import answer
     from swa_repro.vllm.audit.verdict import judge
@@ -298,7 +298,7 @@ def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path):
 
 # ----------------------------------------------------------------------------- the vLLM audit's answer
 def _vllm_doc(capped=True, default="FLASH_ATTN", error=None):
-    """One cell as ``vllm.drive`` documents it: gemma2, the prefill on the planned wrapper, every decode
+    """One cell as ``vllm.audit.drive`` documents it: gemma2, the prefill on the planned wrapper, every decode
     on XQA, told no soft cap where ``capped``."""
     fam = {"family": "gemma2", "hf_sliding_window": 4096, "hf_cap": 50.0, "head_dim": 256, "how": "Gemma2Config",
            "sources": {"window": "vllm/model_executor/models/gemma2.py:156"},

@@ -28,7 +28,7 @@ def _vllm_modules() -> dict:
 def _no_stand_in_vllm_left_behind():
     """A test here imports a stand-in ``vllm`` package from its tmp folder; monkeypatch restores only the
     modules it deleted, so the stand-in stayed in ``sys.modules`` and a later test of the same worker
-    found it as the installed vLLM (``vllm.patch.installed_backend``: "does not exist")."""
+    found it as the installed vLLM (``vllm.patch.cli.installed_backend``: "does not exist")."""
     before = _vllm_modules()
     yield
     for k in _vllm_modules():

@@ -83,7 +83,7 @@ LIVE_VERSION, LIVE_PATHS = "0.33.0", "decode,mixed"
 def live(mode: str) -> tuple[dict, str]:
     """``{site: live document}`` and where it comes from: on CUDA (``mode`` live) vLLM 0.33.0's backend
     run here on this GPU's FlashInfer for Gemma-2's decode and mixed batches, shipped and with
-    ``--fix cap-route`` (``vllm.audit.run_live``: minutes, most of them JIT builds); otherwise the
+    ``--fix cap-route`` (``vllm.audit.core.run_live``: minutes, most of them JIT builds); otherwise the
     committed H200 recording (``recordings/vllm-live``: every path, Gemma-2 and Cohere2)."""
     if mode == "live":
         from swa_repro.engine.families import GPU_CLASSES

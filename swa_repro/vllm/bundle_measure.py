@@ -2,7 +2,8 @@
 :func:`measure` runs :data:`PROBE` (the live child's imports, with the real flashinfer) in a child that
 sees only the device image, the flashinfer bundle and what was added so far, and adds the distribution of
 each ModuleNotFoundError until none is left. Nothing here is imported by the bundle command. vLLM's, not
-the evidence layer's: its probe runs the project's vLLM modules (``vllm.drive``, ``vllm.live``, ...)."""
+the evidence layer's: its probe runs the project's vLLM modules (``vllm.audit.drive``, ``vllm.audit.live``,
+...)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from swa_repro.evidence.vllm_bundle import IMAGE_KNOWN, REPO, unpack_vllm, vllm_
 
 # What the live child (swa_repro/vllm/audit/live.py run) imports, with the real flashinfer: drive.setup with
 # live_kernels.install_real (the audit's CUDA platform, then the release's FlashInfer backend), the
-# vLLM modules drive.setup and vllm.paths use, and families.resolve for gemma2 and cohere2. A string,
+# vLLM modules drive.setup and vllm.audit.paths use, and families.resolve for gemma2 and cohere2. A string,
 # run in a child (where only the device image's distributions are importable).
 PROBE = r"""
 import json, sys, traceback

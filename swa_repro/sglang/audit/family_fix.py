@@ -17,7 +17,7 @@ The rules read the cell's own facts (``family_verdict.cell_of``), never a family
   (``fix.family_fixes.commandr_window_hook``), and the backend's own findings on top.
 * ``layer != HF`` (``family_verdict.layer_off``: every kernel is told what the layer asks, the layer asks
   another window than transformers' mask; Cohere2 with the hook: HF's inclusive count, kept on
-  purpose as vLLM keeps it): no fix, the reason said, as ``vllm.verdict.remedy`` says it.
+  purpose as vLLM keeps it): no fix, the reason said, as ``vllm.audit.verdict.remedy`` says it.
 * on sm100 the ragged wrapper may be cutlass's (head dims 64/128, 192/128 from 0.5.21, 0.5.23
   flashinfer_backend.py:509-522; any head dim before), so an affected cell there names
   ``sm100_no_cutlass_window`` too (a no-op where the release keeps fa2).

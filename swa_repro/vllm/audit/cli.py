@@ -1,5 +1,5 @@
 """``swa-repro audit`` with ``--vllm VERSION``: the ``audit`` command the top-level CLI registered
-first (sglang's, ``sglang.audit.cli``: ``cli.COMMANDS``) extended by the vLLM audit (``vllm.audit``);
+first (sglang's, ``sglang.audit.cli``: ``cli.COMMANDS``) extended by the vLLM audit (``vllm.audit.core``);
 without ``--vllm`` the command's own function runs, unchanged. Nothing of sglang is imported here."""
 
 from __future__ import annotations

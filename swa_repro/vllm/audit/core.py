@@ -1,6 +1,6 @@
 """``swa-repro audit --vllm X [--model FAMILY[,..]|all] [--gpu CLASS[,..]]``: the parent side.
 
-Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` once per
+Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.audit.drive`` once per
 release in a child forked from the warm server (``engine.child.run_module``; the child forks
 once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
 families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
@@ -53,7 +53,7 @@ def arch(g: ef.GpuClass) -> str:
 def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, note=print,
                 fix: str | None = None, checkpoint=None) -> tuple[dict, float, dict]:
     """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
-    ``fix``: on a copy of the release with that fix (``vllm.fix``); ``checkpoint``: the user's
+    ``fix``: on a copy of the release with that fix (``vllm.fix.fixes``); ``checkpoint``: the user's
     config (``vllm.checkpoint``) audited instead of ``families``, checked against the release first."""
     from swa_repro.core.cache import cached, code_hash, interpreter
     from swa_repro.vllm.provision import content_digest, provision
@@ -95,7 +95,7 @@ def run_audit(version: str, family: str, gpu: ef.GpuClass, *, note=print) -> tup
 
 def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode: str, fix: str | None = None,
              paths: str | None = None, budget: float = 300.0, note=print) -> dict:
-    """The live step (``vllm.live``): ``mode`` live, this GPU's real FlashInfer for its own class
+    """The live step (``vllm.audit.live``): ``mode`` live, this GPU's real FlashInfer for its own class
     (any other class said, not run); ``model``, the CPU model of what each kernel is told, per
     class. -> ``{class: document or {"not_run": why}}``."""
     from swa_repro.vllm.provision import provision
@@ -169,8 +169,8 @@ def render(doc: dict, version: str, gpu: ef.GpuClass) -> list[str]:
 
 
 def main(a) -> int:
-    """``audit --vllm X`` (one release); ``--release-table`` is ``vllm.table.main``'s, which runs
-    this module's releases (``vllm.cli`` picks between them, so this module never imports the table)."""
+    """``audit --vllm X`` (one release); ``--release-table`` is ``vllm.audit.table.main``'s, which runs
+    this module's releases (``vllm.audit.cli`` picks between them, so this module never imports the table)."""
     from swa_repro.vllm.checkpoint import model_arg
 
     ck = model_arg(a.model, FAMILIES)  # the user's config.json read, or None (family names)

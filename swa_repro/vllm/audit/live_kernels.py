@@ -1,4 +1,4 @@
-"""The kernels the live vLLM run executes (``vllm.live``), recorded as the audit records them.
+"""The kernels the live vLLM run executes (``vllm.audit.live``), recorded as the audit records them.
 
 * ``install_real``: this GPU's real FlashInfer, every class and function vLLM's backend binds
   replaced *in flashinfer's own modules* by a recording subclass or function that delegates to it

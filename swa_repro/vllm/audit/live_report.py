@@ -1,4 +1,4 @@
-"""A live vLLM document (``vllm.live``) in words: one line per layer kind and path, and the answer
+"""A live vLLM document (``vllm.audit.live``) in words: one line per layer kind and path, and the answer
 per family and site (``python -m swa_repro.vllm.audit.live_report FILE...``; a recording's SUMMARY.md).
 
 A row's words come from its numbers only: the kernels that ran and what they were told, the rows
