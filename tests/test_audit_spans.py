@@ -2,7 +2,7 @@
 
 * the element rule of FlashInfer's causal and window masks (variants.cuh:79-89), checked key by key;
 * run-length encoding, index -> id runs and foreign counts against brute force on random layouts;
-* a draft tree's intended ids against ``audit.keys.tree_intended`` (dense, from parent links);
+* a draft tree's intended ids against ``audit.intended.tree_intended`` (dense, from parent links);
 * whole runs: every path x layer of the synthetic audit (installed sglang) gives what the dense
   ``audit.keys.keys_of_run`` gives, for the layer's window, one less and a third;
 * a real window (4096 keys, 4352-token prompts): counts from closed forms, no mask built.

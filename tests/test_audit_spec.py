@@ -2,7 +2,7 @@
 
 Oracles, each independent of the code it checks:
 
-* the key oracle (``audit.keys.tree_oracle`` / ``tree_intended``) on a hand-made tree, against key sets
+* the key oracle (``audit.intended.tree_oracle`` / ``tree_intended``) on a hand-made tree, against key sets
   written out by hand;
 * the EAGLE layout the audit hands sglang (``audit.spec.eagle_tree_layout``) against sglang 0.5.23's own
   ``build_tree_kernel_efficient`` Triton kernel (run by Triton's interpreter), and the tree part of that

@@ -128,7 +128,7 @@ def test_graph_mode_refuses_a_mask_without_a_buffer_and_eager_forgets_it():
 
 
 def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_run_read():
-    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.keys.pairs`` judges
+    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.calls.pairs`` judges
     the forward on it and ``audit.live`` re-plans a fresh wrapper with it (the fresh one shares no
     buffer): wrapper 0 planned its own mask, its run read wrapper 1's."""
     import types

@@ -5,7 +5,7 @@ kit's text has it (shipped, with ``kit.diff``, with the Triton follow-up), on th
 (swa/test_triton.py's tree case: prefixes 3 and 5; swa/test_fa3.py's: 3 and 9; window 4; the kit's
 ``_draft_tree_mask``), with one-hot values and zero queries: each output row is the mean of the values of
 the keys that query attends, so the keys are read off the output. They are held against the project's
-own tree oracle (``sglang.audit.keys.tree_intended``: committed + depth, which
+own tree oracle (``sglang.audit.intended.tree_intended``: committed + depth, which
 ``kit_edits.TREE_DECISION`` argues from sglang's and transformers' sources) and against the index rule
 (Triton's extend kernel, extend_attention.py:563-569).
 """

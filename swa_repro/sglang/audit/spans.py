@@ -13,7 +13,7 @@ dataclass answers one question per method and returns ranges.
 * :class:`KeyMap`: key index -> token id (position; a verify: its request row), as runs of
   consecutive ids, ``-1`` a slot that is not the request's (foreign);
 * intended ids per row: ``[q - W, q]``, or a draft tree's committed range and ancestors
-  (``audit.keys.tree_oracle``, from parent links alone).
+  (``audit.intended.tree_oracle``, from parent links alone).
 
 Extra = attended - |attended ids & intended| (foreign keys count as extra); missing = intended ids
 no call of the stage lets the query see. Same rules and output as ``audit.keys.keys_of_run``
@@ -136,7 +136,7 @@ def kernel_ranges(p: ac.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int,
 
 def kernel_rule(p: ac.Pair, plan: dict, fwd: dict, backend: str) -> str:
     """All that :func:`kernel_ranges` reads of the backend FlashInfer runs: ``cutlass`` (a window
-    compiled in but not applied), ``fa2 leak`` (``audit.keys.leaks``: a causal fa2 call, paged or
+    compiled in but not applied), ``fa2 leak`` (``audit.attended.leaks``: a causal fa2 call, paged or
     ragged, planned without the window and run with one: the kernel model's CTA leak), else
     ``other``. Two GPU classes whose calls get the same rules let every row see the same keys."""
     if int(plan["window_left"]) >= 0 and backend == "cutlass":
@@ -145,7 +145,8 @@ def kernel_rule(p: ac.Pair, plan: dict, fwd: dict, backend: str) -> str:
 
 
 def _cta_start(plan: dict, geo, qo: int, kv: int, w: int) -> np.ndarray:
-    """(Hq, qo) first key of the fa2 CTA holding each (row, head): ``audit.keys._fa2_cta_start``'s rule."""
+    """(Hq, qo) first key of the fa2 CTA holding each (row, head): the rule of
+    ``audit.attended._fa2_cta_start``."""
     group = int(plan["num_qo_heads"]) // int(plan["num_kv_heads"])
     live = [n for n in geo[0] if n > 0]
     tile = fa2_cta_tile_q(sum(n * group for n in live) // max(len(live), 1), int(plan["head_dim_qk"]))
@@ -169,7 +170,7 @@ def _fa2_leak(plan: dict, w: int, req: int, geo):
 
 
 def default_backend(p: ac.Pair, plan: dict) -> str:
-    """What runs without a GPU class: ``audit.keys.recorded_backend``."""
+    """What runs without a GPU class: ``audit.attended.recorded_backend``."""
     return aa.recorded_backend(p)
 
 
@@ -181,7 +182,7 @@ def window_ranges(q_pos: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarra
 
 
 def tree_ranges(parents, committed: int, nodes: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(len(nodes), 1 + n)`` ids draft ``nodes`` intend (``audit.keys.tree_intended`` as ranges):
+    """``(len(nodes), 1 + n)`` ids draft ``nodes`` intend (``audit.intended.tree_intended`` as ranges):
     committed ids from ``committed + d - W`` on, and id ``committed + c`` of each ancestor-or-self
     ``c`` with ``d - depth(c) <= W``."""
     depth, anc = ai.tree_oracle(parents)
