@@ -33,7 +33,7 @@ def test_the_summary_is_generated_from_the_files():
 def test_provenance_gpu_driver_torch_versions_date_and_commands():
     gpu = (CALL / "gpu.txt").read_text()
     for line in ("date -u: 2026-12-05T", "NVIDIA H200", "driver: 580.", "torch: 2.11.0+cu130", "code digest: ",
-                 "flashinfer 0.7.2.post1, vllm 0.33.0; exit status 0", "swa_repro.vllm.audit.live --overlay",
+                 "flashinfer 0.7.2.post1, vllm 0.33.0; exit status 0", "swa_repro.vllm.live --overlay",  # as run then
                  "patch apply --vllm --fix cap-route"):
         assert line in gpu, line
 
