@@ -19,7 +19,8 @@ threshold = 1
 
 # %%
 from swa_repro.notebook.checks import Checks
-from swa_repro.notebook.runner import announce_mode, artifact_set
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode
 
 output_dir = artifact_set("00_reuse", globals())
 info = announce_mode(mode, output_dir, "00_reuse")

@@ -30,7 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from swa_repro.notebook import plots
 from swa_repro.notebook.checks import Checks
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver, save_figure
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver, save_figure
 
 output_dir = artifact_set(NAME, globals())
 info = announce_mode(mode, output_dir, NAME)

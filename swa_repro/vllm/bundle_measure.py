@@ -43,7 +43,9 @@ try:
         torch.cuda.device_count = lambda: 1
         torch.cuda.get_device_capability = lambda device=None: (9, 0)
         torch.cuda.get_device_name = lambda device=None: "NVIDIA H100 80GB HBM3"
-    from swa_repro.vllm import drive, families, live, live_kernels, paths, standins
+    from swa_repro.vllm import families
+    from swa_repro.vllm.audit import drive, live, live_kernels, paths
+    from swa_repro.vllm.audit import env as standins
     drive.setup(standins.Recorder(), live_kernels.install_real, "cuda")
     import vllm.config.vllm, vllm.model_executor.layers.attention_layer_base, vllm.v1.kv_cache_interface
     import vllm.utils.torch_utils, vllm.v1.attention.backend, vllm.v1.attention.backends.utils
