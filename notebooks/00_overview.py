@@ -48,7 +48,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("00_overview", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("00_overview", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "00_overview")

@@ -56,15 +56,16 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("01_plan_with_and_without_window_left", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("01_plan_with_and_without_window_left", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "01_plan_with_and_without_window_left")
 
 # %%
 from swa_repro.kernel.model import simulate
+from swa_repro.kernel.probe import RANDOM_ATOL as TOL
 from swa_repro.notebook import plots, story, tables
-from swa_repro.notebook.calls import TOL
 from swa_repro.notebook.checks import Checks
 from swa_repro.notebook.show import show
 

@@ -68,7 +68,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("02_masks_and_cta_skips", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("02_masks_and_cta_skips", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
@@ -77,7 +78,7 @@ info = announce_mode(mode, output_dir, "02_masks_and_cta_skips")
 import numpy as np
 
 from swa_repro.kernel.model import simulate
-from swa_repro.notebook import fuzz_view, plots, story
+from swa_repro.notebook import fuzz_view, mask_blocks, plots, story
 from swa_repro.notebook.checks import Checks
 from swa_repro.notebook.show import show
 
@@ -171,7 +172,7 @@ plots.publish(plots.plot_case(long_bug, m_long), "02_masks_and_cta_skips_long_bu
 
 # %%
 r = m_long.requests[0]
-d, block = plots.request_difference(r, long_bug.window_left, plots.PLOT_CELLS)
+d, block = mask_blocks.request_difference(r, long_bug.window_left, plots.PLOT_CELLS)
 row_blocks_red = np.isin(d, (2, 4)).any(1)
 rows_with_extra = r.extra_keys() > 0
 blocks_with_extra = np.zeros(d.shape[0], bool)
@@ -179,7 +180,7 @@ np.logical_or.at(blocks_with_extra, np.arange(len(rows_with_extra)) // block[0],
 checks.expect(np.array_equal(row_blocks_red, blocks_with_extra),
               "reduced difference: red row blocks are exactly those holding a row with extra keys",
               block=block, red=int(row_blocks_red.sum()), expected=int(blocks_with_extra.sum()))
-tile_levels = plots.reduce_tiles(r.tiles, plots.PLOT_CELLS)[0]
+tile_levels = mask_blocks.reduce_tiles(r.tiles, plots.PLOT_CELLS)[0]
 checks.expect(set(np.unique(r.tiles).tolist()) == set(np.unique(tile_levels).tolist()),
               "reduced tile map keeps every tile state present", states=np.unique(r.tiles));
 

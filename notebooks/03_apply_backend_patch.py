@@ -54,7 +54,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("03_apply_backend_patch", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode
 
 output_dir = artifact_set("03_apply_backend_patch", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "03_apply_backend_patch")
@@ -62,13 +63,14 @@ info = announce_mode(mode, output_dir, "03_apply_backend_patch")
 # %%
 from swa_repro.notebook import story
 from swa_repro.notebook.checks import Checks
+from swa_repro.sglang import backend_view as V
 from swa_repro.sglang import harness as H
 
 checks = Checks("03_apply_backend_patch", output_dir)
 case = story.seed_case(prefix_lens=prefix_lens, extend_lens=extend_lens, window_left=window_left,
                        num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                        page_size=page_size).with_(name="03_case")
-digest_before = H.file_digest()
+digest_before = V.file_digest()
 
 # %% [markdown]
 # ## Where sglang is, and the state of its backend file
@@ -87,25 +89,25 @@ checks.expect(where["state"] in ("unfixed", "fixed"), "the installed backend fil
 # `update_sliding_window` (wrapper 0 is the sliding-window wrapper; the paged-only branch trims
 # to `sliding_window_size + seq_lens - prefix_lens` keys) and `call_begin_forward` (the paged
 # `begin_forward(...)` call at the end: note what is *not* among its keyword arguments). Only those
-# lines are shown; `print(H.method_source("call_begin_forward"))` prints a whole method.
+# lines are shown; `print(V.method_source("call_begin_forward"))` prints a whole method.
 
 # %%
 from swa_repro.notebook.show import excerpt
 
-print(excerpt(H.method_source("update_sliding_window"), "paged_kernel_lens = torch.minimum", more=2))
+print(excerpt(V.method_source("update_sliding_window"), "paged_kernel_lens = torch.minimum", more=2))
 
 # %%
-print(excerpt(H.method_source("call_begin_forward"), ".begin_forward(", last=True))
+print(excerpt(V.method_source("call_begin_forward"), ".begin_forward(", last=True))
 
 # %%
-checks.expect(("window_left" in H.method_source("call_begin_forward")) == (where["state"] == "fixed"),
+checks.expect(("window_left" in V.method_source("call_begin_forward")) == (where["state"] == "fixed"),
               "call_begin_forward mentions window_left exactly when the file is fixed");
 
 # %% [markdown]
 # ## The upstream fix as a diff against the installed file
 
 # %%
-diff = H.patch_diff()
+diff = V.patch_diff()
 print(diff or "(the installed file is already fixed: no diff)")
 
 # %%
@@ -119,12 +121,12 @@ checks.expect(where["state"] == "fixed" or ("+" in diff and "window_left" in dif
 # restores them on exit; `unpatched()` does the same with the original (pre-fix) form.
 
 # %%
-fixed_cbf = H.method_source("call_begin_forward", patched=True)
+fixed_cbf = V.method_source("call_begin_forward", patched=True)
 print(fixed_cbf[-900:])
 
 # %%
 checks.expect("window_left" in fixed_cbf, "inside patched(), call_begin_forward passes window_left")
-checks.expect("window_left" not in H.method_source("call_begin_forward", patched=False),
+checks.expect("window_left" not in V.method_source("call_begin_forward", patched=False),
               "inside unpatched(), call_begin_forward has no window_left");
 
 # %% [markdown]
@@ -138,16 +140,16 @@ checks.expect("window_left" not in H.method_source("call_begin_forward", patched
 # %%
 before = H.run_case(case, patched=False, mode=info.mode)
 after = H.run_case(case, patched=True, mode=info.mode)
-{"unpatched plan": H.swa_plan_kwargs(before), "patched plan": H.swa_plan_kwargs(after)}
+{"unpatched plan": V.swa_plan_kwargs(before), "patched plan": V.swa_plan_kwargs(after)}
 
 # %%
-{"unpatched forward": H.swa_forward_kwargs(before), "patched forward": H.swa_forward_kwargs(after)}
+{"unpatched forward": V.swa_forward_kwargs(before), "patched forward": V.swa_forward_kwargs(after)}
 
 # %%
-checks.expect("window_left" not in H.swa_plan_kwargs(before), "unpatched: plan() gets no window_left (the bug)")
-checks.expect(H.swa_plan_kwargs(after).get("window_left") == case.window_left,
+checks.expect("window_left" not in V.swa_plan_kwargs(before), "unpatched: plan() gets no window_left (the bug)")
+checks.expect(V.swa_plan_kwargs(after).get("window_left") == case.window_left,
               "patched: plan() gets window_left = the layer's sliding_window_size")
-checks.expect(H.swa_forward_kwargs(before)["window_left"] == case.window_left == H.swa_forward_kwargs(after)["window_left"],
+checks.expect(V.swa_forward_kwargs(before)["window_left"] == case.window_left == V.swa_forward_kwargs(after)["window_left"],
               "both: the window reaches forward() (which overwrites the wrapper's window)");
 
 # %% [markdown]
@@ -164,7 +166,7 @@ checks.expect(before.passed == (not H.reaches_past_window(case)),
               "unpatched fails iff some query's trimmed KV holds a key outside its window",
               max_abs_err=before.max_abs_err)
 checks.expect(after.passed, "patched matches the exact reference", max_abs_err=after.max_abs_err)
-checks.expect(H.file_digest() == digest_before, "the installed backend file is byte-for-byte unchanged");
+checks.expect(V.file_digest() == digest_before, "the installed backend file is byte-for-byte unchanged");
 
 # %% [markdown]
 # ## Choose the fixes for the release you run

@@ -48,7 +48,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("04_rerun_checks", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("04_rerun_checks", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "04_rerun_checks")
@@ -57,8 +58,8 @@ info = announce_mode(mode, output_dir, "04_rerun_checks")
 from pathlib import Path
 
 from swa_repro.notebook import plots
-from swa_repro.sglang import check as C
 from swa_repro.notebook.checks import Checks
+from swa_repro.sglang import check as C
 
 checks = Checks("04_rerun_checks", output_dir)
 save = figure_saver(output_dir)

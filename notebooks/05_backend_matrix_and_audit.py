@@ -41,7 +41,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("05_backend_matrix_and_audit", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("05_backend_matrix_and_audit", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "05_backend_matrix_and_audit")
@@ -54,7 +55,9 @@ from swa_repro.notebook import matrix, plots, release_answer
 from swa_repro.notebook.checks import Checks
 from swa_repro.sglang import model_configs
 from swa_repro.sglang.audit import core as audit
+from swa_repro.sglang.audit import reports as ar
 from swa_repro.sglang.audit import table as audit_table
+from swa_repro.sglang.audit.reports import advice, report_table, verdict
 
 checks = Checks("05_backend_matrix_and_audit", output_dir)
 save = figure_saver(output_dir)
@@ -112,18 +115,18 @@ if as_installed.mode == "live":
 patched = audit.run_audit("patched")  # WHAT-IF: the fix swapped in in-process
 print("paths driven:", sorted({d["path"] for d in as_installed.driven}))
 print("not driven:", as_installed.not_driven or "none")
-pd.DataFrame(audit.report_table(as_installed.findings))
+pd.DataFrame(report_table(as_installed.findings))
 
 # %%
-pd.DataFrame(audit.report_table(patched.findings))
+pd.DataFrame(report_table(patched.findings))
 
 # %% [markdown]
 # Which public reports hold on the installed sglang, read off the findings above:
 
 # %%
-reports = audit.reports([as_installed, patched])
-pd.DataFrame([{"report": r["report"], "as installed": audit.verdict(r["as installed"]),
-               "what-if patched": audit.verdict(r["patched"])} for r in reports])
+reports = ar.reports([as_installed, patched])
+pd.DataFrame([{"report": r["report"], "as installed": verdict(r["as installed"]),
+               "what-if patched": verdict(r["patched"])} for r in reports])
 
 # %%
 paged = [f for f in as_installed.findings if f.path == "extend_paged" and f.parameter == "window_left"]
@@ -199,7 +202,7 @@ print(probe)
 # ## 4. What a user of each model should do (from the findings)
 
 # %%
-for row in audit.advice(specs, as_installed, patched):
+for row in advice(specs, as_installed, patched):
     print(f"{row['model']} (window_left={row['window_left']}, soft cap={row['soft_cap']:g}):")
     for t in row["do"] or ["nothing found"]:
         print("  -", t)

@@ -41,7 +41,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("07_my_model_my_gpu", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("07_my_model_my_gpu", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "07_my_model_my_gpu")

@@ -36,7 +36,8 @@ from swa_repro.notebook import param_cell
 params_ok = param_cell.check("08_vllm", globals())  # a bad one stops the notebook here
 
 # %%
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver
 
 output_dir = artifact_set("08_vllm", globals())  # this run's folder (the first cell says which)
 info = announce_mode(mode, output_dir, "08_vllm")

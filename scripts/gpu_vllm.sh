@@ -2,7 +2,7 @@
 # Issue #27's GPU step: vLLM's own FlashInfer backend (its builder, cache write and forward) run on
 # this GPU's real FlashInfer, each path's keys read by the key probe and its outputs held against the
 # float64 reference at what the layer asks, transformers' mask and what the kernel is told
-# (swa_repro/vllm/live.py), as shipped and with `swa-repro patch --vllm --fix cap-route`.
+# (swa_repro/vllm/audit/live.py), as shipped and with `swa-repro patch --vllm --fix cap-route`.
 #   bash scripts/gpu_vllm.sh [STEPS]   STEPS: all (default) = install,patch,live; or a subset
 # Bundles carried in .bundle/ (vLLM 0.33.0 pins flashinfer 0.7.2.post1; 0.34.0's pin, 0.7.3, is not
 # on the package index):
@@ -11,7 +11,7 @@
 # install: a fresh $SITE from both bundles (flashinfer's first), checked: both import from it.
 # patch: $SITE_FIXED holds a copy of $SITE's `vllm` package alone, its FlashInfer backend patched in
 #   place (a backup beside it, as `patch apply --in-place` keeps one).
-# live: python -m swa_repro.vllm.live on $SITE for each of $FAMILIES, and on $SITE_FIXED for those of
+# live: python -m swa_repro.vllm.audit.live on $SITE for each of $FAMILIES, and on $SITE_FIXED for those of
 #   $FIXED_FAMILIES (the fix changes capped layers only), one child per family and group of paths
 #   ($PATH_GROUPS, ';'-separated: each group builds its own kernels, so the JIT builds of all run at once,
 #   under FlashInfer's locks), each with a timeout of the time left less RESERVE_S and a live budget
@@ -52,7 +52,7 @@ live() {  # SITE_NAME OVERLAY FAMILY N PATHS TIMEOUT: one live child -> live-SIT
   local out="$ART/live-$1-$3-$4.json"
   [ -n "${DRY_RUN:-}" ] && out=/dev/null
   run env PYTHONPATH="$ROOT:$SITE" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$6" "$PY" -m \
-    swa_repro.vllm.live --overlay "$2" --out "$out" --families "$3" --paths "$5" --device cuda \
+    swa_repro.vllm.audit.live --overlay "$2" --out "$out" --families "$3" --paths "$5" --device cuda \
     --budget-s "$(( $6 - LIVE_MARGIN_S ))" 2> "$ART/live-$1-$3-$4.err"
 }
 children() {  # SITE_NAME OVERLAY FAMILIES TIMEOUT: one child per family and group, in the background
@@ -110,7 +110,7 @@ for m, want in ((flashinfer, '$FI_VERSION'), (vllm, '$VLLM_VERSION')):
       for e in "$ART"/live-*.err; do [ -s "$e" ] && { echo "== $(basename "$e"):"; tail -n 5 "$e"; }; done
       for site in shipped fixed; do  # one document per site, from what its children wrote
         set -- "$ART"/live-"$site"-*.json
-        [ -f "$1" ] && run env PYTHONPATH="$ROOT" "$PY" -m swa_repro.vllm.live_report --merge "$ART/live-$site.json" "$@"
+        [ -f "$1" ] && run env PYTHONPATH="$ROOT" "$PY" -m swa_repro.vllm.audit.live_report --merge "$ART/live-$site.json" "$@"
       done
       step live "$T0" "$L"; echo "== live: exit status $L"
       [ "$L" -ne 0 ] && RC=1

@@ -20,11 +20,11 @@ COMMANDS = {
     "mask": ("swa_repro.kernel.mask_cmd", "effective masks of one case (model or live probe): intervals, or --dense masks"),
     "record": ("swa_repro.evidence.recordings", "(GPU) probe the recording cases on real FlashInfer -> recordings/"),
     "bundle": ("swa_repro.evidence.bundle_cli", "offline bundles for an air-gapped GPU machine"),
-    "patch": (("swa_repro.sglang.patch.cli", "swa_repro.vllm.patch"),
+    "patch": (("swa_repro.sglang.patch.cli", "swa_repro.vllm.patch.cli"),
               "status/diff/apply/revert the sglang backend fix (or --vllm: vLLM's)"),
     "sglang-check": ("swa_repro.sglang.check", "sglang's real backend, unpatched vs patched, vs the reference"),
     "replay": ("swa_repro.sglang.trace", "(GPU) replay recorded wrapper calls against real FlashInfer"),
-    "audit": (("swa_repro.sglang.audit.cli", "swa_repro.vllm.cli"),
+    "audit": (("swa_repro.sglang.audit.cli", "swa_repro.vllm.audit.cli"),
               "plan/forward contract audit of sglang's (or --vllm: vLLM's) FlashInfer calls"),
     "fuzz": ("swa_repro.evidence.fuzz", "the kernel model against the real kernel on random batches (GPU) or recordings"),
 }

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang import patch as sp
+from swa_repro.sglang.patch.classify import REL_PATH, classify, method_spans
 
-MEMBER = "sglang/" + sp.REL_PATH.as_posix()
+MEMBER = "sglang/" + REL_PATH.as_posix()
 
 
 def changed_lines(old, new):
@@ -24,7 +24,7 @@ def changed_lines(old, new):
 
 def normalized_methods(text):
     """ast dump of the two patched methods with call keywords sorted (order is not behaviour)."""
-    s = sp.classify(text)
+    s = classify(text)
     out = []
     for fn in (s.usw, s.cbf):
         fn = ast.parse(ast.unparse(fn))
@@ -39,7 +39,7 @@ def changed_outside_the_methods(old, new):
     """Lines changed outside the two patched methods (``[]``: none), numbered in ``old`` / ``new``."""
     a, b = changed_lines(old, new)
     return [n for lines, text in ((a, old), (b, new)) for n in lines
-            if not any(lo <= n <= hi for lo, hi in sp.method_spans(text).values())]
+            if not any(lo <= n <= hi for lo, hi in method_spans(text).values())]
 
 
 def backend_file(version: str) -> Path:

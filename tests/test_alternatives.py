@@ -9,7 +9,7 @@ import pytest
 
 from swa_repro.sglang.audit import table as at
 from swa_repro.sglang.fix.alternatives import ALTERNATIVES, apply_alternative
-from swa_repro.sglang.fix.fixes import Unknown
+from swa_repro.sglang.fix.anchors import Unknown
 
 pytestmark = pytest.mark.network
 PATHS = ["extend_ragged_no_prefix", "extend_ragged_prefix", "target_verify_eagle"]

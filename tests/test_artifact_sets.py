@@ -14,7 +14,7 @@ import pytest
 from swa_repro.cli import main
 from swa_repro.notebook import artifacts, runner
 from swa_repro.notebook.checks import Checks
-from swa_repro.notebook.runner import NOTEBOOKS_DIR
+from swa_repro.notebook.places import NOTEBOOKS_DIR
 
 NB = "00_overview"
 

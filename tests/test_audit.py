@@ -15,8 +15,10 @@ from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import harness  # noqa: E402
 from swa_repro.sglang.audit import core as audit  # noqa: E402
 from swa_repro.sglang.audit import paths as ap  # noqa: E402
-from swa_repro.sglang import patch as sglang_patch  # noqa: E402
 from swa_repro.sglang.audit.env import PAGED  # noqa: E402
+from swa_repro.sglang.audit.reports import reports  # noqa: E402
+from swa_repro.sglang.patch.files import installed_path  # noqa: E402
+from swa_repro.sglang.patch.swap import patched  # noqa: E402
 from swa_repro.sglang.trace import Call, Trace, encode  # noqa: E402
 
 SWA_CAP, FULL = ap.LayerConfig(8, 50.0), ap.LayerConfig(-1, 0.0)
@@ -60,7 +62,7 @@ def test_other_reports_read_off_the_findings(results):
     (rag,) = _f(results[True], "extend_ragged_no_prefix", "window_left")
     assert (rag.kind, rag.plan_value, rag.forward_value, rag.effect) == ("dropped", -1, -1, "wrong")
     assert _f(results[True], "target_verify_dflash", "window_left")[0].effect == "wrong"
-    rows = audit.reports(list(results.values()))
+    rows = reports(list(results.values()))
     paged = next(r for r in rows if "#31501" in r["report"])
     assert paged["unpatched"]["holds"] is True and paged["patched"]["holds"] is False
     assert paged["unpatched"]["evidence"] and "plan=-1 forward=8" in paged["unpatched"]["evidence"][0]
@@ -128,7 +130,7 @@ def test_default_audits_the_installed_release_as_it_is_and_says_so(capsys):
     release, its file and its state, and reports what that code does."""
     assert main(["audit", "--paths", "extend_paged"]) == 1  # affected: exit 1 (core.exit_status)
     out = capsys.readouterr().out.splitlines()
-    path = str(sglang_patch.installed_path())
+    path = str(installed_path())
     assert out[0].startswith("sglang 0.5.15.post1 (installed, ") and path in out[0]
     assert "backend PR #31501 not applied" in out[0] and "WHAT-IF" not in "\n".join(out)
     paged = next(ln for ln in out if ln.strip().startswith("paged-only window"))
@@ -140,7 +142,7 @@ def test_default_audits_the_installed_release_as_it_is_and_says_so(capsys):
 def test_default_applies_no_transform():
     """The as-is audit of a backend whose loaded methods are the fixed ones reports no paged-only
     window (the old default would have removed the fix and reported it)."""
-    with sglang_patch.patched(harness.backend_module()):
+    with patched(harness.backend_module()):
         r = audit.run_audit(paths=["extend_paged"], layers=[SWA_CAP])
     assert r.what_if is None and not r.not_driven
     assert not _f(r, "extend_paged", "window_left") and _f(r, "extend_paged", "logits_soft_cap")

@@ -17,21 +17,22 @@ from conftest import skip_module_unless
 skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.engine import families as efam
+from swa_repro.core.checkpoint_config import layer_kinds  # noqa: E402
+from swa_repro.engine import families as efam  # noqa: E402
+from swa_repro.engine.families import FAMILIES, GPU_CLASSES, MODELS  # noqa: E402
 from swa_repro.sglang import families as fam  # noqa: E402
-from swa_repro.sglang import model_configs as mc  # noqa: E402
 from conftest import never  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- families
-@pytest.mark.parametrize("family", fam.FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 def test_small_config_keeps_the_published_pattern_and_sizes(family):
     import transformers
 
-    cls_name, switches, arch = mc.MODELS[family]
+    cls_name, switches, arch = MODELS[family]
     full = getattr(transformers, cls_name)(**switches)
     s = efam.small_config(family)
-    kinds = efam.layer_kinds(full)
+    kinds = layer_kinds(full)
     assert s.kinds == kinds[:len(s.kinds)] and set(s.kinds) == set(kinds)  # a prefix holding every kind
     assert len(s.kinds) == max(2, *(kinds.index(k) + 1 for k in set(kinds)))  # and the shortest such
     assert (s.sliding_window, s.num_qo_heads) == (full.sliding_window, full.num_attention_heads)
@@ -46,7 +47,7 @@ def test_small_config_keeps_the_published_pattern_and_sizes(family):
     ("sm100", "cutlass", False, 128, "cutlass"), ("sm90", "fa2", False, 256, "fa2"), ("sm80", "fa3", False, 64, "fa3"),
 ])
 def test_gpu_class_resolves_what_flashinfer_runs(gpu, backend, mask, head_dim, runs):
-    assert fam.GPU_CLASSES[gpu].resolve(backend, head_dim, mask) == runs
+    assert GPU_CLASSES[gpu].resolve(backend, head_dim, mask) == runs
 
 
 # ----------------------------------------------------------------------------- bad input (conftest.no_work)
@@ -90,18 +91,19 @@ def test_family_table_input_is_checked_before_any_audit(argv, must, no_work, cap
 
 
 def test_the_family_table_markdown_is_its_json_rendered():
+    from swa_repro.engine.provenance import TABLE_DIR
     from swa_repro.sglang.audit import family_table, table
 
-    p = table.TABLE_DIR / "families.json"
+    p = TABLE_DIR / "families.json"
     if not p.is_file():
         pytest.skip("docs/audit/families.json not generated yet")
     t = table.committed(p)
-    assert (table.TABLE_DIR / "families.md").read_text() == family_table.markdown(t)
+    assert (TABLE_DIR / "families.md").read_text() == family_table.markdown(t)
     assert {r["sglang"] for r in t["rows"]} >= {"0.5.14", "0.5.23"} and t["gpus"]
 
 
 def test_all_keeps_the_families_the_release_serves(no_work):
-    assert fam.check_release_has("0.5.23", no_work / "ov", list(fam.FAMILIES), explicit=False) == ["gemma2"]
+    assert fam.check_release_has("0.5.23", no_work / "ov", list(FAMILIES), explicit=False) == ["gemma2"]
 
 
 # ----------------------------------------------------------------------------- 0.5.23's own code

@@ -19,7 +19,7 @@ from conftest import skip_module_unless
 skip_module_unless("transformers")
 
 from swa_repro.cli import main  # noqa: E402
-from swa_repro.sglang import model_configs as mc  # noqa: E402
+from swa_repro.engine.families import MODELS  # noqa: E402
 
 OLD = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1")
 ENTRY = re.compile(r"^EntryClass\s*=\s*(\[[^\]]*\]|\w+)", re.M)
@@ -78,7 +78,7 @@ def test_older_release_family_audit_through_its_own_code(version):
     out = family_run.audit_release(version, "all", ["sm90", "sm100"], note=lambda s: None)
     doc = out["sm90"]
     # the families: exactly those whose architecture the release's model files register
-    have = {f for f, (_, _, arch) in mc.MODELS.items() if arch in _registered(ov)}
+    have = {f for f, (_, _, arch) in MODELS.items() if arch in _registered(ov)}
     assert {f["family"] for f in doc["families"]} == have
     assert ("gemma4" in have) == (version not in ("0.5.10", "0.5.10.post1"))  # gemma4_causal.py from 0.5.11
     assert not [f["error"] for f in doc["families"] if f.get("error")]  # every family it has is built

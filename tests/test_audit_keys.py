@@ -14,7 +14,10 @@ skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.core.reference import visible  # noqa: E402
+from swa_repro.engine.tolerance import ATOL, RTOL  # noqa: E402
+from swa_repro.sglang.audit import calls as ac  # noqa: E402
 from swa_repro.sglang.audit import core as audit  # noqa: E402
+from swa_repro.sglang.audit import env  # noqa: E402
 from swa_repro.sglang.audit import keys as audit_keys  # noqa: E402
 from swa_repro.sglang.audit import live as audit_live  # noqa: E402
 from swa_repro.sglang.audit import paths as ap  # noqa: E402
@@ -78,7 +81,7 @@ def test_incomplete_names_every_undriven_path_but_absent_ones():
 
 # ----------------------------------------------------------------------------- keys
 def _requests(run):
-    (p,) = [p for p in audit_keys.pairs(run) if p.cls == "BatchPrefillWithPagedKVCacheWrapper"]
+    (p,) = [p for p in ac.pairs(run) if p.cls == "BatchPrefillWithPagedKVCacheWrapper"]
     return audit_keys.call_keys(p, run.snapshot, run.layer_window)
 
 
@@ -105,7 +108,7 @@ def test_extra_keys_against_an_independent_window_rule(runs):
     """Unpatched paged fa2 is a tile-granular leak; a ragged call without the window is plain
     causal: extra keys = causal keys outside ``visible`` (core.reference), counted here directly."""
     run = runs["extend_ragged_no_prefix", "swa8"]
-    (p,) = audit_keys.pairs(run)
+    (p,) = ac.pairs(run)
     expect = 0
     for rk in audit_keys.call_keys(p, run.snapshot, 8):
         q, k = rk.q_pos[:, None], rk.k_pos[None, :]
@@ -134,9 +137,9 @@ def test_live_judging_counts_the_rows_a_windowless_kernel_gets_wrong(runs, path)
     run = runs[path, "swa8"]
     s = audit_live.live_of_run(run, causal_executor(run.snapshot))
     expect = sum(int((((rk.k_pos[None] <= rk.q_pos[:, None]) & ~rk.intended).any(1)).sum())
-                 for p in audit_keys.pairs(run) for rk in audit_keys.call_keys(p, run.snapshot, 8))
+                 for p in ac.pairs(run) for rk in audit_keys.call_keys(p, run.snapshot, 8))
     assert s["executed"] == 1 and s["wrong_rows"] == expect > 0 and s["backends"] == ["causal"]
-    assert s["max_err_uncapped"] == s["max_err_intended"] > audit_live.ATOL
+    assert s["max_err_uncapped"] == s["max_err_intended"] > ATOL
 
 
 def test_live_judging_on_the_kernel_model_agrees_with_the_key_level_prediction(runs):
@@ -160,7 +163,7 @@ def _ragged_call(qo: int = 300, w: int = 40, seed: int = 0):
             "window_left": -1, "disable_split_kv": True, "fixed_split_size": None, "causal": True, "sm_scale": None,
             "logits_soft_cap": None}
     fwd = {"q": q, "k": k, "v": v, "window_left": w, "causal": True, "logits_soft_cap": None}
-    p = audit_keys.Pair("eager", audit_keys.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())),
+    p = ac.Pair("eager", env.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())),
                         (1, fwd, ("forward", set())))
     return p, out, {"positions": torch.arange(qo)}
 
@@ -173,8 +176,8 @@ def test_the_live_judge_predicts_with_the_backend_that_ran():
     as_ran = audit_live.judge(p, out, snap, 40, 0.0, ran="fa2")
     recorded = audit_live.judge(p, out, snap, 40, 0.0)
     assert as_ran.wrong_rows == recorded.wrong_rows > 0
-    assert as_ran.max_err_predicted <= audit_live.ATOL and as_ran.max_excess_predicted <= audit_live.ATOL
-    assert recorded.max_err_predicted > audit_live.ATOL
+    assert as_ran.max_err_predicted <= ATOL and as_ran.max_excess_predicted <= ATOL
+    assert recorded.max_err_predicted > ATOL
     assert as_ran.predicted_wrong_rows == as_ran.wrong_rows < recorded.predicted_wrong_rows
 
 
@@ -185,13 +188,13 @@ def test_the_model_agrees_within_a_bf16_ulp_of_the_reference_not_beyond():
 
     p, _, snap = _ragged_call(w=1000)  # a window past the prompt: every causal key is intended
     fwd = dict(p.fwd[1], v=p.fwd[1]["v"].double() * 40)  # outputs of tens, as an uncapped Gemma-2 call's
-    big = audit_keys.Pair(p.stage, p.cls, p.backend, p.wrapper, p.plan, (p.fwd[0], fwd, p.fwd[2]))
+    big = ac.Pair(p.stage, p.cls, p.backend, p.wrapper, p.plan, (p.fwd[0], fwd, p.fwd[2]))
     qo = len(snap["positions"])
     causal = torch.arange(qo)[None, :] <= torch.arange(qo)[:, None]  # what a window of 1000 leaves
     ref = masked_attention(fwd["q"], fwd["k"], fwd["v"], causal.numpy(), 1 / 8)
-    for out, agrees in ((ref * (1 + 0.9 * audit_live.RTOL), True), (ref + 0.1, False)):
+    for out, agrees in ((ref * (1 + 0.9 * RTOL), True), (ref + 0.1, False)):
         o = audit_live.judge(big, out, snap, 1000, 0.0, ran="fa2")
-        assert o.max_err_predicted > audit_live.ATOL
+        assert o.max_err_predicted > ATOL
         assert audit_live.summarize([o])["model_agrees"] is agrees, (o.max_err_predicted, o.max_excess_predicted)
 
 
@@ -218,7 +221,7 @@ def test_the_reference_in_row_blocks_is_the_whole_calls(runs, monkeypatch):
     """``audit.live._err`` judges ROW_BLOCK rows at a time (a 4096 window's call in one piece ran a GPU
     out of memory): blocks of 3 rows give the same per-row errors as one block."""
     run = runs["extend_paged", "swa8"]
-    (p,) = audit_keys.pairs(run)
+    (p,) = ac.pairs(run)
     out, _ = audit_live.model_executor()(run.trace, p, {})
     whole = audit_live.judge(p, out, run.snapshot, 8, 0.0)
     monkeypatch.setattr(audit_live, "ROW_BLOCK", 3)

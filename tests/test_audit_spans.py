@@ -2,7 +2,7 @@
 
 * the element rule of FlashInfer's causal and window masks (variants.cuh:79-89), checked key by key;
 * run-length encoding, index -> id runs and foreign counts against brute force on random layouts;
-* a draft tree's intended ids against ``audit.keys.tree_intended`` (dense, from parent links);
+* a draft tree's intended ids against ``audit.intended.tree_intended`` (dense, from parent links);
 * whole runs: every path x layer of the synthetic audit (installed sglang) gives what the dense
   ``audit.keys.keys_of_run`` gives, for the layer's window, one less and a third;
 * a real window (4096 keys, 4352-token prompts): counts from closed forms, no mask built.
@@ -15,6 +15,10 @@ import pytest
 
 from conftest import skip_module_unless
 
+from swa_repro.sglang.audit import attended as aa
+from swa_repro.sglang.audit import calls as ac
+from swa_repro.sglang.audit import env
+from swa_repro.sglang.audit import intended as ai
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import spans as sp
 from swa_repro.sglang.audit.spec import NGRAM_TREES, chain_parents
@@ -66,7 +70,7 @@ def test_tree_ranges_are_the_dense_tree_oracle(parents, window):
     committed, n = 10, len(parents)
     nodes = np.arange(n)
     ids = np.arange(committed + n)
-    dense = ak.tree_intended(parents, committed, nodes, ids, window)
+    dense = ai.tree_intended(parents, committed, nodes, ids, window)
     lo, hi = sp.tree_ranges(parents, committed, nodes, window)
     for i in range(n):
         assert {x for a, b in zip(lo[i], hi[i]) for x in range(a, b + 1)} == set(np.nonzero(dense[i])[0].tolist())
@@ -99,7 +103,7 @@ def _ragged_pair(qo: int, plan_window: int, run_window: int, hq: int = 4, hk: in
     plan = {"qo_indptr": ind, "kv_indptr": ind, "num_qo_heads": hq, "num_kv_heads": hk, "head_dim_qk": 64,
             "window_left": plan_window, "disable_split_kv": True, "fixed_split_size": None, "causal": True}
     fwd = {"window_left": run_window, "causal": True}
-    return ak.Pair("eager", ak.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())), (1, fwd, ("forward", set()))), plan, fwd
+    return ac.Pair("eager", env.RAGGED, "auto", 0, (0, plan, ("begin_forward", set())), (1, fwd, ("forward", set()))), plan, fwd
 
 
 @pytest.mark.parametrize("backend", ["fa2", "fa3", "auto"])
@@ -118,8 +122,8 @@ def test_a_ragged_call_sees_what_its_backend_lets_it(backend, plan_window):
         want = (j <= r) & (j >= np.maximum(((r * g + h % g) // 128 * 128) // g - w, 0))
     else:
         want = j <= r
-    geo = ak.geometry(ak.RAGGED, plan)
-    dense = ak._kernel_visible(p, plan, fwd, qo, qo, 4, 0, geo, backend)
+    geo = ac.geometry(env.RAGGED, plan)
+    dense = aa._kernel_visible(p, plan, fwd, qo, qo, 4, 0, geo, backend)
     assert np.array_equal(dense, np.broadcast_to(want, (4, qo, qo)))
     lo, hi = sp.kernel_ranges(p, plan, fwd, qo, qo, 0, geo, backend)
     n = lo.shape[0]  # 1, or a column per head in group (head h reads column h % n)

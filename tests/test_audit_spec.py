@@ -2,7 +2,7 @@
 
 Oracles, each independent of the code it checks:
 
-* the key oracle (``audit.keys.tree_oracle`` / ``tree_intended``) on a hand-made tree, against key sets
+* the key oracle (``audit.intended.tree_oracle`` / ``tree_intended``) on a hand-made tree, against key sets
   written out by hand;
 * the EAGLE layout the audit hands sglang (``audit.spec.eagle_tree_layout``) against sglang 0.5.23's own
   ``build_tree_kernel_efficient`` Triton kernel (run by Triton's interpreter), and the tree part of that
@@ -24,6 +24,9 @@ import numpy as np
 import pytest
 import torch
 
+from swa_repro.sglang.audit import attended as aa
+from swa_repro.sglang.audit import calls as ac
+from swa_repro.sglang.audit import intended as ai
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import spec
 from swa_repro.sglang.audit import table as at
@@ -45,19 +48,19 @@ HAND_KEYS = {  # (window, node) -> the token indices it intends, worked out by h
 
 
 def test_tree_oracle_reads_depth_and_ancestors_off_the_parent_links():
-    depth, anc = ak.tree_oracle(HAND)
+    depth, anc = ai.tree_oracle(HAND)
     assert depth.tolist() == [0, 1, 1, 2, 2, 3]
     assert [set(np.nonzero(r)[0].tolist()) for r in anc] == [{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 2, 4}, {0, 2, 4, 5}]
     with pytest.raises(ValueError, match="not a tree"):
-        ak.tree_oracle([-1, 2, 1])
+        ai.tree_oracle([-1, 2, 1])
 
 
 @pytest.mark.parametrize("window, node", sorted(HAND_KEYS))
 def test_tree_oracle_intends_the_window_on_real_positions(window, node):
     toks = np.arange(HAND_COMMITTED + len(HAND) + 2)  # two slots past the draft: never intended
-    got = ak.tree_intended(HAND, HAND_COMMITTED, np.array([node]), toks, window)[0]
+    got = ai.tree_intended(HAND, HAND_COMMITTED, np.array([node]), toks, window)[0]
     assert set(toks[got].tolist()) == HAND_KEYS[window, node]
-    foreign = ak.tree_intended(HAND, HAND_COMMITTED, np.array([node]), np.array([-1]), window)
+    foreign = ai.tree_intended(HAND, HAND_COMMITTED, np.array([node]), np.array([-1]), window)
     assert not foreign.any()
 
 
@@ -66,7 +69,7 @@ def test_the_key_model_starts_each_fa2_cta_at_its_first_rows_window():
     so rows 0-15 share a CTA starting at kv - qo - W and rows 16-31 one starting 16 keys later
     (prefill.cuh:3826-3827), whatever the custom mask allows."""
     plan = {"num_qo_heads": 16, "num_kv_heads": 2, "head_dim_qk": 64}
-    got = ak._fa2_cta_start(plan, ([32], [100]), 32, 100, 8, 16)
+    got = aa._fa2_cta_start(plan, ([32], [100]), 32, 100, 8, 16)
     first = got.argmax(2)  # (heads, rows): the first key each sees
     assert (first[:, :16] == 100 - 32 - 8).all() and (first[:, 16:] == 100 + 16 - 32 - 8).all()
 
@@ -114,19 +117,19 @@ def test_eagle_layout_is_sglangs_and_agrees_with_the_oracle(sglang_tree_kernel, 
     off = 0
     for b, d in enumerate(drafts):  # the tree part is the oracle's ancestor relation, positions its depths
         s = committed[b]
-        depth, anc = ak.tree_oracle(d.parents)
+        depth, anc = ai.tree_oracle(d.parents)
         block = mask[off: off + n * (s + n)].view(n, s + n)
         assert block[:, :s].all() and np.array_equal(block[:, s:].numpy(), anc)
         assert pos[b * n:(b + 1) * n].tolist() == (s + depth).tolist()
         off += n * (s + n)
     if topk > 1:  # a real tree: some node sits before its index in the flattened draft
-        assert any((ak.tree_oracle(d.parents)[0] < np.arange(n)).any() for d in drafts)
+        assert any((ai.tree_oracle(d.parents)[0] < np.arange(n)).any() for d in drafts)
 
 
 def test_ngram_layout_positions_are_committed_plus_depth():
     mask, pos = spec.ngram_tree_layout(spec.NGRAM_TREES, [20, 3], 8)
     for b, (parents, s) in enumerate(zip(spec.NGRAM_TREES, [20, 3])):
-        assert pos[b * 8:(b + 1) * 8].tolist() == (s + ak.tree_oracle(parents)[0]).tolist()
+        assert pos[b * 8:(b + 1) * 8].tolist() == (s + ai.tree_oracle(parents)[0]).tolist()
     assert mask.numel() == 8 * (20 + 8) + 8 * (3 + 8)
 
 
@@ -217,7 +220,7 @@ def _check(name, window, cta, how, helpers):
     exact = []
     for b, s in enumerate(COMMITTED):
         block = m[n * int(kv_indptr[b]): n * int(kv_indptr[b + 1])]
-        want = ak.tree_intended(parents[b], s, np.arange(n), np.arange(s + n), window)
+        want = ai.tree_intended(parents[b], s, np.arange(n), np.arange(s + n), window)
         exact.append(all(np.array_equal(v, want) for v in flashinfer_sees(block, n, s + n, plan_w, run_w, group, tile)))
     return exact
 
@@ -304,8 +307,8 @@ def test_the_batch_positions_are_the_oracles(path):
     run = ap.drive(path, ap.LayerConfig(8, 0.0))
     assert run.status == "driven", run.error
     tree = run.snapshot["spec_tree"]
-    want = np.concatenate([c + ak.tree_oracle(p)[0] for c, p in zip(tree["committed"], tree["parents"])])
+    want = np.concatenate([c + ai.tree_oracle(p)[0] for c, p in zip(tree["committed"], tree["parents"])])
     assert run.snapshot["positions"].tolist() == want.tolist()
-    for p in ak.pairs(run):
+    for p in ac.pairs(run):
         for rk in ak.call_keys(p, run.snapshot, 8):
             assert rk.q_pos.tolist() == want[rk.rows].tolist()

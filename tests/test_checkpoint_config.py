@@ -167,17 +167,19 @@ def test_the_release_model_file_read_finds_what_gemma2_needs_beyond_its_class():
     every published family's config passes the same check (no key reported that the release has)."""
     from conftest import release_overlay
 
+    from swa_repro.core.checkpoint_config import config_object
     from swa_repro.engine import families
+    from swa_repro.engine.config_reads import config_reads
+    from swa_repro.engine.families import MODELS
     from swa_repro.sglang import checkpoint
     from swa_repro.sglang import model_configs as mc
-    from swa_repro.engine.config_reads import config_reads
 
     overlay = release_overlay("0.5.23")
     gemma2 = mc.model_file_in(overlay / "sglang" / "srt" / "models", "Gemma2ForCausalLM")
     assert config_reads(gemma2, "Gemma2ForCausalLM")["hidden_act"].startswith("gemma2.py:")
     for fam in ("gemma2", "mistral", "gpt-oss", "exaone4"):
-        ck = checkpoint.Checkpoint(fam, "-", families.small_config(fam).config, mc.MODELS[fam][2], "x", None)
-        ck = checkpoint.Checkpoint(fam, "-", ck.values, ck.architecture, *checkpoint.config_object(ck.values, "-"))
+        ck = checkpoint.Checkpoint(fam, "-", families.small_config(fam).config, MODELS[fam][2], "x", None)
+        ck = checkpoint.Checkpoint(fam, "-", ck.values, ck.architecture, *config_object(ck.values, "-"))
         assert checkpoint.check_release(ck, "0.5.23", overlay).name.endswith(".py")
 
 

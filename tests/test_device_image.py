@@ -13,9 +13,9 @@ from conftest import REPO
 
 from swa_repro.evidence import sglang_bundle
 from swa_repro.sglang import device_image as di
-from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix.upstream_diff import TEST, VERSION
 
-GPU_FILES = (REPO / "docs" / "upstream" / up.TEST, REPO / "tests" / "sglang_kit_flashinfer_cases.py",
+GPU_FILES = (REPO / "docs" / "upstream" / TEST, REPO / "tests" / "sglang_kit_flashinfer_cases.py",
              REPO / "tests" / "sglang_kit_swa_cases.py")  # scripts/gpu_kit.sh's
 
 
@@ -60,7 +60,7 @@ def _checked(overlay, files):
 def overlay():
     from conftest import release_overlay
 
-    return release_overlay(up.VERSION)
+    return release_overlay(VERSION)
 
 
 @pytest.mark.matrix  # a plain child importing sglang's test utilities (~20 s from nothing): with the bundle tests

@@ -146,6 +146,7 @@ def test_doctor_model_rederives_the_family_answer(capfd, monkeypatch):
     fix computed and audited again; the same state as the committed table's cell (both computed)."""
     _baseline_overlay()
     from swa_repro.core import mode
+    from swa_repro.engine.provenance import TABLE_DIR
     from swa_repro.sglang.audit import table
 
     monkeypatch.setattr(mode, "dist_version", lambda d, real=mode.dist_version: RELEASE if d == "sglang" else real(d))
@@ -158,7 +159,7 @@ def test_doctor_model_rederives_the_family_answer(capfd, monkeypatch):
     assert fx["remedy"] == v["audit"]["remedy"] and fx["fixes"] == ["all"]  # the audit's remedy (family_fix)
     assert fx["exact"] == (not FA.bad(fx["fixed"])) and len(FA.bad(fx["fixed"])) < len(FA.bad(v["audit"]))
     assert fx["exact"] and fx["fixed_state"] == "not affected"
-    committed = table.committed(table.TABLE_DIR / "families.json")
+    committed = table.committed(TABLE_DIR / "families.json")
     row = next(r for r in committed["rows"] if r["sglang"] == RELEASE and r["gpu"] == "sm90")
     assert row["cells"]["gemma2"]["state"] == v["answer"]["state"]
 
@@ -167,7 +168,8 @@ def test_doctor_model_rederives_the_family_answer(capfd, monkeypatch):
 def nb07(tmp_path_factory):
     """Notebook 07 run once, headless, through the project's runner; the tests below read its set."""
     _baseline_overlay()
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     out = tmp_path_factory.mktemp("nb07")
     params = {"model": "gemma2", "gpu": "sm90", "sglang_release": RELEASE}

@@ -17,8 +17,10 @@ import pytest
 
 from swa_repro.cli import main
 from swa_repro.sglang import fix
-from swa_repro.sglang.audit.family_fix import HYBRID, LAYER_NOT_HF
+from swa_repro.sglang.audit.family_verdict import HYBRID, LAYER_NOT_HF
 from swa_repro.sglang.fix import family_fixes as ff
+from swa_repro.sglang.fix.family_fixes import FAMILY_ORDER
+from swa_repro.sglang.fix.fixes import ORDER
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22")
@@ -57,7 +59,7 @@ def _check_fix(version: str, name: str):
     return text, new
 
 
-NEEDED_0_5_23 = tuple(n for n in fix.FAMILY_ORDER if n != "ragged_prefix_full_layers")  # 0.5.21+ have that one
+NEEDED_0_5_23 = tuple(n for n in FAMILY_ORDER if n != "ragged_prefix_full_layers")  # 0.5.21+ have that one
 
 
 def test_the_full_layers_prefix_fix_reads_applied_where_the_release_has_it():
@@ -71,13 +73,13 @@ def test_the_full_layers_prefix_fix_reads_applied_where_the_release_has_it():
 def test_family_fix_applies_once_and_is_ruff_clean_on_0_5_23(name):
     text, new = _check_fix("0.5.23", name)
     assert _ruff_dirty(text) is None and _ruff_dirty(new) is None
-    assert fix.apply_fixes(text, fix.ORDER, fix.FIXES[name].file) == (text if name == "commandr_window_hook"
-                                                                       else fix.apply_fixes(text, fix.ORDER))
+    assert fix.apply_fixes(text, ORDER, fix.FIXES[name].file) == (text if name == "commandr_window_hook"
+                                                                       else fix.apply_fixes(text, ORDER))
 
 
 @pytest.mark.matrix
 @pytest.mark.parametrize("version", RELEASES)
-@pytest.mark.parametrize("name", fix.FAMILY_ORDER)
+@pytest.mark.parametrize("name", FAMILY_ORDER)
 def test_family_fix_applies_on_every_release(version, name):
     if name == "ragged_prefix_full_layers" and version >= "0.5.21":
         pytest.skip("0.5.21+ plan the full layers' paged pass over the prefix themselves")
@@ -165,7 +167,7 @@ def _ragged_backends(text: str, window, cap, head_dim=128, switch: str | None = 
 def test_the_sliding_window_ragged_wrapper_exists_whenever_the_runner_has_a_window(switch):
     """Issue #40 (non-blocking): built whatever the backend's switches, as the shared one is (a hand copy
     of use_ragged's gates left it None where a path still plans it, e.g. the dLLM CUDA-graph path)."""
-    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), fix.ORDER)
+    new = fix.apply_fixes(_text("0.5.23", fix.BACKEND), ORDER)
     assert _ragged_backends(new, 4095, None, switch=switch)["sliding"] is not None
     assert _ragged_backends(new, None, None, switch=switch)["sliding"] is None  # no window, no wrapper
 
@@ -216,9 +218,9 @@ def test_fixes_of_two_files_are_one_line_exit_2(capfd, tmp_path):
 
 
 def test_all_names_every_fix_and_each_file_takes_its_own():
-    assert fix.parse_names("all") == fix.ORDER + fix.FAMILY_ORDER
+    assert fix.parse_names("all") == ORDER + FAMILY_ORDER
     assert fix.by_file(fix.parse_names("all"))[ff.COMMANDR] == ("commandr_window_hook",)
-    assert set(fix.by_file(fix.ALL)[fix.BACKEND]) == set(fix.ORDER) | {"sm100_no_cutlass_window",
+    assert set(fix.by_file(fix.ALL)[fix.BACKEND]) == set(ORDER) | {"sm100_no_cutlass_window",
                                                                        "ragged_prefix_full_layers"}
 
 

@@ -17,7 +17,8 @@ from matplotlib.text import Text
 
 from swa_repro.kernel.model import simulate
 from swa_repro.notebook import fix_view, key_heatmap, plots, show, story, vllm_page
-from swa_repro.notebook.runner import NOTEBOOKS_DIR, REPO_DIR, available_notebooks
+from swa_repro.notebook.places import NOTEBOOKS_DIR, REPO_DIR
+from swa_repro.notebook.runner import available_notebooks
 from swa_repro.sglang.audit.rows import encode
 
 matplotlib.use("Agg")

@@ -9,7 +9,8 @@ from swa_repro.core.errors import UsageError
 from swa_repro.notebook import fix_view as FV
 from swa_repro.sglang import provision
 from swa_repro.sglang.audit.table import CLASSES
-from swa_repro.sglang.fix import FIXES, ORDER, states
+from swa_repro.sglang.fix import FIXES, apply_fixes, states
+from swa_repro.sglang.fix.fixes import ORDER
 
 SWA_PATHS = ("extend_paged", "extend_ragged_no_prefix", "target_verify_eagle")
 
@@ -120,7 +121,7 @@ def test_each_step_diff_is_one_fix_on_a_real_release():
         assert row.fix == name and row.state == shipped[name].state
         assert bool(diff) == (shipped[name].state == "needed" and not FIXES[name].requires), name
         assert FIXES[name].summary in FV.diff_text(name, diff)
-    assert FV.file_unchanged(rel) and rel.fixed == FV.apply_fixes(rel.text, ORDER)  # the classes this runner audits
+    assert FV.file_unchanged(rel) and rel.fixed == apply_fixes(rel.text, ORDER)  # the classes this runner audits
 
 
 def test_audit_pair_says_its_overlay_once_and_whether_each_audit_was_cached(monkeypatch):

@@ -23,8 +23,8 @@ def _runs() -> list:
     check, the kit."""
     from swa_repro.sglang.audit.family_run import audit_families
     from swa_repro.sglang.audit.release import audit_release
-    from swa_repro.sglang.fix import ORDER
     from swa_repro.sglang.fix.cap_safety import cap_safety
+    from swa_repro.sglang.fix.fixes import ORDER
     from swa_repro.sglang.overlay_run import overlay_for, run_child
 
     quiet = lambda *a, **k: None  # noqa: E731

@@ -11,9 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from swa_repro.core.case import FLASHINFER_VERSIONS, Case
+from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError
 from swa_repro.core.intervals import Intervals
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 from swa_repro.evidence import fuzz_cases as fc
 from swa_repro.evidence.fuzz import FUZZ_ROOT, model_stand_in, run_and_store, selftest_probe
 from swa_repro.evidence.fuzz_compare import compare_case, reproduce_cli

@@ -36,7 +36,7 @@ def test_every_live_call_ran_and_the_key_level_prediction_matches_the_kernel(liv
 
 def test_a_dropped_soft_cap_runs_uncapped_on_the_real_kernel(live):
     """Full layers with cap 50: the output matches the *uncapped* reference and misses the capped one."""
-    from swa_repro.sglang.audit.live import ATOL
+    from swa_repro.engine.tolerance import ATOL
 
     capped = [dr for dr in live[1]["driven"] if dr["layer"] == "full_cap50"]
     assert len(capped) == 9
@@ -171,7 +171,7 @@ def test_0523_regression_test_fails_as_shipped_and_passes_fixed_on_cuda():
     """The registered test (sglang's layout, on the kit) and sglang's own FlashInfer kit cases, both on
     the kit-edited shipped site and on the fixed one (issue #26, H200): every test passes fixed; as
     shipped, exactly those whose path 0.5.23 does not yet plan right fail, on the reference, not errors."""
-    from swa_repro.sglang.fix.upstream import regress_results
+    from swa_repro.sglang.fix.upstream_live import regress_results
 
     log = (FIX / "regress.log").read_text()
     res = regress_results(log)

@@ -19,11 +19,11 @@ case "$1" in
   -m)
     mod=$2; shift 2
     case "$mod" in
-      swa_repro.vllm.live)
+      swa_repro.vllm.audit.live)
         ev "live-start PYTHONPATH=$PYTHONPATH $*"; sleep 1
         out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); fam=$(sed -E 's/.*--families ([^ ]+).*/\1/' <<<"$*")
         echo "{\"families\": {\"$fam\": {\"rows\": []}}}" > "$out"; ev "live-end $*"; exit 0;;
-      swa_repro.vllm.live_report)
+      swa_repro.vllm.audit.live_report)
         ev "merge $*"; [ "$1" = --merge ] && echo '{"merged": true}' > "$2"; exit 0;;
       swa_repro.cli)
         ev "patch PYTHONPATH=$PYTHONPATH $*"; [ -z "${PATCH_FAIL:-}" ] || exit 1;;

@@ -128,12 +128,12 @@ def test_graph_mode_refuses_a_mask_without_a_buffer_and_eager_forgets_it():
 
 
 def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_run_read():
-    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.keys.pairs`` judges
+    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.calls.pairs`` judges
     the forward on it and ``audit.live`` re-plans a fresh wrapper with it (the fresh one shares no
     buffer): wrapper 0 planned its own mask, its run read wrapper 1's."""
     import types
 
-    from swa_repro.sglang.audit import keys as ak
+    from swa_repro.sglang.audit import calls as ac
     from swa_repro.sglang.audit import live
     from swa_repro.sglang.trace import Trace, record_class
 
@@ -144,7 +144,7 @@ def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_
     _plan(w1, _mask(keep_last=True))
     w0.forward(torch.zeros(QO, 1, 4), torch.zeros(KV, 2, 1, 4), causal=True)
     run = types.SimpleNamespace(trace=trace, graph_stage=dict.fromkeys(range(len(trace.calls)), "capture"))
-    (p,) = ak.pairs(run)
+    (p,) = ac.pairs(run)
     assert torch.equal(trace.calls[p.plan[0]].kwargs["custom_mask"], _mask(keep_last=False))  # what it planned
     assert torch.equal(p.plan[1]["custom_mask"], _mask(keep_last=True))  # what its run read
 

@@ -36,7 +36,7 @@ def audits():
     from conftest import release_overlay
 
     from swa_repro.sglang.audit.release import audit_release
-    from swa_repro.sglang.fix import ORDER
+    from swa_repro.sglang.fix.fixes import ORDER
 
     release_overlay("0.5.23")
     fixes = {"shipped": None, "prior": (*ORDER, "prior_eagle_shared_mask_buf"), "fixed": ORDER}

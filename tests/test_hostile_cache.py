@@ -28,6 +28,7 @@ from conftest import release_overlay, skip_module_unless
 
 from swa_repro.cli import main
 from swa_repro.core import cache
+import tempfile
 from swa_repro.core.errors import UsageError
 
 VERSION = "0.5.23"
@@ -175,9 +176,10 @@ def _family(paths: list) -> dict:
 def test_a_family_with_no_driven_path_is_not_driven_and_incomplete(paths):
     """No path recorded, or none driven: "not driven" (and the audit incomplete: exit 1), never "not affected"."""
     from swa_repro.sglang.audit import family_run as fr
+    from swa_repro.sglang.audit.family_verdict import answer
 
     f = _family(paths)
-    f["answer"] = fr.answer(f, "sm90")
+    f["answer"] = answer(f, "sm90")
     assert f["answer"]["state"] == "not driven"
     assert fr.incomplete({"families": [f]})
 
@@ -223,9 +225,9 @@ def test_a_plain_audit_entry_with_its_findings_stripped_is_recomputed(tmp_path, 
 
 
 def test_a_vllm_cell_with_no_row_is_not_driven_and_exits_1(monkeypatch, capsys):
-    """``vllm.verdict`` started from "not affected": a cell with no row at all read as an all-clear."""
-    from swa_repro.vllm import audit as va
-    from swa_repro.vllm import verdict as vv
+    """``vllm.audit.verdict`` started from "not affected": a cell with no row at all read as an all-clear."""
+    from swa_repro.vllm.audit import core as va
+    from swa_repro.vllm.audit import verdict as vv
 
     fam = {"family": "gemma2", "layers": {"sliding": {"hf_window_left": 4095}}}
     assert vv.cell({"family": fam, "rows": []})["state"] == "not driven"
@@ -247,7 +249,7 @@ def _read_only(tmp_path, monkeypatch):  # as root the bits do not stop a write: 
     def refuse(*a, **k):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(cache.outputs.tempfile, "mkstemp", refuse)  # the one writer the cache writes through
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)  # the one writer the cache writes through
 
 
 def _disk_full(tmp_path, monkeypatch):
@@ -259,7 +261,7 @@ def _disk_full(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(cache.os, "replace", full)
+    monkeypatch.setattr(os, "replace", full)
 
 
 @pytest.mark.parametrize("make", [_root_a_file, _read_only, _disk_full])
@@ -285,7 +287,7 @@ def test_write_atomic_removes_its_temp_file_on_failure(tmp_path, monkeypatch):
     def full(src, dst):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(cache.os, "replace", full)
+    monkeypatch.setattr(os, "replace", full)
     with pytest.raises(OSError):
         cache.write_atomic(tmp_path / "e.json", "{}")
     assert list(tmp_path.iterdir()) == []
@@ -473,6 +475,7 @@ def _zip(path: Path) -> None:
 
 def test_a_truncated_cached_wheel_is_downloaded_again(tmp_path, monkeypatch):
     from swa_repro.vllm import provision
+    import subprocess
 
     monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path))
     folder = tmp_path / "wheels" / "vllm"
@@ -489,7 +492,7 @@ def test_a_truncated_cached_wheel_is_downloaded_again(tmp_path, monkeypatch):
         _zip(d / whl.name)
         return SimpleNamespace(returncode=0, stdout="", stderr="")
 
-    monkeypatch.setattr(provision.subprocess, "run", pip)
+    monkeypatch.setattr(subprocess, "run", pip)
     got = provision.wheel("0.34.0")
     assert len(downloads) == 1 and zipfile.ZipFile(got).namelist() == ["vllm/__init__.py"]
 
@@ -517,8 +520,8 @@ SNIPPET = '''class FlashInferMetadataBuilder:
 def test_vllm_patch_reads_a_file_missing_one_edit_as_partly_applied(tmp_path, monkeypatch, capsys, action):
     """The cap-route edits applied to both files, then the prefill route's argument line removed
     (its call otherwise whole): not "applied", and apply neither says "nothing to do" nor writes anything."""
-    from swa_repro.vllm import fix as vfix
-    from swa_repro.vllm import fix_utils
+    from swa_repro.vllm.fix import fixes as vfix
+    from swa_repro.vllm.fix import flashinfer_utils as fix_utils
     from swa_repro.vllm.provision import BACKEND
     from tests.test_vllm_fix_rule import UTILS_SNIPPET
 
@@ -553,9 +556,9 @@ def test_a_fixed_copy_holding_other_fix_code_than_this_process_makes_is_made_aga
     import shutil
 
     from conftest import release_overlay
+    from swa_repro.engine.patching import sha256_hex
     from swa_repro.sglang.fix import apply_fixes
     from swa_repro.sglang.fix import overlay as fo
-    from swa_repro.engine.patching import sha256_hex
 
     shipped = release_overlay("0.5.23")
     overlay = tmp_path / "sglang" / "0.5.23"

@@ -28,9 +28,9 @@ def nothing_runs(monkeypatch, tmp_path):
     from swa_repro.sglang.audit import cli as scli
     from swa_repro.sglang.audit import family_run, family_table, release
     from swa_repro.sglang.audit import table as at
-    from swa_repro.vllm import audit as va
     from swa_repro.vllm import provision as vp
-    from swa_repro.vllm import table as vt
+    from swa_repro.vllm.audit import core as va
+    from swa_repro.vllm.audit import table as vt
 
     monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "cache"))
     for mod, name in ((provision, "provision"), (overlay_run, "run_child"), (release, "run_child"),
@@ -149,10 +149,10 @@ def test_a_fix_that_changes_nothing_is_refused_not_labelled_fixed(extra, monkeyp
     a fix whose file the release lacks (``PatchError``: one line, exit 2), before any copy or child;
     ``patch apply`` keeps its "nothing to do" (exit 0): a write that is already done is no error."""
     from swa_repro.sglang.audit import family_run, release
-    from swa_repro.sglang.fix import overlay
+    import shutil
 
     release_overlay("0.5.23")  # the release as shipped, from the shared cache (installed if missing)
-    for mod, name in ((release, "run_child"), (family_run, "run_child"), (overlay.shutil, "copytree")):
+    for mod, name in ((release, "run_child"), (family_run, "run_child"), (shutil, "copytree")):
         monkeypatch.setattr(mod, name, never)
     line = one_line_exit_2(capfd, ["audit", "--sglang", "0.5.23", "--fix", "ragged_prefix_full_layers", *extra],
                            "--fix ragged_prefix_full_layers changes nothing in sglang 0.5.23")
@@ -162,9 +162,12 @@ def test_a_fix_that_changes_nothing_is_refused_not_labelled_fixed(extra, monkeyp
 def test_the_release_list_is_pypis_from_the_oldest_driven_on():
     """``provision.RELEASES``: sorted, unique, from ``MIN_RELEASE``; a release past the newest goes to
     the installer (it may be new), one before ``MIN_RELEASE`` to the older refusal."""
-    from swa_repro.sglang import provision as pv
+    from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
+    from swa_repro.core.versions import SGLANG_RELEASES as RELEASES
+    from swa_repro.core.versions import check_sglang_release as check_release
+    from swa_repro.core.versions import sglang_release_key as parse
 
-    parsed = [pv.parse(r) for r in pv.RELEASES]
-    assert parsed == sorted(set(parsed)) and parsed[0][:3] == pv.MIN_RELEASE
-    for ok in (*pv.RELEASES, "0.5.99", "0.4.0"):
-        assert pv.check_release(ok) == pv.parse(ok)
+    parsed = [parse(r) for r in RELEASES]
+    assert parsed == sorted(set(parsed)) and parsed[0][:3] == MIN_RELEASE
+    for ok in (*RELEASES, "0.5.99", "0.4.0"):
+        assert check_release(ok) == parse(ok)

@@ -25,8 +25,10 @@ import pytest
 from swa_repro.cli import main
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import backup_paths, write_atomic
-from swa_repro.sglang import fix
-from swa_repro.sglang import patch as sp
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.patch.classify import classify
+from swa_repro.sglang.patch.files import installed_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,8 +70,8 @@ def refused(capfd, argv, must: str, root: Path) -> str:
 @pytest.fixture(scope="module")
 def backend_text():
     try:
-        return sp.installed_path().read_text()
-    except sp.PatchError as e:
+        return installed_path().read_text()
+    except PatchError as e:
         pytest.skip(str(e))
 
 
@@ -83,7 +85,7 @@ def src(tmp_path, backend_text):
 
 
 def patched_in_place(path: Path, capfd) -> None:
-    flag = [] if sp.classify(path.read_text()).state == "unfixed" else ["--reverse"]  # PR #31501: the quick one
+    flag = [] if classify(path.read_text()).state == "unfixed" else ["--reverse"]  # PR #31501: the quick one
     assert main(["patch", "apply", "--in-place", *flag, "--source", str(path)]) == 0
     capfd.readouterr()
     assert all(q.is_file() for q in backup_paths(path))
@@ -148,9 +150,9 @@ def test_out_refuses_existing_links_folders_and_read_only_places(src, tmp_path, 
         refused(capfd, ["patch", "apply", "--in-place", "--fix", "all", "--source", victim], "read-only", tmp_path)
     finally:
         ro.chmod(0o755)
-    flag = [] if sp.classify(src.read_text()).state == "unfixed" else ["--reverse"]
+    flag = [] if classify(src.read_text()).state == "unfixed" else ["--reverse"]
     assert main(["patch", "apply", *flag, "--source", str(src), "--out", str(existing), "--force"]) == 0
-    assert sp.classify(existing.read_text()).state != sp.classify(src.read_text()).state and link.is_symlink()
+    assert classify(existing.read_text()).state != classify(src.read_text()).state and link.is_symlink()
 
 
 def test_the_writer_is_all_or_nothing(tmp_path, monkeypatch, src, capfd, backend_text):
@@ -173,7 +175,7 @@ def test_the_writer_is_all_or_nothing(tmp_path, monkeypatch, src, capfd, backend
 
     from swa_repro.engine import patching as files
 
-    real, calls = files.write_atomic, []
+    real, calls = vars(files)["write_atomic"], []  # the name patching's functions call
 
     def third_fails(path, data, like=None):
         calls.append(path)
@@ -194,9 +196,10 @@ def _no_pip(*a, **k):
 @pytest.mark.parametrize("version", ["0.6.12;rm -rf x", ">=0.6", "../0.6.12", "0.6.12 ", "latest", "", "0.6.12+local"])
 def test_bundle_refuses_a_non_version_before_any_folder_or_pip(version, tmp_path, capfd, monkeypatch):
     from swa_repro.evidence import bundle
+    import subprocess
 
     monkeypatch.setattr(bundle, "_pip_download", _no_pip)
-    monkeypatch.setattr(bundle.subprocess, "run", _no_pip)
+    monkeypatch.setattr(subprocess, "run", _no_pip)
     refused(capfd, ["bundle", "--flashinfer", version, "--out", tmp_path / "b" / "fi"],
             "--flashinfer" if version else "--flashinfer '' is not a release number", tmp_path)
 
@@ -237,7 +240,7 @@ BAD_SOURCES = {
     "blank": (b"\n  \n", "is empty"),
     "syntax": (b"class FlashInferIndicesUpdaterPrefill:\n    def update_sliding_window(self:\n", "does not parse"),
 }
-FIX_CHOICES = [[], ["--fix", "all"], *(["--fix", n] for n in fix.ORDER)]
+FIX_CHOICES = [[], ["--fix", "all"], *(["--fix", n] for n in ORDER)]
 
 
 @pytest.mark.parametrize("kind", list(BAD_SOURCES))

@@ -221,7 +221,7 @@ def test_patch_apply_out_into_committed_folders_needs_force(tmp_path, capfd, mon
 def no_tables(monkeypatch):
     from swa_repro.sglang.audit import family_table
     from swa_repro.sglang.audit import table as at
-    from swa_repro.vllm import table as vt
+    from swa_repro.vllm.audit import table as vt
 
     monkeypatch.setattr(at, "build_table", _never)
     monkeypatch.setattr(family_table, "build", _never)

@@ -6,10 +6,11 @@ import random
 import numpy as np
 import pytest
 
-from swa_repro.core.case import FLASHINFER_VERSIONS, Case, CaseError
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError
 from swa_repro.core.intervals import ceil_div, intended_bounds
 from swa_repro.core.reference import intended_mask
-from swa_repro.core.versions import version_key
+from swa_repro.core.versions import FLASHINFER_VERSIONS, version_key
 from swa_repro.evidence.cases import CASES
 from swa_repro.kernel import model, partials
 from swa_repro.kernel.model import (

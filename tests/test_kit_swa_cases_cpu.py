@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER, kit_copy
-from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix import kit_copy
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.fix.upstream_diff import VERSION
 
 CASES = Path(__file__).resolve().parent / "sglang_kit_swa_cases.py"
 DECODE_GRAPH = {f"test_runner_mode_cuda_graph_decode_cases[case=runner_cuda_graph_swa_decode_{w}_window]"
@@ -25,9 +26,9 @@ def runs(tmp_path_factory):
 
     from swa_repro.sglang.fix.overlay import fixed_overlay
 
-    overlay = release_overlay(up.VERSION)
+    overlay = release_overlay(VERSION)
     tmp = tmp_path_factory.mktemp("kit-swa-cpu")
-    fixed = fixed_overlay(up.VERSION, ORDER, overlay)[0]
+    fixed = fixed_overlay(VERSION, ORDER, overlay)[0]
     return {s: _run(kit_copy.kit_overlay(b), [CASES], tmp)[CASES.name] for s, b in (("shipped", overlay), ("fixed", fixed))}
 
 

@@ -5,7 +5,7 @@ kit's text has it (shipped, with ``kit.diff``, with the Triton follow-up), on th
 (swa/test_triton.py's tree case: prefixes 3 and 5; swa/test_fa3.py's: 3 and 9; window 4; the kit's
 ``_draft_tree_mask``), with one-hot values and zero queries: each output row is the mean of the values of
 the keys that query attends, so the keys are read off the output. They are held against the project's
-own tree oracle (``sglang.audit.keys.tree_intended``: committed + depth, which
+own tree oracle (``sglang.audit.intended.tree_intended``: committed + depth, which
 ``kit_edits.TREE_DECISION`` argues from sglang's and transformers' sources) and against the index rule
 (Triton's extend kernel, extend_attention.py:563-569).
 """
@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.sglang.audit.keys import tree_intended
+from swa_repro.sglang.audit.intended import tree_intended
 from swa_repro.sglang.fix import kit_edits as ke
-from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix.kit_anchor import KitEditError
+from swa_repro.sglang.fix.kit_tree import TREE_DECISION, TRITON
+from swa_repro.sglang.fix.upstream_diff import VERSION
 
 PARENTS = (-1, 0, 0)  # the kit's tree (_draft_tree_mask, topk > 1: root and two children)
 WINDOW = 4
@@ -33,7 +35,7 @@ TRITON_TREE, FA3_TREE, PAST = (3, 5), (3, 9), (6, 8)  # prefixes of the kit's / 
 def texts():
     from conftest import release_overlay
 
-    return ke.read(release_overlay(up.VERSION))
+    return ke.read(release_overlay(VERSION))
 
 
 def _functions(text: str, names: tuple[str, ...]) -> dict:
@@ -95,7 +97,7 @@ def _same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 def test_the_kit_tree_is_the_oracles_tree(texts):
     """The kit's topk > 1 draft mask is the tree (-1, 0, 0): each row its ancestors and itself."""
-    from swa_repro.sglang.audit.keys import tree_oracle
+    from swa_repro.sglang.audit.intended import tree_oracle
 
     draft = _functions(texts[ke.VERIFY], ("_draft_tree_mask",))["_draft_tree_mask"](draft_token_num=3, topk=2,
                                                                                       device="cpu")
@@ -134,16 +136,16 @@ def test_triton_follow_up_moves_triton_to_the_depth_and_stays_out_of_kit_diff(te
     """``kit_tree_verify_triton`` (the Triton finding's kit side) makes Triton's tree expectation the depth;
     it goes on top of ``kit_tree_verify_window`` and is not in ``kit.diff``, so the FlashInfer series never
     changes what Triton's tests expect."""
-    both = {**texts, **ke.edit(texts, (*ke.ORDER, ke.TRITON))}
+    both = {**texts, **ke.edit(texts, (*ke.ORDER, TRITON))}
     assert _same(_keys(both, "triton", TRITON_TREE, 2), _depth(TRITON_TREE))
-    assert ke.TRITON not in ke.ORDER
+    assert TRITON not in ke.ORDER
     made = ke.diffs(texts)
     assert 'TREE_WINDOW_BY_INDEX = frozenset({"triton"})' in made[ke.ALL]
-    assert "frozenset()" not in made[ke.ALL] and "+TREE_WINDOW_BY_INDEX = frozenset()" in made[ke.TRITON]
-    with pytest.raises(ke.KitEditError, match="goes on top of kit_tree_verify_window"):
-        ke.edit(texts, (ke.TRITON,))
+    assert "frozenset()" not in made[ke.ALL] and "+TREE_WINDOW_BY_INDEX = frozenset()" in made[TRITON]
+    with pytest.raises(KitEditError, match="goes on top of kit_tree_verify_window"):
+        ke.edit(texts, (TRITON,))
     assert ke.states(both) == dict.fromkeys(ke.EDITS, "applied")
-    assert ke.states({**texts, **ke.edit(texts)}) == {**dict.fromkeys(ke.ORDER, "applied"), ke.TRITON: "needed"}
+    assert ke.states({**texts, **ke.edit(texts)}) == {**dict.fromkeys(ke.ORDER, "applied"), TRITON: "needed"}
 
 
 def test_the_decision_cites_its_sources(texts, tmp_path):
@@ -151,12 +153,12 @@ def test_the_decision_cites_its_sources(texts, tmp_path):
     import transformers.masking_utils as mu
     from conftest import release_overlay
 
-    site = release_overlay(up.VERSION) / "sglang"
+    site = release_overlay(VERSION) / "sglang"
 
     def lines(rel, a, b):
         return "".join((site / rel).read_text().splitlines(keepends=True)[a - 1:b])
 
-    text = " ".join(ke.TREE_DECISION)
+    text = " ".join(TREE_DECISION)
     assert "positions = [7, 8, 8, 9]" in lines("srt/speculative/eagle_utils.py", 208, 211)
     assert "cur_seq_len_prefix + cur_block_m * BLOCK_M + offs_m[:, None]" in lines(
         "kernels/ops/attention/extend_attention.py", 563, 569)
@@ -184,7 +186,7 @@ def test_the_edits_again_on_a_kit_with_the_follow_up_change_nothing(texts, tmp_p
     for p, t in texts.items():
         (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / p).write_text(t)
-    assert ke.main(["--site", str(tmp_path), "--names", ",".join((*ke.ORDER, ke.TRITON))]) == 0
+    assert ke.main(["--site", str(tmp_path), "--names", ",".join((*ke.ORDER, TRITON))]) == 0
     both = ke.read(tmp_path)
     assert ke.main(["--site", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("already applied") == len(ke.ORDER)

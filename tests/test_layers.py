@@ -9,6 +9,7 @@ imports the other. Also: no module of ``swa_repro/`` is over 400 lines.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_no_module_imports_a_higher_layer():
     ("swa_repro.sglang.check", "from swa_repro import notebook\n", "swa_repro.notebook"),
     ("swa_repro.notebook.story", "from swa_repro.cli import main\n", "swa_repro.cli"),
     ("swa_repro.engine.child", "from swa_repro.sglang import provision\n", "swa_repro.sglang"),
-    ("swa_repro.vllm.drive", "from swa_repro.sglang.audit.env import CpuTorch\n", "swa_repro.sglang.audit.env"),
+    ("swa_repro.vllm.audit.drive", "from swa_repro.sglang.audit.env import CpuTorch\n", "swa_repro.sglang.audit.env"),
     ("swa_repro.sglang.audit.cli", "def f():\n    from swa_repro.vllm import cli\n", "swa_repro.vllm"),
 ])
 def test_checker_catches_a_synthetic_violation(module, source, expect):
@@ -314,7 +315,7 @@ def test_no_private_name_across_packages():
 
 
 @pytest.mark.parametrize("module, source, expect", [
-    ("swa_repro.vllm.drive", "from swa_repro.sglang.audit.env import _CpuTorch\n",
+    ("swa_repro.vllm.audit.drive", "from swa_repro.sglang.audit.env import _CpuTorch\n",
      ["swa_repro.sglang.audit.env._CpuTorch"]),
     ("swa_repro.sglang.audit.live", "def f():\n    from ..trace import _first_tensor\n",
      ["swa_repro.sglang.trace._first_tensor"]),
@@ -325,3 +326,128 @@ def test_no_private_name_across_packages():
 def test_private_checker_catches_a_planted_import(module, source, expect):
     got = [text.split(" imports ")[1] for text, _ in private_across_packages(source, module)]
     assert got == expect
+
+
+# ----------------------------------------------------------------------------- each name from where it lives
+ROOT = PKG.parent
+READERS = ("swa_repro", "tests", "notebooks", "benchmarks", "scripts")  # every file that imports the package
+
+
+def module_path(module: str) -> Path | None:
+    """The file of a module of the package (a package: its ``__init__``), None for anything else."""
+    base = ROOT.joinpath(*module.split("."))
+    for p in (base / "__init__.py", base.with_suffix(".py")):
+        if p.is_file():
+            return p
+    return None
+
+
+def own_names(source: str) -> set[str]:
+    """The names a module binds itself (``def``, ``class``, an assignment, under ``if``/``try`` too),
+    not the ones it only imports: what others may import from it."""
+    names, todo = set(), list(ast.parse(source).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.ExceptHandler)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *getattr(node, "handlers", [])]
+    return names
+
+
+def imported_names(source: str, module: str) -> set[str]:
+    """The names a module's top level binds by importing them (its own submodules aside)."""
+    tree = ast.parse(source)
+    return {a.asname or a.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+            for a in node.names if getattr(node, "module", None) != module}
+
+
+@functools.cache
+def lives_in(module: str, name: str) -> bool:
+    """``name`` is defined in ``module`` or is its submodule (``__dunder__``s are every module's); a
+    package that imports a name over its submodule's (``patch.classify``, the function) re-exports it."""
+    path = module_path(module)
+    if name.startswith("__") or path is None or name in own_names(path.read_text()):
+        return True
+    if name in imported_names(path.read_text(), module):
+        return False
+    return module_path(f"{module}.{name}") is not None
+
+
+def scope_nodes(scope: ast.AST):
+    """The nodes of one scope (a module or a function), not those of the functions defined in it."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo += ast.iter_child_nodes(node)
+
+
+def borrowed_names(source: str, where: str = "<source>") -> list[str]:
+    """``where:line module.name`` of each name ``source`` takes from a module of the package that only
+    imports it (a re-export): ``from swa_repro.X import name``, and ``alias.name`` of a module
+    imported as ``alias`` (``from swa_repro.X import module [as alias]``, ``import swa_repro.X as
+    alias``) where that alias is in scope (a function's own import, argument or variable hides it)."""
+    bad = []
+
+    def visit(scope: ast.AST, outer: dict[str, str]) -> None:
+        aliases, local = dict(outer), set()
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            local |= {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+        nested = []
+        for node in scope_nodes(scope):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("swa_repro"):
+                for a in node.names:
+                    if module_path(f"{node.module}.{a.name}"):
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif not lives_in(node.module, a.name):
+                        bad.append(f"{where}:{node.lineno} {node.module}.{a.name}")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    name = a.asname or a.name.split(".")[0]
+                    if isinstance(node, ast.Import) and a.asname and module_path(a.name):
+                        aliases[name] = a.name
+                    else:
+                        local.add(name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                local.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                nested.append(node)
+        aliases = {k: v for k, v in aliases.items() if k not in local or k not in outer or v != outer[k]}
+        for node in scope_nodes(scope):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and not lives_in(aliases[node.value.id], node.attr)):
+                bad.append(f"{where}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
+        for fn in nested:
+            visit(fn, aliases)
+
+    visit(ast.parse(source), {})
+    return bad
+
+
+def test_every_name_is_imported_from_where_it_lives():
+    """No compatibility re-exports: a caller names the module that defines what it uses, so a reader
+    (or ``grep``) finds it in one step and a move breaks the callers here, not at run time."""
+    files = sorted(p for d in READERS for p in (ROOT / d).rglob("*.py"))
+    bad = [b for p in files for b in borrowed_names(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not bad, "names imported from a module that only re-exports them (import from where they live):\n" + \
+        "\n".join(bad)
+
+
+@pytest.mark.parametrize("source, expect", [
+    ("from swa_repro.notebook.runner import run_one\n", []),
+    ("from swa_repro.notebook.runner import Path\n", ["swa_repro.notebook.runner.Path"]),  # runner imports it
+    ("from swa_repro.notebook import runner\nrunner.Path\nrunner.run_one\n", ["swa_repro.notebook.runner.Path"]),
+    ("import swa_repro.notebook.runner as r\nr.json\nr.run_one\n", ["swa_repro.notebook.runner.json"]),
+    ("def f():\n    import swa_repro.notebook.runner as r\n    return r.Path\n", ["swa_repro.notebook.runner.Path"]),
+    ("def f():\n    from swa_repro.core import errors\n", []),  # a submodule
+    ("from swa_repro.notebook import runner\ndef f(runner):\n    return runner.Path\n", []),  # an argument hides it
+    ("from swa_repro.notebook import runner\ndef f():\n    from x import y as runner\n    return runner.Path\n", []),
+    ("from swa_repro.core.errors import __doc__\n", [])])
+def test_borrowed_names_finds_a_planted_re_export(source, expect):
+    assert [b.split(" ")[1] for b in borrowed_names(source)] == expect

@@ -10,7 +10,8 @@ import types
 import pytest
 import torch
 
-from swa_repro.cli import UsageError, main
+from swa_repro.cli import main
+from swa_repro.core.errors import UsageError
 from swa_repro.core.mode import require_live, resolve_mode
 
 

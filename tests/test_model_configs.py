@@ -11,6 +11,7 @@ from conftest import skip_module_unless
 skip_module_unless("transformers")
 skip_module_unless("sglang")
 
+from swa_repro.engine.families import MODELS  # noqa: E402
 from swa_repro.sglang import model_configs as mc  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def test_models_sglang_serves_without_a_window_and_the_cohere2_convention():
 
 def test_every_listed_model_is_read_and_absent_ones_are_said():
     specs = mc.model_specs()
-    assert {s.name for s in specs} == set(mc.MODELS)
+    assert {s.name for s in specs} == set(MODELS)
     assert all(s.num_qo_heads % s.num_kv_heads == 0 and s.head_dim > 0 for s in specs)
     absent = mc.absent_models()
     assert all("remote code" in why for why in absent.values())

@@ -19,7 +19,8 @@ threshold = 1
 
 # %%
 from swa_repro.notebook.checks import Checks
-from swa_repro.notebook.runner import announce_mode, artifact_set
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode
 
 output_dir = artifact_set("00_reuse", globals())
 info = announce_mode(mode, output_dir, "00_reuse")
@@ -71,7 +72,7 @@ def test_any_changed_input_runs_it_again(twice, tmp_path, monkeypatch):
     from swa_repro.core import cache
 
     real = cache.code_hash
-    monkeypatch.setattr(cache, "code_hash", lambda *a, **k: "0" + real(*a, **k)[1:])
+    monkeypatch.setattr(cache, "code_hash", lambda *a, **k: "changed " + real(*a, **k))  # always another hash
     assert artifacts.reusable(path, out, _key(nb)) is None  # the package's code
     monkeypatch.undo()
     monkeypatch.setattr(artifacts, "_tree_hash", lambda root, dirs: "changed")

@@ -12,7 +12,9 @@ from swa_repro.cli import main
 from swa_repro.core.errors import UsageError
 from swa_repro.notebook import artifacts
 from swa_repro.notebook.params import check_parameters, declared, describe, fits, infer
-from swa_repro.notebook.runner import RESERVED, longest_first, parse_parameters, select_notebooks
+from swa_repro.notebook.places import RESERVED
+from swa_repro.notebook.run_summary import longest_first
+from swa_repro.notebook.runner import parse_parameters, select_notebooks
 
 HEADER = '''# %% [markdown]
 # Throwaway notebook for the runner's tests.
@@ -26,9 +28,10 @@ threshold = 1
 import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from swa_repro.notebook.checks import Checks
 from swa_repro.notebook import plots
-from swa_repro.notebook.runner import announce_mode, artifact_set, figure_saver, save_figure
+from swa_repro.notebook.checks import Checks
+from swa_repro.notebook.artifacts import artifact_set
+from swa_repro.notebook.runner import announce_mode, figure_saver, save_figure
 
 output_dir = artifact_set(NAME, globals())
 info = announce_mode(mode, output_dir, NAME)

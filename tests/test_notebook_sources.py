@@ -12,7 +12,8 @@ from conftest import skip_module_unless
 
 from swa_repro.notebook import artifacts, places, runner, story
 from swa_repro.notebook.params import notebook_parameters
-from swa_repro.notebook.runner import NOTEBOOKS_DIR, REPO_DIR, available_notebooks, output_path
+from swa_repro.notebook.places import NOTEBOOKS_DIR, REPO_DIR, output_path
+from swa_repro.notebook.runner import available_notebooks
 
 skip_module_unless("jupytext", reason="the notebooks extra (jupytext) is not installed")
 

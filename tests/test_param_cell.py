@@ -12,7 +12,8 @@ import pytest
 
 from swa_repro.notebook import artifacts
 from swa_repro.notebook.param_cell import ParameterError, check
-from swa_repro.notebook.runner import NOTEBOOKS_DIR, available_notebooks
+from swa_repro.notebook.places import NOTEBOOKS_DIR
+from swa_repro.notebook.runner import available_notebooks
 
 NOTEBOOKS = available_notebooks(NOTEBOOKS_DIR)
 PARAMS_CELL = re.compile(r'# %% tags=\["parameters"\]\n(.*?)\n(?=# %%\n)', re.DOTALL)

@@ -8,7 +8,8 @@ import pytest
 from swa_repro.cli import main
 from swa_repro.notebook import param_types as PT
 from swa_repro.notebook.params import notebook_parameters
-from swa_repro.notebook.runner import NOTEBOOKS_DIR, RESERVED, available_notebooks
+from swa_repro.notebook.places import NOTEBOOKS_DIR, RESERVED
+from swa_repro.notebook.runner import available_notebooks
 
 NOTEBOOKS = available_notebooks(NOTEBOOKS_DIR)
 

@@ -1,4 +1,4 @@
-"""plots.py: reductions never hide an extra/missing key; figures build at 12 and 4096 tokens."""
+"""plots.py and mask_blocks.py: reductions never hide an extra/missing key; figures build at 12 and 4096 tokens."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
-from swa_repro.notebook import plots
+from swa_repro.notebook import mask_blocks, plots
 from swa_repro.core.case import Case
 from swa_repro.kernel.model import simulate
 from swa_repro.core.reference import intended_interval, interval_to_mask
@@ -29,7 +29,7 @@ def test_single_extra_key_survives_4096_to_256():
         i, j = rng.integers(0, 4096, 2)
         diff = np.zeros((4096, 4096), bool)
         diff[i, j] = True
-        red = plots.reduce_bool(diff, 256)
+        red = mask_blocks.reduce_bool(diff, 256)
         assert red.shape == (256, 256)
         assert red.sum() == 1 and red[i // 16, j // 16]
 
@@ -37,8 +37,8 @@ def test_single_extra_key_survives_4096_to_256():
 def test_reduce_bool_is_maxpool_on_ragged_shapes():
     rng = np.random.default_rng(1)
     a = rng.random((1000, 777)) > 0.999
-    red = plots.reduce_bool(a, 64)
-    block = (plots.block_size(1000, 64), plots.block_size(777, 64))
+    red = mask_blocks.reduce_bool(a, 64)
+    block = (mask_blocks.block_size(1000, 64), mask_blocks.block_size(777, 64))
     assert np.array_equal(red, dense_pool(a, block, np.max, False))
     assert red.sum() >= 1 and red.sum() <= a.sum()
 
@@ -50,9 +50,9 @@ def test_interval_reductions_match_dense(block):
     lo = rng.integers(-1, n, rows)
     hi = np.where(rng.random(rows) < 0.1, lo - 1, np.minimum(lo + rng.integers(0, 200, rows), n - 1))  # some empty
     dense = interval_to_mask(lo, hi, n) & (hi >= 0)[:, None]
-    assert np.array_equal(plots.intervals_any(lo, hi, n, block), dense_pool(dense, block, np.max, False))
-    assert np.array_equal(plots.intervals_all(lo, hi, n, block), dense_pool(dense, block, np.min, True))
-    levels = plots.reduce_mask(lo, hi, n, block)
+    assert np.array_equal(mask_blocks.intervals_any(lo, hi, n, block), dense_pool(dense, block, np.max, False))
+    assert np.array_equal(mask_blocks.intervals_all(lo, hi, n, block), dense_pool(dense, block, np.min, True))
+    levels = mask_blocks.reduce_mask(lo, hi, n, block)
     assert set(np.unique(levels)) <= {0, 1, 2}
 
 
@@ -69,7 +69,7 @@ def test_reduce_difference_matches_dense_per_head():
     extra = np.any([m & ~intended for m in eff], 0)
     missing = np.any([intended & ~m for m in eff], 0)
     for block in [(1, 1), (4, 8), (32, 32)]:
-        d = plots.reduce_difference(lo, hi, ilo, ihi, kv, block)
+        d = mask_blocks.reduce_difference(lo, hi, ilo, ihi, kv, block)
         ex, mi = dense_pool(extra, block, np.max, False), dense_pool(missing, block, np.max, False)
         assert np.array_equal(np.isin(d, (2, 4)), ex)
         assert np.array_equal(np.isin(d, (3, 4)), mi)
@@ -81,7 +81,7 @@ def test_one_leaked_key_in_a_large_request_colours_exactly_one_block():
     ilo, ihi = intended_interval(p, e, w)
     lo, hi = ilo.copy(), ihi.copy()
     lo[3000] -= 1  # one (row, key) pair outside the window
-    d = plots.reduce_difference(lo, hi, ilo, ihi, p + e, (16, 16))
+    d = mask_blocks.reduce_difference(lo, hi, ilo, ihi, p + e, (16, 16))
     assert d.shape == (256, 256)
     assert np.argwhere(d == 2).tolist() == [[3000 // 16, (ilo[3000] - 1) // 16]]
     assert not np.isin(d, (3, 4)).any()
@@ -92,18 +92,18 @@ def test_reduce_tiles_keeps_most_severe_state():
     t[0, 10:500] = 1
     t[0, 123] = 2
     t[1, 999] = 1
-    red, bc = plots.reduce_tiles(t, 100)
+    red, bc = mask_blocks.reduce_tiles(t, 100)
     assert bc == 10 and red.shape == (2, 100)
     assert red[0, 12] == 2 and red[0, 1] == 1 and red[0, 0] == 0 and red[0, 49] == 1 and red[0, 50] == 0
     assert red[1, 99] == 1 and red[1, :99].max() == 0
-    rows, _ = plots.reduce_tiles(np.repeat(t, 150, axis=0), 100, max_rows=128)  # 300 q tiles -> blocks of 3
+    rows, _ = mask_blocks.reduce_tiles(np.repeat(t, 150, axis=0), 100, max_rows=128)  # 300 q tiles -> blocks of 3
     assert rows.shape == (100, 100) and rows[16, 12] == 2 and rows[50, 12] == 0 and rows[50, 99] == 1
 
 
 def test_row_kv_start_maps_rows_to_their_cta():
     case = Case((200,), (100,), num_qo_heads=32, num_kv_heads=8, window_left=64, disable_split_kv=True)
     r = simulate(case).requests[0]
-    ks = plots.row_kv_start(r, 128, 4)
+    ks = mask_blocks.row_kv_start(r, 128, 4)
     assert ks.shape == (100,)
     assert ks[0] == r.kv_start[0] and ks[31] == r.kv_start[0] and ks[32] == r.kv_start[1] and ks[99] == r.kv_start[3]
     # every row's effective first key is its CTA's kv_start (mask compiled out, no split)

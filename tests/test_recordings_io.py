@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from swa_repro.evidence import cases as rc
 from swa_repro.cli import main as swa
-from swa_repro.core.case import FLASHINFER_VERSIONS, Case
+from swa_repro.core.case import Case
+from swa_repro.core.versions import FLASHINFER_VERSIONS
+from swa_repro.evidence import cases as rc
+from swa_repro.evidence.recordings import groups_agree, load_recording, load_recordings, write_recording
 from swa_repro.kernel.model import simulate
 from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
-from swa_repro.evidence.recordings import groups_agree, load_recording, load_recordings, write_recording
 
 GQA = Case(prefix_lens=(40, 0), extend_lens=(70, 9), num_qo_heads=8, num_kv_heads=2, head_dim=64,
            page_size=16, window_left=8, name="synthetic_gqa_bug")

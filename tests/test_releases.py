@@ -15,11 +15,13 @@ skip_module_unless("sglang")
 
 from swa_repro.cli import main  # noqa: E402
 from swa_repro.sglang import provision  # noqa: E402
+import shutil  # noqa: E402
+from swa_repro.engine.provenance import TABLE_DIR  # noqa: E402
 from swa_repro.sglang.audit import core as audit  # noqa: E402
 from swa_repro.sglang.audit import table as at  # noqa: E402
-from swa_repro.sglang.audit.release import foreign_modules  # noqa: E402
+from swa_repro.sglang.overlay_run import foreign_modules  # noqa: E402
 
-TABLE = at.TABLE_DIR / "releases.json"
+TABLE = TABLE_DIR / "releases.json"
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,7 @@ def test_table_has_the_required_releases_every_class_and_provenance():
         for k, c in r["cells"].items():
             assert c["state"] in ("holds", "fixed", "absent", "not driven"), (r["sglang"], k)
             assert c["evidence"], (r["sglang"], k)  # every verdict names its recorded call or reason
-    md = (at.TABLE_DIR / "releases.md").read_text()
+    md = (TABLE_DIR / "releases.md").read_text()
     assert md == at.markdown(t)  # the markdown is the JSON's rendering, nothing edited by hand
 
 
@@ -99,8 +101,8 @@ def test_cache_and_installer(tmp_path, monkeypatch):
     assert provision.overlay_dir("0.5.16") == tmp_path / "sglang" / "0.5.16"
     cmd = provision.installer(tmp_path / "x", "0.5.16")
     assert cmd[-1] == "sglang==0.5.16" and "--no-deps" in cmd and "--target" in cmd
-    monkeypatch.setattr(provision.shutil, "which", lambda name: None)
-    monkeypatch.setattr(provision.sys, "executable", str(tmp_path / "python"))  # no uv next to it
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no uv next to it
     assert provision.installer(tmp_path / "x", "0.5.16")[:3] == [str(tmp_path / "python"), "-m", "pip"]
     assert provision._refusal("9", "error: failed to fetch: dns error").startswith("cannot reach the package index")
 

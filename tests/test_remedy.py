@@ -17,15 +17,10 @@ import pytest
 
 from swa_repro.cli import main
 from swa_repro.core.exit_status import FAIL_ON, exit_status
+from swa_repro.engine.families import GPU_CLASSES
 from swa_repro.notebook import family_answer as FA
-from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import (
-    HYBRID,
-    LAYER_NOT_HF,
-    fix_names,
-    remedy,
-    remedy_text,
-)
+from swa_repro.sglang.audit.family_fix import fix_names, remedy, remedy_text
+from swa_repro.sglang.audit.family_verdict import HYBRID, LAYER_NOT_HF
 from swa_repro.sglang.fix import ALL, parse_names
 
 REPO = Path(__file__).resolve().parents[1]
@@ -101,10 +96,10 @@ def _cohere2_fixed(verdict_vs_layer: str) -> dict:
 
 def test_a_layer_asking_another_window_than_hf_is_layer_not_hf_as_in_vllm():
     """Issue #40 point 4: every kernel told what the layer asks, the layer asking HF's inclusive count:
-    ``layer != HF`` (vllm.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
+    ``layer != HF`` (vllm.audit.verdict's state and words), a finding for ``--fail-on any`` and ``default`` as
     there; no fix offered. A kernel told something else is still affected, with the window line beside."""
-    from swa_repro.sglang.audit.family_run import answer
-    from swa_repro.vllm.verdict import judge
+    from swa_repro.sglang.audit.family_verdict import answer
+    from swa_repro.vllm.audit.verdict import judge
 
     a = answer(_cohere2_fixed("exact"), "sm90")
     assert a["state"] == LAYER_NOT_HF and a["why"] == ["sliding layer asks window_left 4096, transformers' mask 4095"]
@@ -178,7 +173,7 @@ def test_cohere2_on_sm100_gets_the_family_and_gpu_fixes(monkeypatch):
 def test_every_affected_cell_of_the_table_gets_fixes_that_apply_or_is_told_to_upgrade(release, gpu, family, cell):
     """The fixes are written against 0.5.14-0.5.23's files (``fix``); an older release's remedy was
     ``patch --fix all``, which refuses its file: it is told to upgrade instead, with the command to ask."""
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     r = remedy(family, cell, gpu, release)
     if cell["layer_window"].get("sliding") == -1:  # the model file's: no fix in any release
@@ -290,7 +285,8 @@ def test_audit_exit_status_and_first_line(capfd):
 def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path):
     """Notebook 07 with cohere2 on sm100, 0.5.20: the audit's remedy, its check passing (the issue's
     Run All ended in an AssertionError)."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     params = {"model": "cohere2", "gpu": "sm100", "sglang_release": "0.5.20"}
     r = run_one(NOTEBOOKS_DIR / "07_my_model_my_gpu.py", tmp_path, "model", params, ensure_kernel(), 900)
@@ -302,7 +298,7 @@ def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path):
 
 # ----------------------------------------------------------------------------- the vLLM audit's answer
 def _vllm_doc(capped=True, default="FLASH_ATTN", error=None):
-    """One cell as ``vllm.drive`` documents it: gemma2, the prefill on the planned wrapper, every decode
+    """One cell as ``vllm.audit.drive`` documents it: gemma2, the prefill on the planned wrapper, every decode
     on XQA, told no soft cap where ``capped``."""
     fam = {"family": "gemma2", "hf_sliding_window": 4096, "hf_cap": 50.0, "head_dim": 256, "how": "Gemma2Config",
            "sources": {"window": "vllm/model_executor/models/gemma2.py:156"},
@@ -325,10 +321,10 @@ def _vllm_doc(capped=True, default="FLASH_ATTN", error=None):
 def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
     """Issue #42 item 7: the verdict was one ~1,000-character line, named no remedy, and did not say
     that FlashInfer is not vLLM's default on sm90."""
-    from swa_repro.vllm.audit import render
-    from swa_repro.vllm.verdict import FLASHINFER_FLAG
+    from swa_repro.vllm.audit.core import render
+    from swa_repro.vllm.audit.verdict import FLASHINFER_FLAG
 
-    lines = render(_vllm_doc(), "0.34.0", fam.GPU_CLASSES["sm90"])
+    lines = render(_vllm_doc(), "0.34.0", GPU_CLASSES["sm90"])
     answer = lines[next(i for i, ln in enumerate(lines) if ln.startswith("  ANSWER: ")):]
     assert answer[0] == "  ANSWER: affected" and max(map(len, answer)) <= 120, max(answer, key=len)
     assert "    ... 2 more (--json has them all)" in answer  # 8 findings, 6 shown
@@ -337,7 +333,7 @@ def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
     todo = answer[answer.index(next(ln for ln in answer if ln.startswith("  WHAT TO DO: "))):]
     assert todo[0] == "  WHAT TO DO: swa-repro patch apply --vllm --fix cap-route --in-place"
     assert todo[2] == "              check it: swa-repro audit --vllm 0.34.0 --fix cap-route"
-    fixed = render(_vllm_doc(capped=False, default="FLASHINFER"), "0.34.0 with --fix cap-route", fam.GPU_CLASSES["sm100"])
+    fixed = render(_vllm_doc(capped=False, default="FLASHINFER"), "0.34.0 with --fix cap-route", GPU_CLASSES["sm100"])
     assert "  ANSWER: not affected" in fixed and not any("WHAT TO DO" in ln or "not vLLM" in ln for ln in fixed)
 
 
@@ -346,7 +342,7 @@ def test_vllm_answer_is_short_lines_naming_the_fix_and_the_default_backend():
     (_vllm_doc(capped=False), "any", 0), (_vllm_doc(error="RuntimeError: no driver"), "never", 1),
 ])
 def test_vllm_audit_exit_status(doc, fail_on, rc, monkeypatch, capsys):
-    from swa_repro.vllm import audit
+    from swa_repro.vllm.audit import core as audit
 
     monkeypatch.setattr(audit, "run_release", lambda *a, **k: (
         {"audits": {"9.0": {"gemma2": doc}}, "families": [doc["family"]]}, 0.1, {"cache": "hit"}))

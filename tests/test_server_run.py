@@ -13,6 +13,7 @@ from swa_repro.sglang import server_run
 from swa_repro.sglang import serving_path as sp
 from swa_repro.sglang import serving_server as ss
 from swa_repro.sglang.audit import family_run
+from swa_repro.sglang.audit.family_verdict import answer
 
 R = {"ragged_terms": ["self.enable_deterministic", "is_in_piecewise_cuda_graph()", "self.use_paged"],
      "force_paged": ["self.is_multimodal", "self.enable_mis"], "use_paged_env": "SGLANG_FLASHINFER_USE_PAGED",
@@ -65,13 +66,13 @@ def test_split_server_reaches_flashinfer_around_a_refusal():
     f = {"family": "m", "serving": {**fp.__dict__},
          "paths": [{"path": "extend_ragged_no_prefix", "kind": "sliding", "status": "driven", "verdict": "leak",
                     "cap": "none"}]}
-    a = family_run.answer(f, "sm90")
+    a = answer(f, "sm90")
     assert a["state"] == "only with flags" and a["flags"] == ["--prefill-attention-backend flashinfer"]
     f["paths"][0]["verdict"] = "exact"  # FlashInfer reached (split) and exact: not affected, said why
-    a = family_run.answer(f, "sm90")
+    a = answer(f, "sm90")
     assert a["state"] == "not affected" and "--prefill-attention-backend flashinfer" in a["note"]
     f["serving"]["by_gpu"] = {g: {**v, "split": {}} for g, v in fp.by_gpu.items()}
-    assert family_run.answer(f, "sm90")["state"] == "flashinfer refused"
+    assert answer(f, "sm90")["state"] == "flashinfer refused"
 
 
 def test_default_refused_is_said_with_its_line():
@@ -181,7 +182,7 @@ def test_a_default_piecewise_prefill_graph_is_not_ragged():
          "paths": [{"path": "extend_paged", "kind": "sliding", "status": "driven", "verdict": "leak", "cap": "none"},
                    {"path": "extend_ragged_no_prefix", "kind": "sliding", "status": "driven", "verdict": "exact",
                     "cap": "none"}]}
-    a = family_run.answer(f, "sm80")
+    a = answer(f, "sm80")
     assert a["state"] == "affected on the default path" and "no server rule" not in str(a.get("note"))
 
 

@@ -97,9 +97,9 @@ def test_backends_ask_sgl_kernel_only_what_the_stub_answers():
 
     from conftest import release_overlay
 
-    from swa_repro.sglang.fix import upstream as up
+    from swa_repro.sglang.fix.upstream_diff import VERSION
 
-    site = release_overlay(up.VERSION) / "sglang"
+    site = release_overlay(VERSION) / "sglang"
     asked = {}
     for rel in ("srt/layers/attention/triton_backend.py", "srt/layers/attention/flashinfer_backend.py",
                 "srt/layers/attention/flashattention_backend.py", "kernels/ops/attention/flash_attention_v3.py",

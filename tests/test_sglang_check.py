@@ -11,8 +11,8 @@ from conftest import skip_module_unless
 
 skip_module_unless("sglang", reason="sglang-check drives sglang's own backend: install sglang==0.5.15.post1")
 
-from swa_repro.sglang import check as C  # noqa: E402
 from swa_repro.cli import main  # noqa: E402
+from swa_repro.sglang import check as C  # noqa: E402
 from swa_repro.sglang.harness import reaches_past_window  # noqa: E402
 
 
@@ -62,7 +62,8 @@ def test_peer_suite_kit_swa_cases():
 def test_notebook_runs_in_model_mode(tmp_path, name, params):
     """Under papermill (the project's runner), headless, model mode: says its mode, every check
     passes; 04 also saves its mask figures and, asked to, one trace per run."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", params, ensure_kernel(), 900)
     assert r["status"] == "ok", r["error"]
@@ -98,9 +99,10 @@ def test_another_installed_release_gets_one_line_pointing_at_the_audit(monkeypat
     what runs it (the audit) instead of failing inside the harness."""
     from swa_repro.core.errors import UsageError
     from swa_repro.sglang import harness
+    from importlib import metadata
 
-    monkeypatch.setattr(harness.md, "version", lambda name: installed)
+    monkeypatch.setattr(metadata, "version", lambda name: installed)
     with pytest.raises(UsageError, match=rf"sglang {installed} is installed: audit {installed} with .*--sglang {installed}"):
         harness.require_harness_release()
-    monkeypatch.setattr(harness.md, "version", lambda name: "0.5.15.post1")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.15.post1")
     assert harness.require_harness_release() == "0.5.15.post1"

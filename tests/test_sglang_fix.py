@@ -19,7 +19,9 @@ import pytest
 
 from difftools import backend_file  # tests/difftools.py
 from swa_repro.cli import main
+from swa_repro.engine.patching import PatchError
 from swa_repro.sglang import fix
+from swa_repro.sglang.fix.fixes import ORDER
 from swa_repro.sglang.fix.source import Source, apply_edits
 
 pytestmark = pytest.mark.network
@@ -114,7 +116,7 @@ def test_states_as_shipped(release):
     assert set(states.values()) == {"needed"}, states
 
 
-@pytest.mark.parametrize("name", fix.ORDER)
+@pytest.mark.parametrize("name", ORDER)
 def test_each_fix_alone(release, name):
     version, text = release
     text, names = with_plumbing(text, version, name)
@@ -129,13 +131,13 @@ def test_each_fix_alone(release, name):
 
 def test_all_fixes(release):
     version, text = release
-    new = fix.apply_fixes(text, fix.ORDER)
+    new = fix.apply_fixes(text, ORDER)
     assert touched(text, new) <= set().union(*WHERE.values())
     assert {s.state for s in fix.states(new).values()} == {"applied"}
     # every fix alone, then the rest: the same code as all at once (keyword order aside)
-    for name in fix.ORDER[1:]:
+    for name in ORDER[1:]:
         first = fix.apply_fixes(text, fix.parse_names(f"paged_only_window,{name}"))
-        assert normalized(fix.apply_fixes(first, fix.ORDER)) == normalized(new)
+        assert normalized(fix.apply_fixes(first, ORDER)) == normalized(new)
 
 
 def normalized(text: str) -> str:
@@ -149,14 +151,14 @@ def normalized(text: str) -> str:
 
 def test_window_plumbing_is_required_before_31501():
     text = backend_file("0.5.14").read_text()
-    with pytest.raises(fix.PatchError, match="add paged_only_window"):
+    with pytest.raises(PatchError, match="add paged_only_window"):
         fix.apply_fixes(text, ("eagle_verify_window",))
 
 
 def test_unknown_structure_is_refused():
     text = backend_file("0.5.23").read_text().replace("wrapper_ragged.begin_forward(", "wrapper_ragged.plan2(")
     assert fix.states(text)["soft_cap_prefill"].state == "unknown"
-    with pytest.raises(fix.PatchError, match="nothing was written"):
+    with pytest.raises(PatchError, match="nothing was written"):
         fix.apply_fixes(text, ("soft_cap_prefill",))
 
 

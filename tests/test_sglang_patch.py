@@ -16,18 +16,22 @@ from pathlib import Path
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.sglang import patch as sp
 from swa_repro.core.outputs import backup_paths
-from swa_repro.engine.patching import unified_diff
+from swa_repro.engine.patching import PatchError, unified_diff
 from swa_repro.sglang.patch import stubs
+from swa_repro.sglang.patch.classify import CBF, CLASS, MODULE, OTHER, REL_PATH, USW, classify, method_spans
+from swa_repro.sglang.patch.edit import transform
+from swa_repro.sglang.patch.files import installed_path
+from swa_repro.sglang.patch.stubs import compile_class, plan_window_lefts
+from swa_repro.sglang.patch.swap import patched, unpatched
 from difftools import changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
 
 @pytest.fixture(scope="module")
 def installed():
     try:
-        path = sp.installed_path()
-    except sp.PatchError as e:
+        path = installed_path()
+    except PatchError as e:
         pytest.skip(str(e))
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     yield path
@@ -38,14 +42,14 @@ def installed():
 def fake_site(installed, tmp_path, monkeypatch):
     """A copy of the installed file in a fake site-packages that `find_spec('sglang')` finds."""
     site = tmp_path / "site-packages"
-    target = site / "sglang" / sp.REL_PATH
+    target = site / "sglang" / REL_PATH
     target.parent.mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
     shutil.copy2(installed, target)
     monkeypatch.delitem(sys.modules, "sglang", raising=False)
     monkeypatch.syspath_prepend(str(site))
     importlib.invalidate_caches()
-    assert sp.installed_path() == target
+    assert installed_path() == target
     return target
 
 
@@ -73,11 +77,11 @@ def test_diff_adds_the_window_only_inside_the_two_methods(installed, capsys):
     diff = capsys.readouterr().out
     assert diff.startswith("--- a/") and "\n+++ b/" in diff
     assert ("+        window_left: int = -1," in diff) == (not flag)
-    new = sp.transform(text, "unfixed" if flag else "fixed")
+    new = transform(text, "unfixed" if flag else "fixed")
     assert diff == unified_diff(text, new, str(installed).lstrip("/"))
     old_lines, new_lines = changed_lines(text, new)
-    assert old_lines and inside(old_lines, sp.method_spans(text))
-    assert inside(new_lines, sp.method_spans(new))
+    assert old_lines and inside(old_lines, method_spans(text))
+    assert inside(new_lines, method_spans(new))
 
 
 def test_diff_in_the_direction_already_taken_is_empty(installed, capsys):
@@ -93,26 +97,26 @@ def test_apply_out_writes_a_patched_copy_and_leaves_the_source(installed, tmp_pa
     installed file is in the other state."""
     text = installed.read_bytes().decode()
     src = tmp_path / "flashinfer_backend.py"
-    src.write_bytes((text if sp.classify(text).state == start else sp.transform(text, start)).encode())
+    src.write_bytes((text if classify(text).state == start else transform(text, start)).encode())
     before = src.read_bytes()
     out = tmp_path / "patched.py"
     flag = ["--reverse"] if start == "fixed" else []
     assert main(["patch", "apply", "--source", str(src), "--out", str(out), *flag]) == 0
     assert src.read_bytes() == before
     new = out.read_bytes().decode()
-    want = sp.OTHER[start]
-    assert sp.classify(new).state == want
+    want = OTHER[start]
+    assert classify(new).state == want
     compile(new, str(out), "exec")
-    back = sp.transform(new, start)
+    back = transform(new, start)
     if start == "unfixed":
         assert back.encode() == before  # exact way back
     else:  # re-fixing the written copy gives the same fix (upstream's may be laid out differently)
         assert normalized_methods(back) == normalized_methods(before.decode())
         assert not changed_outside_the_methods(before.decode(), back)
     fixed = new if want == "fixed" else before.decode()
-    assert sp.plan_window_lefts(fixed, window=4096) == {0: 4096, 1: None}
-    assert sp.plan_window_lefts(fixed, use_ragged=True) == {0: None, 1: None}
-    assert sp.plan_window_lefts(sp.transform(fixed, "unfixed")) == {0: None, 1: None}
+    assert plan_window_lefts(fixed, window=4096) == {0: 4096, 1: None}
+    assert plan_window_lefts(fixed, use_ragged=True) == {0: None, 1: None}
+    assert plan_window_lefts(transform(fixed, "unfixed")) == {0: None, 1: None}
     assert f"wrote {out}" in capsys.readouterr().out
 
 
@@ -129,7 +133,7 @@ def test_apply_without_a_destination_shows_the_diff_and_exits_2(installed, tmp_p
 
 def test_in_place_apply_and_revert_in_a_fake_site_packages(fake_site, capsys):
     original = fake_site.read_bytes()
-    state = sp.classify(original.decode()).state
+    state = classify(original.decode()).state
     flag = [] if state == "unfixed" else ["--reverse"]
     assert main(["patch", "apply", "--in-place", *flag]) == 0
     bak, meta = backup_paths(fake_site)
@@ -141,7 +145,7 @@ def test_in_place_apply_and_revert_in_a_fake_site_packages(fake_site, capsys):
     capsys.readouterr()
     assert main(["patch", "status"]) == 0
     cap = capsys.readouterr()
-    assert cap.out == sp.OTHER[state] + "\n" and "patched in place by swa-repro" in cap.err
+    assert cap.out == OTHER[state] + "\n" and "patched in place by swa-repro" in cap.err
     assert main(["patch", "apply", "--in-place", *flag]) == 0  # idempotent
     assert "already" in capsys.readouterr().out and bak.read_bytes() == original
     back = ["--reverse"] if not flag else []
@@ -190,12 +194,12 @@ def test_unknown_state_is_refused(installed, tmp_path, capsys, how):
     if how == "renamed":  # the class no longer has update_sliding_window
         bad = text.replace("def update_sliding_window(", "def update_sliding_window_v2(")
     else:  # the signature patched, the rest not: neither state
-        fixed = sp.transform(text, "fixed")
+        fixed = transform(text, "fixed")
         bad = fixed.replace("        window_left: int = -1,\n", "", 1)
     src = tmp_path / "site" / "flashinfer_backend.py"
     src.parent.mkdir()
     src.write_text(bad)
-    assert sp.classify(bad).state == "unknown"
+    assert classify(bad).state == "unknown"
     assert main(["patch", "status", "--source", str(src)]) == 0
     cap = capsys.readouterr()
     assert cap.out == "unknown\n" and cap.err
@@ -230,26 +234,26 @@ def lite_module(path):
     """The installed FlashInferIndicesUpdaterPrefill compiled from the real file's class on stub
     globals (importing sglang's module takes a minute on 2 cores; the slow test below does)."""
     glb = stubs.Stubs(__name__="lite_flashinfer_backend")
-    cls = sp.compile_class(path.read_text(), glb, str(path), whole=True)
-    return types.SimpleNamespace(__file__=str(path), __name__=glb["__name__"], **{sp.CLASS: cls})
+    cls = compile_class(path.read_text(), glb, str(path), whole=True)
+    return types.SimpleNamespace(__file__=str(path), __name__=glb["__name__"], **{CLASS: cls})
 
 
 def check_context_managers(module):
-    cls = getattr(module, sp.CLASS)
-    orig = {n: cls.__dict__[n] for n in (sp.USW, sp.CBF)}
-    base = sp.classify(Path(module.__file__).read_text()).state
+    cls = getattr(module, CLASS)
+    orig = {n: cls.__dict__[n] for n in (USW, CBF)}
+    base = classify(Path(module.__file__).read_text()).state
     window = {"fixed": {0: 64, 1: None}, "unfixed": {0: None, 1: None}}
-    assert sp.plan_window_lefts(cls) == window[base]
-    with sp.patched(module) as c:
-        assert c is cls and sp.plan_window_lefts(cls) == window["fixed"]
-        assert sp.plan_window_lefts(cls, use_ragged=True) == window["unfixed"]
-        with sp.unpatched(module):
-            assert sp.plan_window_lefts(cls) == window["unfixed"]
-        with sp.patched(module):  # nested, same state: a no-op
-            assert sp.plan_window_lefts(cls) == window["fixed"]
-        assert sp.plan_window_lefts(cls) == window["fixed"]
+    assert plan_window_lefts(cls) == window[base]
+    with patched(module) as c:
+        assert c is cls and plan_window_lefts(cls) == window["fixed"]
+        assert plan_window_lefts(cls, use_ragged=True) == window["unfixed"]
+        with unpatched(module):
+            assert plan_window_lefts(cls) == window["unfixed"]
+        with patched(module):  # nested, same state: a no-op
+            assert plan_window_lefts(cls) == window["fixed"]
+        assert plan_window_lefts(cls) == window["fixed"]
     assert all(cls.__dict__[n] is f for n, f in orig.items())
-    for cm in (sp.patched, sp.unpatched):
+    for cm in (patched, unpatched):
         with pytest.raises(RuntimeError, match="boom"):
             with cm(module):
                 with cm(module):
@@ -264,13 +268,13 @@ def test_context_managers_swap_and_restore_even_on_error(installed):
 def test_context_manager_refuses_a_class_that_does_not_match_the_file(installed, tmp_path):
     module = lite_module(installed)
     other = tmp_path / "flashinfer_backend.py"  # the loaded class came from a different text
-    other.write_text(sp.transform(installed.read_text(), sp.OTHER[expected_state(installed)])
+    other.write_text(transform(installed.read_text(), OTHER[expected_state(installed)])
                      .replace("bs = len(seq_lens)", "bs = len(seq_lens) + 0"))
     module.__file__ = str(other)
-    cls = getattr(module, sp.CLASS)
+    cls = getattr(module, CLASS)
     before = dict(cls.__dict__)
-    with pytest.raises(sp.PatchError, match="matches neither"):
-        with sp.patched(module):
+    with pytest.raises(PatchError, match="matches neither"):
+        with patched(module):
             pass
     assert dict(cls.__dict__) == before
 
@@ -279,7 +283,7 @@ def test_context_manager_refuses_a_class_that_does_not_match_the_file(installed,
 def test_context_managers_on_the_imported_sglang_module(installed):
     pytest.importorskip("torch")
     try:
-        module = importlib.import_module(sp.MODULE)
+        module = importlib.import_module(MODULE)
     except Exception as e:  # noqa: BLE001 - any import failure of the real module
-        pytest.skip(f"{sp.MODULE} does not import here: {e}")
+        pytest.skip(f"{MODULE} does not import here: {e}")
     check_context_managers(module)

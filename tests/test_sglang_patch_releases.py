@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from swa_repro.sglang import patch as sp
 from swa_repro.cli import main
+from swa_repro.sglang.patch.classify import classify
+from swa_repro.sglang.patch.edit import transform
+from swa_repro.sglang.patch.stubs import plan_window_lefts
 from difftools import backend_file, changed_lines, changed_outside_the_methods, normalized_methods  # tests/difftools.py
 
 pytestmark = pytest.mark.network
@@ -40,15 +42,15 @@ def test_pre_fix_release(version, tmp_path, capsys):
     original = path.read_bytes()
     text = original.decode()
     assert status(path, capsys) == "unfixed\n"
-    fixed = sp.transform(text, "fixed")
-    assert sp.classify(fixed).state == "fixed"
+    fixed = transform(text, "fixed")
+    assert classify(fixed).state == "fixed"
     compile(fixed, f"{version}-patched", "exec")
-    assert sp.transform(fixed, "unfixed").encode() == original  # byte-exact way back
+    assert transform(fixed, "unfixed").encode() == original  # byte-exact way back
     assert_only_the_two_methods_change(text, fixed)
     # behaviour on stubs: only the paged-only plan of wrapper 0 gets the window
-    assert sp.plan_window_lefts(text, window=128) == {0: None, 1: None}
-    assert sp.plan_window_lefts(fixed, window=128) == {0: 128, 1: None}
-    assert sp.plan_window_lefts(fixed, window=128, use_ragged=True) == {0: None, 1: None}
+    assert plan_window_lefts(text, window=128) == {0: None, 1: None}
+    assert plan_window_lefts(fixed, window=128) == {0: 128, 1: None}
+    assert plan_window_lefts(fixed, window=128, use_ragged=True) == {0: None, 1: None}
     out = tmp_path / "patched.py"
     assert main(["patch", "apply", "--source", str(path), "--out", str(out)]) == 0
     assert out.read_text() == fixed and path.read_bytes() == original
@@ -60,16 +62,16 @@ def test_post_fix_release(version, tmp_path, capsys):
     original = path.read_bytes()
     text = original.decode()
     assert status(path, capsys) == "fixed\n"
-    unfixed = sp.transform(text, "unfixed")
-    assert sp.classify(unfixed).state == "unfixed"
+    unfixed = transform(text, "unfixed")
+    assert classify(unfixed).state == "unfixed"
     compile(unfixed, f"{version}-unfixed", "exec")
     assert_only_the_two_methods_change(text, unfixed)
-    refixed = sp.transform(unfixed, "fixed")
-    assert sp.transform(refixed, "unfixed") == unfixed  # byte-exact way back
+    refixed = transform(unfixed, "fixed")
+    assert transform(refixed, "unfixed") == unfixed  # byte-exact way back
     assert normalized_methods(refixed) == normalized_methods(text)  # the upstream fix again
-    assert sp.plan_window_lefts(text, window=128) == {0: 128, 1: None}
-    assert sp.plan_window_lefts(text, window=128, use_ragged=True) == {0: None, 1: None}
-    assert sp.plan_window_lefts(unfixed, window=128) == {0: None, 1: None}
+    assert plan_window_lefts(text, window=128) == {0: 128, 1: None}
+    assert plan_window_lefts(text, window=128, use_ragged=True) == {0: None, 1: None}
+    assert plan_window_lefts(unfixed, window=128) == {0: None, 1: None}
     out = tmp_path / "unfixed.py"
     assert main(["patch", "apply", "--reverse", "--source", str(path), "--out", str(out)]) == 0
     assert out.read_text() == unfixed and path.read_bytes() == original

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.core.case import Case, CaseError
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError
 from swa_repro.core.versions import (
     FLASHINFER_VERSIONS, RECORDINGS_ROOT, evidence_note, nearest_modelled, recorded_in, version_key,
 )

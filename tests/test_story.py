@@ -13,9 +13,9 @@ from swa_repro.core.case import Case
 from swa_repro.core.mode import ModeInfo
 from swa_repro.core.reference import intended_mask
 from swa_repro.kernel.model import simulate
+from swa_repro.kernel.probe import RANDOM_ATOL as TOL
 from swa_repro.kernel.probe import mask_attention_fn, model_masks, probe_from_attention_fn
 from swa_repro.notebook import calls, plots, story, tables
-from swa_repro.notebook.calls import TOL
 from swa_repro.notebook.show import table
 
 MODEL = ModeInfo("model", "test")
@@ -196,7 +196,8 @@ def test_live_branches_with_a_stand_in_kernel(monkeypatch):
 def test_notebook_runs_in_model_mode(tmp_path, name):
     """The notebook end to end under papermill (the project's runner), headless, in model mode:
     it must say its mode, pass all its checks, and save its figures."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / f"{name}.py", tmp_path, "model", {}, ensure_kernel(), 900)
     assert r["status"] == "ok", r["error"]
@@ -211,7 +212,8 @@ def test_notebooks_use_recordings_and_fail_on_a_wrong_one(tmp_path):
     """With recordings present the notebooks compare model and recording (and draw both); a
     recording the model does not explain makes the papermill run fail, not print a warning.
     The recordings here come from a CPU stand-in kernel, written to a temp dir only."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     bug, fix = story.seed_case(), story.seed_case(True)
     good, bad = tmp_path / "good", tmp_path / "bad"

@@ -124,12 +124,12 @@ def test_discovery_follows_constants_imports_and_the_hybrid_set(tmp_path):
 def test_every_sliding_window_architecture_of_0523_has_a_cell():
     """The table's columns for 0.5.23: the 8 families and a planned cell (driven or decided) for every
     other architecture discovery finds; the Transformers fallback's classes one column."""
-    from swa_repro.sglang import model_configs as mc
+    from swa_repro.engine.families import MODELS
     from swa_repro.sglang.audit import arch_cells
 
     srt = _srt("0.5.23")
     smalls, static = arch_cells.plan("0.5.23", srt.parent.parent)
-    fams = {a for _, _, a in mc.MODELS.values()}
+    fams = {a for _, _, a in MODELS.values()}
     found = swa_archs.discover(srt)
     for a in found:
         if a.fallback:
@@ -146,8 +146,7 @@ def test_every_sliding_window_architecture_of_0523_has_a_cell():
 def test_a_crash_cell_is_answered_as_such_and_refusal_comes_first():
     """A decided cell (arch_cells: no ``kinds``) through the same answer, cell and remedy as a driven one."""
     from swa_repro.sglang.audit.family_fix import remedy
-    from swa_repro.sglang.audit.family_run import answer
-    from swa_repro.sglang.audit.family_table import cell_of
+    from swa_repro.sglang.audit.family_verdict import answer, cell_of
 
     crash = {"family": "GraniteForCausalLM", "crash": "the release crashes on FlashInfer: models/granite.py:221 ...",
              "serving": {"flashinfer_kept": True, "default_backend": {"sm90": "fa3"}}}

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from swa_repro.cli import main
 from swa_repro.core.batch import build_paged_batch, random_inputs
-from swa_repro.cli import UsageError, main
 from swa_repro.core.case import Case
+from swa_repro.core.errors import UsageError
 from swa_repro.kernel.wrappers import ModelPagedPrefillWrapper
 from swa_repro.sglang.trace import Trace, decode, encode, record_class, replay
 

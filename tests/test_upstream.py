@@ -12,28 +12,32 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ALL, ORDER, apply_fixes
-from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix import ALL, apply_fixes
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.fix.upstream_diff import REPO_PATH, TEST, VERSION, diffs, plus_side, unified
+from swa_repro.sglang.fix.upstream_live import (live_fix_set, live_lines, regress_lines, regress_results,
+                                                stale_live)
+from swa_repro.sglang.patch.classify import REL_PATH
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "upstream"
-TEST_FILE = DOCS / up.TEST
+TEST_FILE = DOCS / TEST
 
 
 @pytest.fixture(scope="module")
 def text():
     from conftest import release_overlay
 
-    overlay = release_overlay(up.VERSION)
-    return (overlay / "sglang" / up.REL_PATH).read_text()
+    overlay = release_overlay(VERSION)
+    return (overlay / "sglang" / REL_PATH).read_text()
 
 
 def test_committed_diffs_are_regenerated(text):
-    made = up.diffs(text)
+    made = diffs(text)
     for name, d in made.items():
         p = DOCS / f"{name}.diff"
         if d is None:
-            assert not p.exists(), f"{p.name}: nothing to change in {up.VERSION}, but a diff is committed"
+            assert not p.exists(), f"{p.name}: nothing to change in {VERSION}, but a diff is committed"
         else:
             assert p.read_text() == d, f"{p.name} is stale: run python -m swa_repro.sglang.fix.upstream"
     assert made["paged_only_window"] is None and made["soft_cap_cuda_graph"] is None
@@ -47,9 +51,9 @@ def test_each_diff_applies_to_the_release_file(text, name):
     if not p.exists():
         pytest.skip(f"no diff for {name}")
     d = p.read_text()
-    assert d.startswith(f"--- a/{up.REPO_PATH}\n+++ b/{up.REPO_PATH}\n")
+    assert d.startswith(f"--- a/{REPO_PATH}\n+++ b/{REPO_PATH}\n")
     want = apply_fixes(text, ORDER if name == "all" else (name,))
-    assert up.plus_side(text, d) == want
+    assert plus_side(text, d) == want
     ast.parse(want)
 
 
@@ -58,7 +62,7 @@ def test_plus_side_refuses_a_diff_of_another_file(text):
     removed = next(ln[1:] for ln in d.splitlines(keepends=True)[2:] if ln.startswith("-"))
     assert removed in text
     with pytest.raises(ValueError):
-        up.plus_side(text.replace(removed, removed.rstrip("\n") + "  # edited\n", 1), d)
+        plus_side(text.replace(removed, removed.rstrip("\n") + "  # edited\n", 1), d)
 
 
 def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
@@ -71,26 +75,26 @@ def test_regression_test_imports_only_sglang_torch_flashinfer_stdlib():
 
 def test_a_live_recording_of_another_all_diff_is_said_to_predate_it(text):
     """The H200 run of the fixed file counts for today's all.diff only if its fix.diff makes the same file."""
-    assert up.stale_live(text, up.unified(text, apply_fixes(text, ORDER))) is None
-    assert up.stale_live(text, up.unified(text, apply_fixes(text, ALL))) is None  # what patch --fix all ran
-    also = up.live_fix_set(text, up.unified(text, apply_fixes(text, ALL)))  # ... and the README says so
+    assert stale_live(text, unified(text, apply_fixes(text, ORDER))) is None
+    assert stale_live(text, unified(text, apply_fixes(text, ALL))) is None  # what patch --fix all ran
+    also = live_fix_set(text, unified(text, apply_fixes(text, ALL)))  # ... and the README says so
     assert also and "`sm100_no_cutlass_window`" in also
-    assert up.live_fix_set(text, up.unified(text, apply_fixes(text, ORDER))) is None
-    assert "predates" in up.stale_live(text, up.unified(text, apply_fixes(text, ("soft_cap_decode",))))
-    assert up.stale_live(text, None) is None
+    assert live_fix_set(text, unified(text, apply_fixes(text, ORDER))) is None
+    assert "predates" in stale_live(text, unified(text, apply_fixes(text, ("soft_cap_decode",))))
+    assert stale_live(text, None) is None
 
 
 def test_live_section_renders_a_recording():
     doc = json.loads((REPO / "recordings/sglang-live/audit-live-sglang-0.5.15.post1-flashinfer-0.6.12.json").read_text())
-    lines = up.live_lines(doc, doc)
+    lines = live_lines(doc, doc)
     assert lines[0].startswith("Recorded on NVIDIA H200 (sglang 0.5.15.post1;"), lines[0]  # the card, from mode_why
     assert lines[2].startswith("| path | layer | as shipped | with all.diff |")
     rows = [ln for ln in lines[4:] if ln.startswith("| ")]
     assert len(rows) == 36 and all(ln.count("wrong, max err") == 2 for ln in rows)
-    alone = up.live_lines(doc, None)  # the fixed file's run not recorded: said, and its column says so
+    alone = live_lines(doc, None)  # the fixed file's run not recorded: said, and its column says so
     assert any("not recorded yet" in ln for ln in alone)
     assert all(ln.endswith("| not recorded |") for ln in alone if ln.startswith("| ") and "wrong" in ln)
-    assert up.live_lines(None, None)[0].startswith("Not yet run.")
+    assert live_lines(None, None)[0].startswith("Not yet run.")
 
 
 def test_regress_results_reads_unittests_own_report(tmp_path):
@@ -115,15 +119,15 @@ def test_regress_results_reads_unittests_own_report(tmp_path):
     log = ("== regress shipped on /tmp/site-shipped (expected to FAIL)\n" + p.stdout + p.stderr + q.stderr +
            "== regress shipped: FAIL, as expected, after 9s\n== regress fixed on /tmp/site-fixed (expected to PASS)\n"
            + p.stderr.replace("test_b_fail", "test_d").replace("FAIL: test_d", "ok").replace("ERROR: test_c_error", "ok"))
-    got = up.regress_results(log)
+    got = regress_results(log)
     assert got["shipped"] == {"ran": 4, "status": {"test_a_ok": "pass", "test_b_fail": "fail", "test_c_error": "error",
                                                    "test_kit": "fail"},
                               "cases": {"test_kit": ["past_window topk=2"]}}
     assert got["fixed"]["ran"] == 3 and got["fixed"]["status"]["test_a_ok"] == "pass" and got["fixed"]["cases"] == {}
-    lines = up.regress_lines(log, {"mode": "live", "results": [{"status": "passed"}] * 3 + [{"status": "failed"}]})
+    lines = regress_lines(log, {"mode": "live", "results": [{"status": "passed"}] * 3 + [{"status": "failed"}]})
     assert "| test_b_fail | **fail** | - |" in lines and "| test_kit | **fail** (past_window topk=2) | - |" in lines
     assert any("3 passed, 1 failed, 0 errors" in ln for ln in lines)
-    assert up.regress_lines(None, None) == []
+    assert regress_lines(None, None) == []
 
 
 # ----------------------------------------------------------------------------- sglang's conventions
@@ -146,5 +150,5 @@ def test_each_diff_is_ruff_clean(text, name):
     p = DOCS / f"{name}.diff"
     if not p.exists():
         pytest.skip(f"no diff for {name}")
-    bad = _ruff_clean(up.plus_side(text, p.read_text()))
+    bad = _ruff_clean(plus_side(text, p.read_text()))
     assert bad is None, f"ruff format rewrites {name}.diff's file:\n{bad}"

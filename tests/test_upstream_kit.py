@@ -22,22 +22,25 @@ from pathlib import Path
 
 import pytest
 
-from swa_repro.sglang.fix import ORDER, kit_copy
+from swa_repro.sglang.fix import kit_copy
 from swa_repro.sglang.fix import kit_edits as ke
-from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.fix.kit_anchor import KitEditError
+from swa_repro.sglang.fix.kit_tree import FOLLOW_UPS, TRITON
+from swa_repro.sglang.fix.upstream_diff import TEST, VERSION, plus_side
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "upstream"
-TEST_FILE = DOCS / up.TEST
+TEST_FILE = DOCS / TEST
 KIT_CASES = REPO / "tests" / "sglang_kit_flashinfer_cases.py"
-NAMES = (*ke.ORDER, *ke.FOLLOW_UPS, ke.ALL)
+NAMES = (*ke.ORDER, *FOLLOW_UPS, ke.ALL)
 
 
 @pytest.fixture(scope="module")
 def overlay():
     from conftest import release_overlay
 
-    return release_overlay(up.VERSION)
+    return release_overlay(VERSION)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +61,13 @@ def test_committed_kit_diffs_are_regenerated(texts):
 def test_each_kit_diff_applies_to_the_release_kit(texts, name):
     d = (DOCS / f"{name}.diff").read_text()
     per_file = ke.split(d)
-    base = ke.FOLLOW_UPS.get(name, ())  # a follow-up applies on top of the edits it names
+    base = FOLLOW_UPS.get(name, ())  # a follow-up applies on top of the edits it names
     under = {**texts, **ke.edit(texts, base)} if base else texts
     want = {p: t for p, t in ke.edit(texts, ke.ORDER if name == ke.ALL else (*base, name)).items()
             if t != under[p]}
     assert set(per_file) == set(want) and all(f"--- a/python/{p}\n" in d for p in want)
     for path, fd in per_file.items():
-        got = up.plus_side(under[path], fd)
+        got = plus_side(under[path], fd)
         assert got == want[path]
         ast.parse(got)
 
@@ -85,7 +88,7 @@ def test_kit_diffs_touch_only_what_they_say(texts):
     # DFlash: no request-granular start left
     assert "prefix_start" not in verify and "(k_idx >= q_pos - window) & (k_idx <= q_pos)" in verify
     assert ke.states(texts) == dict.fromkeys(ke.EDITS, "needed")
-    assert ke.states({**texts, **edited}) == {**dict.fromkeys(ke.ORDER, "applied"), ke.TRITON: "needed"}
+    assert ke.states({**texts, **edited}) == {**dict.fromkeys(ke.ORDER, "applied"), TRITON: "needed"}
     # the tree window: by depth, but for the backends the kit declares by index (Triton: its own finding)
     assert 'TREE_WINDOW_BY_INDEX = frozenset({"triton"})' in dense
     assert "if case.backend not in TREE_WINDOW_BY_INDEX:" in dense
@@ -94,16 +97,16 @@ def test_kit_diffs_touch_only_what_they_say(texts):
 def test_a_missing_anchor_refuses_loudly_and_changes_nothing(texts):
     gone = {**texts, ke.VERIFY: texts[ke.VERIFY].replace("prefix_start = max(0, int(prefix_len) - window)",
                                                          "prefix_start = max(0, prefix_len - window)")}
-    with pytest.raises(ke.KitEditError, match="DFlash SWA verify masks: key start per query.*is gone"):
+    with pytest.raises(KitEditError, match="DFlash SWA verify masks: key start per query.*is gone"):
         ke.edit(gone)
     doc = '    """SWA prefix cases with prefix lengths below, at, and above the window."""\n'
     twice = {**texts, ke.DENSE: texts[ke.DENSE].replace(doc, doc + doc)}
-    with pytest.raises(ke.KitEditError, match="occurs 2 times"):
+    with pytest.raises(KitEditError, match="occurs 2 times"):
         ke.edit(twice, ("kit_swa_cases",))
     no_fn = {**texts, ke.DENSE: texts[ke.DENSE].replace("def make_swa_prefix_input_config_cases(", "def f(")}
-    with pytest.raises(ke.KitEditError, match="anchor 'def make_swa_prefix_input_config_cases\\(' is gone"):
+    with pytest.raises(KitEditError, match="anchor 'def make_swa_prefix_input_config_cases\\(' is gone"):
         ke.edit(no_fn, ("kit_swa_cases",))
-    with pytest.raises(ke.KitEditError, match="unknown kit edit"):
+    with pytest.raises(KitEditError, match="unknown kit edit"):
         ke.edit(texts, ("kit_bogus",))
 
 
@@ -128,7 +131,7 @@ def test_apply_to_site_edits_in_place_once(texts, tmp_path, capsys):
 
 # ----------------------------------------------------------------------------- the registered test
 def test_registered_test_is_laid_out_as_sglangs():
-    assert up.TEST.startswith("test/registered/attention/unittests/swa/test_") and TEST_FILE.is_file()
+    assert TEST.startswith("test/registered/attention/unittests/swa/test_") and TEST_FILE.is_file()
     text = TEST_FILE.read_text()
     tree = ast.parse(text)
     roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -182,12 +185,12 @@ def cpu(overlay, tmp_path_factory):
     from swa_repro.sglang.fix.overlay import fixed_overlay
 
     tmp = tmp_path_factory.mktemp("upstream-cpu")
-    fixed = fixed_overlay(up.VERSION, ORDER, overlay)[0]
+    fixed = fixed_overlay(VERSION, ORDER, overlay)[0]
     out = {}
     for site, base in (("shipped", overlay), ("fixed", fixed)):
         out[site, "kit"] = _run(kit_copy.kit_overlay(base), [TEST_FILE, KIT_CASES], tmp)
         out[site, "nokit"] = _run(base, [KIT_CASES], tmp)
-    prior = fixed_overlay(up.VERSION, (*ORDER, "prior_eagle_shared_mask_buf"), overlay)[0]
+    prior = fixed_overlay(VERSION, (*ORDER, "prior_eagle_shared_mask_buf"), overlay)[0]
     out["prior", "kit"] = _run(kit_copy.kit_overlay(prior), [TEST_FILE], tmp)
     return out
 

@@ -14,19 +14,13 @@ import subprocess
 import pytest
 from test_upstream import DOCS, _ruff_clean
 
-from swa_repro.sglang.fix import (
-    FAMILY_ORDER,
-    FIXES,
-    ORDER,
-    apply_fixes,
-    pr_check,
-    pr_readme,
-    pr_tests,
-    states,
-)
+from swa_repro.sglang.fix import FIXES, apply_fixes, pr_check, pr_readme, pr_tests, states
 from swa_repro.sglang.fix import kit_edits as ke
 from swa_repro.sglang.fix import pr_series as ps
 from swa_repro.sglang.fix import upstream as up
+from swa_repro.sglang.fix.family_fixes import FAMILY_ORDER
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.fix.upstream_diff import plus_side
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +62,7 @@ def test_each_diff_applies_alone_with_git_apply(checkout, release, name):
     if name in FAMILY_ORDER:  # on its own file, ruff-clean (the backend's: tests/test_upstream.py)
         rel, texts = FIXES[name].file, release[0]
         assert p.read_text().startswith(f"--- a/python/sglang/{rel}\n")
-        new = up.plus_side(texts[rel], p.read_text())
+        new = plus_side(texts[rel], p.read_text())
         assert new == apply_fixes(texts[rel], (name,), rel) and _ruff_clean(new) is None
 
 

@@ -43,7 +43,7 @@ def test_standin_wrappers_take_flashinfers_parameters():
     """Every parameter of the installed flashinfer's plan/run is one the recording stand-in binds by
     name; the sink wrapper's constructor takes flashinfer's."""
     flashinfer = pytest.importorskip("flashinfer")
-    from swa_repro.vllm.standins import WRAPPERS, SinkStandIn
+    from swa_repro.vllm.audit.env import WRAPPERS, SinkStandIn
 
     for name, standin in WRAPPERS.items():
         real = getattr(flashinfer, name)
@@ -61,12 +61,8 @@ def test_standin_wrappers_take_flashinfers_parameters():
 def test_sink_wrapper_is_a_paged_wrapper_recorded_once():
     """vLLM asserts ``isinstance(wrapper, BatchPrefillWithPagedKVCacheWrapper)`` of the sink wrapper
     (flashinfer subclasses it); its calls are recorded under its own name only."""
-    from swa_repro.vllm.standins import (
-        PagedStandIn,
-        Recorder,
-        SinkStandIn,
-        recording_wrapper,
-    )
+    from swa_repro.engine.standins import PagedStandIn
+    from swa_repro.vllm.audit.env import Recorder, SinkStandIn, recording_wrapper
 
     rec = Recorder()
     paged = recording_wrapper("BatchPrefillWithPagedKVCacheWrapper", PagedStandIn, rec)
@@ -79,7 +75,7 @@ def test_sink_wrapper_is_a_paged_wrapper_recorded_once():
 
 
 def test_verdict_flags_a_missing_cap_and_a_wrong_window():
-    from swa_repro.vllm.paths import verdict
+    from swa_repro.vllm.audit.paths import verdict
 
     asked = {"window_left": 4095, "logits_soft_cap": 50.0, "sm_scale": 0.0625, "sinks": False}
     assert verdict(asked, dict(asked)) == []
@@ -89,7 +85,7 @@ def test_verdict_flags_a_missing_cap_and_a_wrong_window():
 
 
 def test_told_sink_wrapper_compiled_without_a_window_attends_without_one():
-    from swa_repro.vllm.paths import told
+    from swa_repro.vllm.audit.paths import told
 
     call = {"method": "run", "args": {"jit_window_left": -1, "planned_window_left": 127, "planned_logits_soft_cap": 0.0,
                                       "planned_sm_scale": 1.0, "sink_sm_scale": 0.125, "sinks": {"shape": [64]}}}
@@ -108,13 +104,9 @@ def test_a_cuda_graph_replay_runs_the_module_its_capture_planned(capture_window,
     runs without them; after a capture planned with them, with them."""
     import torch
 
-    from swa_repro.vllm.paths import told, verdict
-    from swa_repro.vllm.standins import (
-        DecodeStandIn,
-        Recorder,
-        fast_decode_plan,
-        recording_wrapper,
-    )
+    from swa_repro.engine.standins import DecodeStandIn
+    from swa_repro.vllm.audit.env import Recorder, fast_decode_plan, recording_wrapper
+    from swa_repro.vllm.audit.paths import told, verdict
 
     rec = Recorder()
     w = recording_wrapper("BatchDecodeWithPagedKVCacheWrapper", DecodeStandIn, rec)(torch.zeros(8), "NHD",
@@ -135,7 +127,8 @@ def test_fast_decode_plan_keeps_no_cap_as_zero_as_flashinfers_does():
     forward asserts (``decode_wrapper._logits_soft_cap == (self.logits_soft_cap or 0.0)``)."""
     import torch
 
-    from swa_repro.vllm.standins import DecodeStandIn, Recorder, fast_decode_plan
+    from swa_repro.engine.standins import DecodeStandIn
+    from swa_repro.vllm.audit.env import Recorder, fast_decode_plan
 
     w = DecodeStandIn(torch.zeros(8), "NHD", use_cuda_graph=True)
     fast_decode_plan(Recorder())(w, torch.tensor([0, 1]), torch.tensor([0]), torch.tensor([1]), 8, 2, 64, 16,
@@ -149,7 +142,7 @@ def test_the_fp8_dequant_port_copies_each_prefill_page_scaled():
     ``1 + b * pages + p`` of the bf16 copy (the release's ``mock_block_table``), checked page by page."""
     import torch
 
-    from swa_repro.vllm.drive import DequantCopy
+    from swa_repro.vllm.audit.drive import DequantCopy
 
     g = torch.Generator().manual_seed(0)
     fp8 = torch.randn(6, 2, 2, 4, 8, generator=g).to(torch.float8_e4m3fn)  # (pages, k/v, H, N, D)
@@ -169,7 +162,7 @@ def test_the_fp8_quant_port_is_static_per_tensor_and_saturates():
     vLLM's static quant kernel writes), its scale returned; dynamic quantization is refused, not guessed."""
     import torch
 
-    from swa_repro.vllm.drive import CustomOpsPort
+    from swa_repro.vllm.audit.drive import CustomOpsPort
 
     x = torch.tensor([[1.0, -3.0, 1000.0, -1000.0]], dtype=torch.bfloat16)
     out, scale = CustomOpsPort(object()).scaled_fp8_quant(x, scale=torch.tensor(2.0))
@@ -191,7 +184,7 @@ def _doc(kernels_differs=(), error=None, asked_window=4095, valid=True):
 
 
 def test_cell_states():
-    from swa_repro.vllm.verdict import cell, short
+    from swa_repro.vllm.audit.verdict import cell, short
 
     assert cell(_doc())["state"] == "not affected"
     c = cell(_doc(["logits_soft_cap 50.0 asked, not passed told"]))
@@ -227,12 +220,13 @@ def test_family_sources_follow_the_release_file(tmp_path, monkeypatch):
 def test_committed_table_renders_from_its_json():
     """docs/audit/vllm-releases.md is what ``table.markdown`` makes of the committed JSON."""
     from swa_repro.engine import families as sf
-    from swa_repro.vllm import table
+    from swa_repro.engine.provenance import TABLE_DIR
+    from swa_repro.vllm.audit import table
 
-    p = table.TABLE_DIR / f"{table.NAME}.json"
+    p = TABLE_DIR / f"{table.NAME}.json"
     t = json.loads(p.read_text())
     md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
-    assert md == (table.TABLE_DIR / f"{table.NAME}.md").read_text()
+    assert md == (TABLE_DIR / f"{table.NAME}.md").read_text()
     assert list(t["releases"]) == list(table.TABLE_RELEASES) and t["provenance"]["command"].startswith("swa-repro")
 
 
@@ -242,7 +236,7 @@ def test_release_034_gemma2_sm90():
     """vLLM 0.34.0's own backend: the prefill wrapper is planned with the window and the cap; the
     XQA decode kernel is called with the window and without a soft cap."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.audit import run_audit
+    from swa_repro.vllm.audit.core import run_audit
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm90"], note=lambda s: None)
     rows = {(r["layer"], r["path"]): r for r in doc["rows"]}
@@ -277,7 +271,7 @@ def test_release_034_cuda_graph_decode_on_sm80_captures_with_plan_and_replays_wi
     ``plan`` (the capture), the next step ``fast_decode_plan`` (the replay, fast_plan_decode); the
     replay runs the module the capture picked, with the window and cap: told what the layer asks."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.audit import run_audit
+    from swa_repro.vllm.audit.core import run_audit
 
     doc, _, _ = run_audit("0.34.0", "gemma2", GPU_CLASSES["sm80"], note=lambda s: None)
     row = next(r for r in doc["rows"] if (r["layer"], r["path"]) == ("sliding", "cuda_graph_decode"))
@@ -296,9 +290,9 @@ def test_release_034_cuda_graph_decode_on_sm80_captures_with_plan_and_replays_wi
 def test_release_table_findings(version):
     """Each structural epoch's release, every family, sm90 and sm100: what the table says."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.audit import run_release
+    from swa_repro.vllm.audit.core import run_release
+    from swa_repro.vllm.audit.verdict import cell
     from swa_repro.vllm.families import FAMILIES
-    from swa_repro.vllm.verdict import cell
 
     gpus = [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]]
     doc, seconds, _ = run_release(version, list(FAMILIES), gpus, note=lambda s: None)
@@ -319,7 +313,8 @@ def test_release_table_findings(version):
 @pytest.mark.slow
 def test_notebook_08_vllm(tmp_path):
     """Notebook 08 (the committed tables, one heatmap, the live recording) runs headless with its checks passing."""
-    from swa_repro.notebook.runner import NOTEBOOKS_DIR, ensure_kernel, run_one
+    from swa_repro.notebook.places import NOTEBOOKS_DIR
+    from swa_repro.notebook.runner import ensure_kernel, run_one
 
     r = run_one(NOTEBOOKS_DIR / "08_vllm.py", tmp_path, "model", {}, ensure_kernel(), 300)
     assert r["status"] == "ok", r["error"]
@@ -332,7 +327,7 @@ def test_dcp_is_asked_of_the_specs_own_sizing():
     allowed; one that reads what the audit's config lacks is said unchecked. The config is not changed."""
     import types
 
-    from swa_repro.vllm.paths import dcp_refusal
+    from swa_repro.vllm.audit.paths import dcp_refusal
 
     class Sliding:
         def max_memory_usage_bytes(self, vllm_config):
@@ -358,7 +353,7 @@ def test_dcp_is_asked_of_the_specs_own_sizing():
 
 def test_dcp_lines_say_which_families_each_release_refuses():
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.table import dcp_lines
+    from swa_repro.vllm.audit.table import dcp_lines
 
     no = {"sliding": {"refused": "AssertionError: DCP not support sliding window.", "source": "vllm/x.py:9"},
           "full": {"allowed": True}}

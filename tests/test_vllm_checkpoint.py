@@ -132,7 +132,7 @@ def _audit(folder: str, status: int) -> dict:
 
 @pytest.mark.matrix
 def test_a_gemma2_config_with_window_1024_is_driven_at_1024(tmp_path):
-    from swa_repro.vllm.verdict import cell
+    from swa_repro.vllm.audit.verdict import cell
 
     folder = _folder(tmp_path, "g2", GEMMA2)
     doc = _audit(folder, 1)  # 0.34.0's XQA decode drops the cap on sm90: affected
@@ -149,7 +149,7 @@ def test_a_gemma2_config_with_window_1024_is_driven_at_1024(tmp_path):
 
 @pytest.mark.matrix
 def test_a_null_window_mistral_is_not_affected(tmp_path):
-    from swa_repro.vllm.verdict import cell
+    from swa_repro.vllm.audit.verdict import cell
 
     doc = _audit(_folder(tmp_path, "mis", MISTRAL) + "/config.json", 0)
     a = doc["audits"]["9.0"]["MistralForCausalLM"]
@@ -163,7 +163,8 @@ def test_a_null_window_mistral_is_not_affected(tmp_path):
 def fake_vllm(monkeypatch, tmp_path):
     """A vLLM overlay whose registry serves Gemma-2 only (and 0.99.0 beside it serving Olmo3); the
     child fails the test."""
-    from swa_repro.vllm import audit, provision
+    from swa_repro.vllm import provision
+    from swa_repro.vllm.audit import core as audit
 
     for v, arch, mod in (("0.34.0", "Gemma2ForCausalLM", "gemma2"), ("0.99.0", "Olmo3ForCausalLM", "olmo3")):
         reg = tmp_path / "vllm" / v / "vllm" / "model_executor" / "models" / "registry.py"
@@ -253,7 +254,8 @@ def test_a_key_the_model_file_reads_that_the_config_lacks_is_one_line_naming_it_
     reads it on every config (``self.scaling = config.query_pre_attn_scalar**-0.5``), so the build would
     stop in an AttributeError. One line, exit 2, before any child; the key and the line are named, and
     the line (read back from the release's file) reads that key. With the key, the same file resolves."""
-    from swa_repro.vllm import audit, checkpoint
+    from swa_repro.vllm import checkpoint
+    from swa_repro.vllm.audit import core as audit
 
     overlay = _overlay("0.34.0")
 

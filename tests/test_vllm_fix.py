@@ -38,7 +38,7 @@ def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
     import ast
 
     from swa_repro.core.errors import UsageError
-    from swa_repro.vllm.fix import edit
+    from swa_repro.vllm.fix.fixes import edit
 
     out = edit(_SNIPPET, "0.20.0")
     tree = ast.parse(out)
@@ -60,7 +60,7 @@ def test_fix_edits_both_routes_and_refuses_an_unknown_structure():
 def test_fix_carries_no_tool_tags_into_the_upstream_code():
     """The upstream code says what it does in vLLM's voice: no ``swa-repro`` marker in any edit (a
     vLLM maintainer asked; ``hunks`` reads the structure, never a comment)."""
-    from swa_repro.vllm.fix import edit, hunks
+    from swa_repro.vllm.fix.fixes import edit, hunks
 
     out = edit(_SNIPPET + _IMPL_020 + _PAGES, "0.24.0")
     assert "swa-repro" not in out.lower() and set(hunks(out)) == {"decode route", "prefill route", "large pages",
@@ -85,7 +85,7 @@ def test_fix_keeps_a_soft_capped_layer_from_taking_an_fp8_query_where_020_to_024
     soft-capped layer off trtllm-gen and plans a model-dtype query, so the fix also withdraws the offer
     for that layer (the audit's fp8 path found ``Query dtype mismatch`` on sm100 without it); a layer
     without a cap keeps it."""
-    from swa_repro.vllm.fix import NOTE, edit
+    from swa_repro.vllm.fix.fixes import NOTE, edit
 
     out = edit(_SNIPPET + _IMPL_020, "0.20.0")
     scope: dict = {}
@@ -130,7 +130,7 @@ class FlashInferBackend:
 def test_fix_edits_are_ruff_formatted():
     """The upstream diff is held to vLLM's formatter: every edit, a long name's included, is already as
     ruff format writes it."""
-    from swa_repro.vllm.fix import edit
+    from swa_repro.vllm.fix.fixes import edit
 
     text = (_SNIPPET + _IMPL_020 + _PAGES).replace("can_use_trtllm =", "can_use_xqa_or_trtllm_gen_decode =")
     text = text.replace("= can_use_trtllm\n", "= can_use_xqa_or_trtllm_gen_decode\n")
@@ -151,9 +151,10 @@ def test_fix_bad_input_is_one_line(argv, says, capsys):
 
 def test_committed_fixed_table_renders_from_its_json():
     from swa_repro.engine import families as sf
-    from swa_repro.vllm import table
+    from swa_repro.engine.provenance import TABLE_DIR
+    from swa_repro.vllm.audit import table
 
-    p = table.TABLE_DIR / "fixed" / f"{table.NAME}.json"
+    p = TABLE_DIR / "fixed" / f"{table.NAME}.json"
     t = json.loads(p.read_text())
     md = table.markdown(t, t["families"], [sf.GPU_CLASSES[g] for g in t["gpus"]])
     assert md == p.with_suffix(".md").read_text() and t["fix"] == "cap-route"
@@ -171,11 +172,11 @@ def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
     """0.34.0 with --fix cap-route: gemma2's paths reach the planned wrappers with the cap on sm90
     and sm100; gpt-oss (no cap) keeps trtllm-gen; docs/audit/fixed/vllm-cap-route-0.34.0.diff is the edit."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm import table
-    from swa_repro.vllm.audit import run_release
-    from swa_repro.vllm.fix import upstream_diff
+    from swa_repro.engine.provenance import TABLE_DIR
+    from swa_repro.vllm.audit.core import run_release
+    from swa_repro.vllm.audit.verdict import cell
+    from swa_repro.vllm.fix.fixes import upstream_diff
     from swa_repro.vllm.provision import provision
-    from swa_repro.vllm.verdict import cell
 
     doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss"], [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]],
                             note=lambda s: None, fix="cap-route")
@@ -186,5 +187,5 @@ def test_fix_034_keeps_the_cap_and_the_committed_diff_is_the_fix():
             "BatchPrefillWithPagedKVCacheWrapper", "BatchDecodeWithPagedKVCacheWrapper"}
     assert {k["kernel"] for r in doc["audits"]["10.0"]["gpt-oss"]["rows"] for k in r["kernels"]} == {
         "trtllm_batch_context_with_kv_cache", "trtllm_batch_decode_with_kv_cache"}
-    committed = (table.TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
+    committed = (TABLE_DIR / "fixed" / "vllm-cap-route-0.34.0.diff").read_text()
     assert committed == upstream_diff("0.34.0", provision("0.34.0")[0])

@@ -16,7 +16,8 @@ import types
 
 import pytest
 
-from swa_repro.vllm import fix, fix_utils
+from swa_repro.vllm.fix import fixes as fix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 
 
 def _vllm_modules() -> dict:
@@ -27,7 +28,7 @@ def _vllm_modules() -> dict:
 def _no_stand_in_vllm_left_behind():
     """A test here imports a stand-in ``vllm`` package from its tmp folder; monkeypatch restores only the
     modules it deleted, so the stand-in stayed in ``sys.modules`` and a later test of the same worker
-    found it as the installed vLLM (``vllm.patch.installed_backend``: "does not exist")."""
+    found it as the installed vLLM (``vllm.patch.cli.installed_backend``: "does not exist")."""
     before = _vllm_modules()
     yield
     for k in _vllm_modules():
@@ -218,13 +219,14 @@ def test_before_032_the_builder_refuses_nvfp4_with_a_cap(tmp_path, monkeypatch, 
 
 def test_hunks_read_both_files_structure_not_comments():
     """Each edit is read from the code: a fixed file with one edit's code removed is partly applied."""
-    from swa_repro.vllm import patch
+    from swa_repro.vllm.patch import cli as patch
+    from swa_repro.vllm.provision import BACKEND
 
-    texts = {patch.UTILS: fix_utils.edit(UTILS_SNIPPET, "x"), patch.BACKEND: fix.edit(BACKEND_SNIPPET, "x")}
+    texts = {patch.UTILS: fix_utils.edit(UTILS_SNIPPET, "x"), BACKEND: fix.edit(BACKEND_SNIPPET, "x")}
     assert patch.state(texts, "x") == "applied"
     half = {**texts, patch.UTILS: texts[patch.UTILS].replace("    if has_logits_soft_cap:\n", "    if False:\n", 1)}
     assert patch.state(half, "x").startswith("partly applied (missing: can_use_trtllm_attention argument")
-    assert patch.state({patch.UTILS: UTILS_SNIPPET, patch.BACKEND: BACKEND_SNIPPET}, "x") == "needed"
+    assert patch.state({patch.UTILS: UTILS_SNIPPET, BACKEND: BACKEND_SNIPPET}, "x") == "needed"
 
 
 @pytest.mark.matrix
@@ -232,7 +234,7 @@ def test_hunks_read_both_files_structure_not_comments():
 def test_vllms_unit_test_fails_shipped_and_passes_fixed(tmp_path, version):
     """The upstream diff's test (``fix_pytest``) on the release's own files, CPU: it fails on the
     shipped overlay (no ``has_logits_soft_cap``) and passes on the fixed one."""
-    from swa_repro.vllm.fix_pytest import run
+    from swa_repro.vllm.fix.unit_test import run
     from swa_repro.vllm.provision import provision
 
     overlay = provision(version)[0]

@@ -53,7 +53,7 @@ def test_the_decode_model_attends_what_it_is_told_and_takes_no_cap(layout, windo
     """XQA / trtllm-gen decode modelled: the window and bmm1_scale it is given, never a cap."""
     import torch
 
-    from swa_repro.vllm.live_kernels import told_decode
+    from swa_repro.vllm.audit.live_kernels import told_decode
 
     lens = [23, 9]
     caches = [_paged(n, 2, 8, 4, layout, seed=i) for i, n in enumerate(lens)]
@@ -77,8 +77,8 @@ def test_the_wrapper_models_run_what_their_plan_compiled(planned_window, planned
     the module (``paths.told``'s rule), each request over its own pages."""
     import torch
 
-    from swa_repro.vllm import standins
-    from swa_repro.vllm.live_kernels import ToldDecode, ToldPaged
+    from swa_repro.vllm.audit import env as standins
+    from swa_repro.vllm.audit.live_kernels import ToldDecode, ToldPaged
 
     rec = standins.Recorder()
     lens, q_lens = [13, 6], [4, 2]
@@ -111,8 +111,8 @@ def test_a_window_set_after_plan_does_not_reach_the_modelled_module():
     ``fast_decode_plan`` replay sets values, never the module)."""
     import torch
 
-    from swa_repro.vllm import standins
-    from swa_repro.vllm.live_kernels import ToldDecode
+    from swa_repro.vllm.audit import env as standins
+    from swa_repro.vllm.audit.live_kernels import ToldDecode
 
     cache, k, v, pages = _paged(13, 1, 4, 4, "NHD")
     rec = standins.Recorder()
@@ -132,7 +132,7 @@ def test_the_cache_write_port_puts_each_token_at_its_slot():
     of the views the release passes (strided views of one cache)."""
     import torch
 
-    from swa_repro.vllm.live_kernels import register_cache_op
+    from swa_repro.vllm.audit.live_kernels import register_cache_op
 
     register_cache_op()
     register_cache_op()  # once is enough; twice is harmless
@@ -152,7 +152,7 @@ def test_the_cache_write_port_puts_each_token_at_its_slot():
 def test_the_amplitude_brings_the_logits_to_twice_the_cap(cap, dim, scale):
     import torch
 
-    from swa_repro.vllm.live import amplitude
+    from swa_repro.vllm.audit.live import amplitude
 
     a = amplitude(scale, dim, cap)
     g = torch.Generator().manual_seed(0)
@@ -164,7 +164,7 @@ def test_the_amplitude_brings_the_logits_to_twice_the_cap(cap, dim, scale):
 
 def test_each_request_is_judged_against_the_kernel_that_ran_it():
     """Decodes first (the metadata's count), the prefill kernel after; a direct call's missing cap is none."""
-    from swa_repro.vllm.live import told_per_request
+    from swa_repro.vllm.audit.live import told_per_request
 
     dec = {"target": "xqa_batch_decode_with_kv_cache", "method": "call",
            "args": {"window_left": 7, "bmm1_scale": 0.5}}
@@ -181,8 +181,8 @@ def test_each_request_is_judged_against_the_kernel_that_ran_it():
 def test_real_flashinfer_is_recorded_and_still_runs(monkeypatch):
     """``install_real`` over a flashinfer-shaped package: its classes become recording subclasses in
     every module that has them, its functions recorders that call the real one."""
-    from swa_repro.vllm import standins
-    from swa_repro.vllm.live_kernels import install_real
+    from swa_repro.vllm.audit import env as standins
+    from swa_repro.vllm.audit.live_kernels import install_real
 
     ran = []
 
@@ -215,7 +215,7 @@ def test_real_flashinfer_is_recorded_and_still_runs(monkeypatch):
     assert w.run("q", "cache") == "q"
     assert dec.xqa_batch_decode_with_kv_cache("q", window_left=4, bmm1_scale=0.5) == "q"
     assert ran == ["run", "xqa"]
-    from swa_repro.vllm.paths import told
+    from swa_repro.vllm.audit.paths import told
 
     calls = {c["target"]: c for c in rec.calls if c["method"] in ("run", "call")}
     assert told(calls["BatchPrefillWithPagedKVCacheWrapper"])["logits_soft_cap"] == 30.0
@@ -235,7 +235,7 @@ def _row(layer, path, wrong=0, off_asked=0, off_hf=0, agrees=True):
 
 
 def test_the_report_words_come_from_the_numbers():
-    from swa_repro.vllm.live_report import render, verdict
+    from swa_repro.vllm.audit.live_report import render, verdict
 
     fam = _doc([_row("full", "decode", wrong=3), _row("sliding", "decode", off_hf=2),
                 {"layer": "sliding", "path": "prefill", "not_run": "the live budget ran out"}])["families"]["gemma2"]
@@ -248,7 +248,7 @@ def test_the_report_words_come_from_the_numbers():
 
 
 def test_merge_orders_rows_and_refuses_two_sites(tmp_path):
-    from swa_repro.vllm.live_report import main, merge
+    from swa_repro.vllm.audit.live_report import main, merge
 
     a = _doc([_row("full", "spec_decode"), _row("sliding", "decode")])
     b = _doc([_row("full", "decode"), _row("full", "prefill")])
@@ -269,7 +269,7 @@ def _live(overlay, deps, tmp_path, name, families, paths, arch="9.0"):
     import subprocess
 
     out = tmp_path / f"{name}.json"
-    p = subprocess.run([sys.executable, "-m", "swa_repro.vllm.live", "--overlay", str(overlay), "--deps", str(deps),
+    p = subprocess.run([sys.executable, "-m", "swa_repro.vllm.audit.live", "--overlay", str(overlay), "--deps", str(deps),
                         "--out", str(out), "--families", families, "--paths", paths, "--device", "cpu",
                         "--arch", arch, "--repeats", "1"], check=False, capture_output=True, text=True,
                        timeout=900)
@@ -284,7 +284,7 @@ def test_release_033_on_the_cpu_model_sm90_drops_gemma2s_cap_in_xqa_and_the_fix_
     tensors: XQA's decode rows are wrong for Gemma-2 (no cap) while the kernel does what it is told;
     Cohere2's sliding layer attends one key more than transformers' mask (layer != HF) and exactly
     its own window; with --fix cap-route Gemma-2's decode runs on the decode wrapper with its cap."""
-    from swa_repro.vllm.fix import fixed_overlay
+    from swa_repro.vllm.fix.fixes import fixed_overlay
     from swa_repro.vllm.provision import provision
 
     overlay, _ = provision("0.33.0")
@@ -309,8 +309,8 @@ def test_release_033_on_the_cpu_model_sm90_drops_gemma2s_cap_in_xqa_and_the_fix_
 def test_an_interrupt_keeps_what_was_judged_and_says_the_rest(monkeypatch):
     """The step's timeout (SIGINT) mid-path: the paths judged before stay, this one and every later
     one are rows saying so, and the document is still returned (to be written)."""
-    from swa_repro.vllm import live
-    from swa_repro.vllm import paths as vp
+    from swa_repro.vllm.audit import live
+    from swa_repro.vllm.audit import paths as vp
 
     drive = types.SimpleNamespace(fam={})
     built = (drive, None, {"window_left": 7, "logits_soft_cap": None, "sm_scale": 0.5, "sinks": False})

@@ -15,7 +15,7 @@ XQA = "xqa_batch_decode_with_kv_cache"
 
 @pytest.fixture(scope="module")
 def docs():
-    from swa_repro.vllm.live_report import load
+    from swa_repro.vllm.audit.live_report import load
 
     return {site: load(CALL / f"live-{site}.json.xz") for site in ("shipped", "fixed")}
 
@@ -25,7 +25,7 @@ def _rows(doc, family):
 
 
 def test_the_summary_is_generated_from_the_files():
-    from swa_repro.vllm.live_report import summary
+    from swa_repro.vllm.audit.live_report import summary
 
     assert (CALL / "SUMMARY.md").read_text() == "\n".join(summary(CALL)) + "\n"
 
@@ -33,7 +33,7 @@ def test_the_summary_is_generated_from_the_files():
 def test_provenance_gpu_driver_torch_versions_date_and_commands():
     gpu = (CALL / "gpu.txt").read_text()
     for line in ("date -u: 2026-12-05T", "NVIDIA H200", "driver: 580.", "torch: 2.11.0+cu130", "code digest: ",
-                 "flashinfer 0.7.2.post1, vllm 0.33.0; exit status 0", "swa_repro.vllm.live --overlay",
+                 "flashinfer 0.7.2.post1, vllm 0.33.0; exit status 0", "swa_repro.vllm.live --overlay",  # as run then
                  "patch apply --vllm --fix cap-route"):
         assert line in gpu, line
 
@@ -86,13 +86,13 @@ NVFP4 = CALL.parent / "call-20261206T0002-h100"
 
 @pytest.fixture(scope="module")
 def nvfp4_docs():
-    from swa_repro.vllm.live_report import load
+    from swa_repro.vllm.audit.live_report import load
 
     return {site: load(NVFP4 / f"live-{site}.json.xz") for site in ("shipped", "fixed")}
 
 
 def test_the_nvfp4_call_summary_and_provenance():
-    from swa_repro.vllm.live_report import summary
+    from swa_repro.vllm.audit.live_report import summary
 
     assert (NVFP4 / "SUMMARY.md").read_text() == "\n".join(summary(NVFP4)) + "\n"
     gpu = (NVFP4 / "gpu.txt").read_text()

@@ -37,7 +37,7 @@ CAP = "logits_soft_cap 50.0 asked, not passed told"
 def test_a_quantized_caches_answer_is_its_own(option, cell_state, option_state):
     """A release refusing (or mis-serving) an NVFP4 cache says nothing of the default cache: the cell
     keeps the default cache's answer, the option gets its own."""
-    from swa_repro.vllm.verdict import cell
+    from swa_repro.vllm.audit.verdict import cell
 
     option = dict(option)
     differs = option.pop("differs", ())
@@ -48,7 +48,7 @@ def test_a_quantized_caches_answer_is_its_own(option, cell_state, option_state):
 
 
 def test_the_default_caches_finding_stays_in_the_cell():
-    from swa_repro.vllm.verdict import cell, short
+    from swa_repro.vllm.audit.verdict import cell, short
 
     c = cell(_doc(_row("full", "decode", [CAP]), _row("full", "fp8_kv_mixed", [CAP], cache_dtype="fp8")))
     assert c["state"] == "affected" and short(c["cache_dtypes"]["fp8"]).startswith("**affected**: cap dropped")
@@ -82,13 +82,13 @@ def _backend(sizes, takes_spec=True):
 def test_kernel_page_is_the_workers_rule(sizes, block, page, takes_spec):
     """``select_common_block_size`` (vllm/v1/worker/utils.py): the block where the backend lists it,
     else the largest listed size that divides it."""
-    from swa_repro.vllm.kvcache import kernel_page
+    from swa_repro.vllm.audit.kvcache import kernel_page
 
     assert kernel_page(_backend(sizes, takes_spec), object(), block) == page
 
 
 def test_kernel_page_none_divides_is_the_rows_error():
-    from swa_repro.vllm.kvcache import kernel_page
+    from swa_repro.vllm.audit.kvcache import kernel_page
 
     with pytest.raises(ValueError, match="divides --block-size 100"):
         kernel_page(_backend([64]), object(), 100)
@@ -105,7 +105,7 @@ def test_a_trtllm_gen_wrapper_refuses_a_cap_at_plan_as_flashinfers_do(name, back
     prefill.py:3710, decode.py:2316): the stand-ins do too, and record the plan first."""
     import torch
 
-    from swa_repro.vllm import standins
+    from swa_repro.vllm.audit import env as standins
 
     rec = standins.Recorder()
     cls = standins.recording_wrapper(name, standins.WRAPPERS[name], rec)
@@ -130,7 +130,7 @@ def _table(cache_dtypes, pages):
 
 def test_the_tables_option_sections():
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.table import cache_dtype_lines, page_lines
+    from swa_repro.vllm.audit.table import cache_dtype_lines, page_lines
 
     t = _table({"nvfp4": {"state": "refused", "why": ["full: ValueError: requires sm100f"], "routes": []},
                 "fp8": {"state": "not affected", "why": [], "routes": []}}, {"full": 128, "sliding": 128})
@@ -152,7 +152,7 @@ def test_the_tables_option_sections():
      "refused: ValueError: --kv-cache-dtype nvfp4 requires sm100f, please ..."),
 ])
 def test_a_refusal_reads_as_the_releases_reason(why, says):
-    from swa_repro.vllm.verdict import short
+    from swa_repro.vllm.audit.verdict import short
 
     assert short({"state": "refused", "why": [why], "routes": []}) == says
 
@@ -164,8 +164,8 @@ def test_release_034_options():
     gets pages of 128 on trtllm-gen (the cap dropped for gemma2), cohere2 (MHA) 64. Fixed: gemma2 gets
     64 and is refused an NVFP4 cache by the selector (the fix's supports_combination reason)."""
     from swa_repro.engine.families import GPU_CLASSES
-    from swa_repro.vllm.audit import run_release
-    from swa_repro.vllm.verdict import cell
+    from swa_repro.vllm.audit.core import run_release
+    from swa_repro.vllm.audit.verdict import cell
 
     gpus = [GPU_CLASSES["sm90"], GPU_CLASSES["sm100"]]
     doc, _, _ = run_release("0.34.0", ["gemma2", "gpt-oss", "cohere2"], gpus, note=lambda s: None)
@@ -207,8 +207,8 @@ def test_nvfp4_model_round_trips_the_grid_and_loses_off_it():
     the live step draws on the grid come back exactly, random ones do not (so the round trip can fail)."""
     import torch
 
-    from swa_repro.vllm.live import V_TOP, on_nvfp4_grid
-    from swa_repro.vllm.live_kernels import nvfp4_dequantize, nvfp4_quantize
+    from swa_repro.vllm.audit.live import V_TOP, on_nvfp4_grid
+    from swa_repro.vllm.audit.live_kernels import nvfp4_dequantize, nvfp4_quantize
 
     x = torch.randn(5, 3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     for top, g in ((6.0, 1.0), (V_TOP, 1.0), (6.0, 2.0)):
@@ -226,8 +226,8 @@ def test_nvfp4_append_writes_each_token_at_its_slot(layout):
     of the release's data and scale views (padding slots, negative, skipped)."""
     import torch
 
-    from swa_repro.vllm.live import on_nvfp4_grid
-    from swa_repro.vllm.live_kernels import nvfp4_append, nvfp4_dequantize
+    from swa_repro.vllm.audit.live import on_nvfp4_grid
+    from swa_repro.vllm.audit.live_kernels import nvfp4_append, nvfp4_dequantize
 
     pages, page, heads, d = 4, 16, 2, 32
     shape = (pages, page, heads) if layout == "NHD" else (pages, heads, page)
@@ -259,7 +259,7 @@ def test_release_033_nvfp4_on_sm90_keeps_gemma2s_cap_on_the_cpu_model(tmp_path):
 
     overlay, _ = provision("0.33.0")
     out = tmp_path / "live.json"
-    subprocess.run([sys.executable, "-m", "swa_repro.vllm.live", "--overlay", str(overlay), "--out", str(out),
+    subprocess.run([sys.executable, "-m", "swa_repro.vllm.audit.live", "--overlay", str(overlay), "--out", str(out),
                     "--families", "gemma2", "--paths", "nvfp4_kv_mixed", "--device", "cpu", "--arch", "9.0"],
                    check=True, capture_output=True)
     rows = json.loads(out.read_text())["families"]["gemma2"]["rows"]

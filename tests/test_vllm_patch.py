@@ -2,7 +2,7 @@
 (the FlashInfer backend and ``vllm/utils/flashinfer.py``, issue #40), with the sglang patch's
 safety: a backup each, a byte-for-byte revert, and bad input one line with both files untouched.
 
-Oracles: ``vllm.fix.edit`` (what ``swa-repro audit --vllm X --fix cap-route`` audits) for the
+Oracles: ``vllm.fix.fixes.edit`` (what ``swa-repro audit --vllm X --fix cap-route`` audits) for the
 patched text, the original bytes for the revert; an "installed" vLLM is a package folder on
 ``sys.path`` (found the way the command finds it, without importing vLLM).
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 
 from swa_repro.cli import main
-from swa_repro.vllm import fix as vfix
-from swa_repro.vllm import fix_utils
+from swa_repro.vllm.fix import fixes as vfix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 from swa_repro.vllm.provision import BACKEND
 from tests.test_vllm_fix_rule import UTILS_SNIPPET
 
-# the two route anchors as every release 0.20.0-0.34.0 writes them (vllm.fix's docstring)
+# the two route anchors as every release 0.20.0-0.34.0 writes them (vllm.fix.fixes's docstring)
 SNIPPET = '''class FlashInferMetadataBuilder:
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         can_use_trtllm = can_use_trtllm_attention(self.num_qo_heads, self.num_kv_heads)

@@ -17,7 +17,7 @@ and ``doctor --model`` all map their answers' states through :func:`exit_status`
   speculative-only findings pass;
 * ``never``: findings pass (a report only); an answer the audit could not give still fails.
 
-Core knows the states as strings only (``sglang.audit.family_verdict.answer``, ``vllm.verdict.cell``,
+Core knows the states as strings only (``sglang.audit.family_verdict.answer``, ``vllm.audit.verdict.cell``,
 the plain audit's classes: ``sglang.audit.table.cell``), so every layer above can use it.
 """
 

@@ -2,7 +2,7 @@
 DIR --out FILE ...``): the parent's side (the environment, a fork from the warm server or a plain
 child, the document read back) and the child's (``--overlay`` first on ``sys.path``, the release's
 bytecode shared, one stderr line on failure). Engine-neutral: ``sglang.overlay_run`` adds sglang's
-overlays, cache key and import check on top, ``vllm.drive`` / ``vllm.live`` are such children too.
+overlays, cache key and import check on top, ``vllm.audit.drive`` / ``vllm.audit.live`` are such children too.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from swa_repro.core.checkpoint_config import FULL, SLIDING, layer_kinds  # noqa: F401 (one rule for both engines)
+from swa_repro.core.checkpoint_config import layer_kinds
 from swa_repro.core.errors import UsageError
 
 # name -> (transformers config class, constructor switches, architecture: its ``architectures`` entry).

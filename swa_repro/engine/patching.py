@@ -1,6 +1,6 @@
 """A file patched in place with a backup and reverted byte for byte (sha256-checked), and the
 ``patch`` command's checks and outputs that do not depend on which file or fix: the same actions
-and safety for sglang's backend (``sglang.patch``) and vLLM's (``vllm.patch``); every refusal
+and safety for sglang's backend (``sglang.patch``) and vLLM's (``vllm.patch.cli``); every refusal
 leaves the file as it was.
 
 Reads go through ``core.inputs`` (a source that is not UTF-8, has a BOM, is empty or does not parse,
@@ -143,7 +143,7 @@ def unified_diff(old: str, new: str, path="flashinfer_backend.py") -> str:
 
 
 def check_outputs(args) -> None:
-    """``--out`` / ``--in-place`` / ``--force`` as the action allows (also ``vllm.patch``'s)."""
+    """``--out`` / ``--in-place`` / ``--force`` as the action allows (also ``vllm.patch.cli``'s)."""
     if args.out and args.in_place:
         raise UsageError("choose one of --out FILE and --in-place")
     if (args.out or args.in_place) and args.action != "apply":
@@ -154,7 +154,7 @@ def check_outputs(args) -> None:
 
 def check_paths(args, path: Path) -> None:
     """Before any work: the source exists; ``--out`` is a new file (a folder, a link, an existing or
-    read-only file, or the source itself is one line). Also ``vllm.patch``'s."""
+    read-only file, or the source itself is one line). Also ``vllm.patch.cli``'s."""
     if not path.exists() and not path.is_symlink():
         raise UsageError(f"--source {path}: no such file")
     if args.out:

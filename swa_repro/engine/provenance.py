@@ -1,7 +1,7 @@
 """Where the generated audit tables go and what each says about how it was made.
 
 Both engines' release tables (``docs/audit/releases.json``, ``families.json``: ``sglang.audit.table``
-/ ``family_table``; ``vllm-releases.json``: ``vllm.table``) carry the same provenance: the command,
+/ ``family_table``; ``vllm-releases.json``: ``vllm.audit.table``) carry the same provenance: the command,
 the date, this checkout's commit and the base venv's python / torch / flashinfer, and one sentence
 of how each release's code was run (the engine's own words).
 """

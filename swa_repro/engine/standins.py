@@ -1,7 +1,7 @@
 """FlashInfer's three batch attention wrappers as recording stand-ins: flashinfer 0.6.12's call
 contract (``kernel.signatures``: the same signatures and plan/forward/run state rules as the model
 wrappers) with zero outputs. An audit reads the *calls* a backend makes, never these outputs, so
-both engines' audits stand on them (``sglang.audit.env``, ``vllm.standins``, ``vllm.live_kernels``).
+both engines' audits stand on them (``sglang.audit.env``, ``vllm.audit.env``, ``vllm.audit.live_kernels``).
 Beside them what a backend calls around the wrappers: flashinfer's ``fast_decode_plan``
 (decode.py:2898) and ``merge_state``, and :class:`CpuTorch`, ``torch`` as a backend module sees it
 on a CPU host (``device="cuda"`` buffers on the CPU, an H200's SM count).

@@ -1,6 +1,6 @@
 """The live judge's tolerances: a kernel's bf16 output held against the float64 reference.
 
-Both engines' live steps judge with these (``sglang.audit.live``, ``vllm.live``), so an answer
+Both engines' live steps judge with these (``sglang.audit.live``, ``vllm.audit.live``), so an answer
 means the same thing whichever engine made the call: a row is *wrong* when its error over the keys
 the layer intends exceeds :data:`ATOL`; the model *agrees* with the kernel when every element is
 within ``ATOL + RTOL * |reference|`` of the predicted reference (``torch.isclose``'s rule).

@@ -2,7 +2,7 @@
 
 The record (:class:`Ref`: its state as the thread showed it when read, summaries ours, not the
 thread's words) is the same for sglang's findings (``sglang.fix.upstream_refs``) and vLLM's
-(``vllm.upstream_refs``); :data:`ISSUE_33915` (sglang's dropped soft cap, the same loss on vLLM's
+(``vllm.fix.upstream_refs``); :data:`ISSUE_33915` (sglang's dropped soft cap, the same loss on vLLM's
 routes) is cited by both.
 """
 

@@ -21,11 +21,11 @@ import time
 import traceback
 from pathlib import Path
 
-from swa_repro.core.case import FLASHINFER_VERSIONS, Case
+from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError, check_bounds
-from swa_repro.core.outputs import not_regular, out_dir, untracked_dir, untracked_file, write_atomic
-from swa_repro.core.versions import unmodelled_message
 from swa_repro.core.intervals import nan_max
+from swa_repro.core.outputs import not_regular, out_dir, untracked_dir, untracked_file, write_atomic
+from swa_repro.core.versions import FLASHINFER_VERSIONS, unmodelled_message
 from swa_repro.evidence import fuzz_cases as fc
 from swa_repro.evidence.fuzz_report import build_report, format_report
 from swa_repro.evidence.fuzz_store import encode_case, find_runs, load_run, observed_from_probe, write_run

@@ -1,12 +1,12 @@
 """``swa-repro bundle --vllm VERSION``: vLLM's Python files for an air-gapped GPU machine that has torch
 but no vLLM and no network, beside the flashinfer bundle (``--flashinfer PIN --kernels prefill,decode,xqa``,
-PIN the release's flashinfer pin), so that ``python -m swa_repro.vllm.live`` runs the release's FlashInfer
+PIN the release's flashinfer pin), so that ``python -m swa_repro.vllm.audit.live`` runs the release's FlashInfer
 backend on the real FlashInfer there.
 
 What travels is measured (:data:`CHAIN_MEASURED`, ``vllm.bundle_measure.measure``): vLLM's package from its wheel without
 its compiled code (:func:`exclusion`: ``.so``, the ``vllm-rs`` binary, ``third_party``, C/CUDA sources,
 data files the import path does not read; the audit's platform replaces ``vllm._C``, as in
-``swa_repro.vllm.drive.setup``), its dist-info untouched, and :data:`CHAIN`, the distributions the live
+``swa_repro.vllm.audit.drive.setup``), its dist-info untouched, and :data:`CHAIN`, the distributions the live
 child's imports need that neither the device image nor the flashinfer bundle has. Contents of ``--out``:
 ``vllm-site-VERSION.tar.xz``, ``install.sh [TARGET]`` (after the flashinfer bundle's, same TARGET) and
 ``MANIFEST.json``. No module of a higher layer is imported (tests/test_layers.py): the release's wheel
@@ -117,7 +117,7 @@ def exclusion(name: str) -> str | None:
         return "outside the vllm package"
     if name.endswith(".so"):
         return ("compiled extensions (.so, 633 MB in 0.33.0): vllm._C and the flash-attn/MoE/MLA kernels; the "
-                "live child never loads them (its platform replaces vllm._C, swa_repro/vllm/drive.py setup)")
+                "live child never loads them (its platform replaces vllm._C, swa_repro/vllm/audit/drive.py setup)")
     if name == "vllm/vllm-rs":
         return "vllm/vllm-rs: the Rust serving frontend (a 61 MB binary), never imported"
     if name.startswith("vllm/third_party/"):

@@ -23,8 +23,8 @@ import zipfile
 import numpy as np
 from numpy.lib import format as npformat
 
-from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case, CaseError
-from swa_repro.core.errors import check_bounds
+from swa_repro.core.case import HEAD_DIMS, MAX_HEADS, MAX_KV_LEN, Case
+from swa_repro.core.errors import CaseError, check_bounds
 from swa_repro.core.intervals import Intervals
 from swa_repro.core.outputs import atomic_path, out_file, untracked_file, write_atomic
 from swa_repro.core.versions import FLASHINFER_VERSIONS, evidence_note

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from swa_repro.core.case import FLASHINFER_VERSIONS
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 
 PREFIXES = {"inc/": "flashinfer/data/include/flashinfer/", "attn/": "flashinfer/data/include/flashinfer/attention/",
             "py/": "flashinfer/"}

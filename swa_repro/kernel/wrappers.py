@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from swa_repro.core.case import FLASHINFER_VERSIONS, Case
+from swa_repro.core.case import Case
 from swa_repro.core.reference import intended_mask, masked_attention
+from swa_repro.core.versions import FLASHINFER_VERSIONS
 from swa_repro.kernel.model import ModelResult, simulate
 from swa_repro.kernel.signatures import DecodeSignature, PagedPrefillSignature, RaggedPrefillSignature
 

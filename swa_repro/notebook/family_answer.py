@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.families import DEFAULT_GPU, FAMILIES, GPU_CLASSES
 from swa_repro.sglang import families as fam
-from swa_repro.sglang.audit.family_fix import LAYER_NOT_HF
+from swa_repro.sglang.audit.family_verdict import LAYER_NOT_HF
 
 CAPABILITY = {8: "sm80", 9: "sm90", 10: "sm100"}  # torch.cuda.get_device_capability()[0] -> GPU class
 EXTEND = ("extend_paged", "extend_ragged_no_prefix", "extend_ragged_prefix")
@@ -32,8 +33,8 @@ def gpu_class(requested: str | None = None, capability=None) -> Gpu:
     """``requested`` (``--gpu`` / ``gpu=``) wins; else this machine's CUDA device's class
     (``capability``, default ``torch.cuda.get_device_capability()``); else sm90, said so."""
     if requested not in (None, "", "auto"):
-        fam.check_args(fam.FAMILIES[0], requested)  # one line for an unknown class
-        return Gpu(requested, f"{requested} ({fam.GPU_CLASSES[requested].cards}): given")
+        fam.check_args(FAMILIES[0], requested)  # one line for an unknown class
+        return Gpu(requested, f"{requested} ({GPU_CLASSES[requested].cards}): given")
     if capability is None:
         try:
             import torch
@@ -42,14 +43,14 @@ def gpu_class(requested: str | None = None, capability=None) -> Gpu:
         except Exception:  # no torch, a broken driver: no device to read
             capability = None
     if capability is None:
-        return Gpu(fam.DEFAULT_GPU, f"no CUDA device here: assumed {fam.DEFAULT_GPU} "
-                   f"({fam.GPU_CLASSES[fam.DEFAULT_GPU].cards}); give --gpu sm80|sm90|sm100 for another")
+        return Gpu(DEFAULT_GPU, f"no CUDA device here: assumed {DEFAULT_GPU} "
+                   f"({GPU_CLASSES[DEFAULT_GPU].cards}); give --gpu sm80|sm90|sm100 for another")
     major, minor = capability
     name = CAPABILITY.get(major)
     if name is None:  # sm120 and the like: no sm100 switch, no fa3 -> what sm80 runs
         return Gpu("sm80", f"this GPU is sm{major}{minor}, none of the audited classes: taken as sm80 "
                    "(fa2, no sm100 switch); give --gpu to choose")
-    return Gpu(name, f"this GPU is sm{major}{minor}: {name} ({fam.GPU_CLASSES[name].cards})")
+    return Gpu(name, f"this GPU is sm{major}{minor}: {name} ({GPU_CLASSES[name].cards})")
 
 
 def release_of(requested: str | None = None) -> str:
@@ -71,12 +72,13 @@ def check(model: str, gpu: str | None, release: str | None) -> tuple:
     """Every argument, one line each, before any work: (family or the checkpoint read, GPU class,
     release). A path (``checkpoint.looks_like_path``) is a checkpoint's config.json or its folder,
     read now (``checkpoint.read``); the release checks it before its audit (``checkpoint.check_release``)."""
+    from swa_repro.core.checkpoint_config import looks_like_path
     from swa_repro.sglang import checkpoint
 
-    if model not in (None, "") and model not in fam.FAMILIES and checkpoint.looks_like_path(model):
+    if model not in (None, "") and model not in FAMILIES and looks_like_path(model):
         return checkpoint.read(model), gpu_class(gpu), release_of(release)
     if model in (None, "") or model == "all" or "," in model:
-        raise UsageError(f"--model takes one family ({', '.join(fam.FAMILIES)}) or a checkpoint's config.json")
+        raise UsageError(f"--model takes one family ({', '.join(FAMILIES)}) or a checkpoint's config.json")
     fam.check_args(model, gpu if gpu not in (None, "", "auto") else None)
     return model, gpu_class(gpu), release_of(release)
 

@@ -19,11 +19,13 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.patching import PatchError
 from swa_repro.notebook.plots import SMALL, _pct
 from swa_repro.notebook.show import Row, col
 from swa_repro.sglang.audit import table as at
-from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, parse_names, states
-from swa_repro.sglang.patch.classify import REL_PATH, PatchError
+from swa_repro.sglang.fix import FIXES, apply_fixes, parse_names, states
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.patch.classify import REL_PATH
 
 FILE = f"sglang/{REL_PATH}"
 SKIP = "skipped: "  # the one line a section prints when the release cannot be had

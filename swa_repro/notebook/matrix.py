@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from swa_repro.core.case import Case, CaseError
-from swa_repro.kernel.model import simulate
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError
 from swa_repro.core.intervals import ceil_div, intended_bounds
+from swa_repro.kernel.model import simulate
 
 PROMPTS = (1024, 8192, 32768)
 PREFIXES = (0, 4096)

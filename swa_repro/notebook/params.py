@@ -143,7 +143,9 @@ def _fixes(value) -> None:
 
 
 def _release(value) -> None:
-    from swa_repro.sglang.provision import MIN_RELEASE, check_release, parse  # what provision() refuses
+    from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
+    from swa_repro.core.versions import check_sglang_release as check_release
+    from swa_repro.core.versions import sglang_release_key as parse
 
     try:
         version = parse(value)
@@ -190,7 +192,7 @@ def _model(value) -> None:
     """Notebook 07: a family (``families.FAMILIES``), or a checkpoint's ``config.json`` or the folder
     holding one, read now (``core.checkpoint_config``: it parses and names its architecture)."""
     from swa_repro.core import checkpoint_config as cc
-    from swa_repro.sglang.families import FAMILIES
+    from swa_repro.engine.families import FAMILIES
 
     if value in FAMILIES:
         return

@@ -5,8 +5,8 @@ and what to do, each step read off the table and the as-installed audit, never a
 
 from __future__ import annotations
 
+from swa_repro.core.versions import sglang_release_key as parse
 from swa_repro.sglang.audit import table as at
-from swa_repro.sglang.provision import parse
 
 # What to do while a class holds, beside "upgrade to the first release the table shows fixed".
 WORKAROUND = {

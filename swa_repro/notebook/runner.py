@@ -28,15 +28,12 @@ from pathlib import Path
 
 from swa_repro.core.cache import cache_root
 from swa_repro.core.errors import UsageError, check_bounds
+from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 from swa_repro.core.outputs import atomic_path, nonempty, untracked_dir, write_atomic
 from swa_repro.notebook import artifacts, run_summary, show
-from swa_repro.notebook.artifacts import artifact_set  # noqa: F401  (notebooks import it from here)
 from swa_repro.notebook.checks import read_checks
 from swa_repro.notebook.params import check_parameters, parse_value
 from swa_repro.notebook.places import NOTEBOOKS_DIR, RESERVED
-from swa_repro.notebook.places import REPO_DIR, output_path  # noqa: F401  (where they were)
-from swa_repro.notebook.run_summary import longest_first  # noqa: F401  (where it was)
-from swa_repro.core.mode import MODES, ModeInfo, resolve_mode
 
 NOTEBOOK_RE = re.compile(r"^\d\d_[A-Za-z0-9_]+\.py$")
 KERNEL_NAME = "swa-repro"

@@ -78,7 +78,7 @@ def for_machine(case: Case, mode: str) -> Case:
     *this* kernel; in model mode, unchanged."""
     if mode != "live":
         return case
-    from swa_repro.core.case import FLASHINFER_VERSIONS
+    from swa_repro.core.versions import FLASHINFER_VERSIONS
     from swa_repro.kernel.live import installed_flashinfer_version
 
     p = torch.cuda.get_device_properties(0)

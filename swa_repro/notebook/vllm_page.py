@@ -1,5 +1,5 @@
 """Notebook 08 ("vLLM"): the committed vLLM release x family x GPU class tables
-(``docs/audit/vllm-releases.json`` and its ``fixed/`` twin, ``swa_repro.vllm.table``) as frames and
+(``docs/audit/vllm-releases.json`` and its ``fixed/`` twin, ``swa_repro.vllm.audit.table``) as frames and
 one heatmap of the cells' states."""
 
 from __future__ import annotations
@@ -8,14 +8,15 @@ import json
 
 import pandas as pd
 
-from swa_repro.vllm import table, verdict
+from swa_repro.engine.provenance import TABLE_DIR
+from swa_repro.vllm.audit import table, verdict
 
 STATES = ("not affected", "layer != HF", "affected", "refused", "not driven")
 COLORS = ("#cfe8cf", "#f3e3a1", "#e8837a", "#c9c9c9", "#ffffff")
 
 
 def load(fixed: bool = False) -> dict:
-    folder = table.TABLE_DIR / "fixed" if fixed else table.TABLE_DIR
+    folder = TABLE_DIR / "fixed" if fixed else TABLE_DIR
     return json.loads((folder / f"{table.NAME}.json").read_text())
 
 
@@ -75,24 +76,24 @@ def heatmap(df: pd.DataFrame, title: str):
 
 
 # ----------------------------------------------------------------------------- on the kernel (issue #27's live step)
-LIVE_CALL = table.TABLE_DIR.parents[1] / "recordings" / "vllm-live" / "0.33.0" / "call-20261205T2228-h200"
+LIVE_CALL = TABLE_DIR.parents[1] / "recordings" / "vllm-live" / "0.33.0" / "call-20261205T2228-h200"
 LIVE_VERSION, LIVE_PATHS = "0.33.0", "decode,mixed"
 
 
 def live(mode: str) -> tuple[dict, str]:
     """``{site: live document}`` and where it comes from: on CUDA (``mode`` live) vLLM 0.33.0's backend
     run here on this GPU's FlashInfer for Gemma-2's decode and mixed batches, shipped and with
-    ``--fix cap-route`` (``vllm.audit.run_live``: minutes, most of them JIT builds); otherwise the
+    ``--fix cap-route`` (``vllm.audit.core.run_live``: minutes, most of them JIT builds); otherwise the
     committed H200 recording (``recordings/vllm-live``: every path, Gemma-2 and Cohere2)."""
     if mode == "live":
         from swa_repro.engine.families import GPU_CLASSES
-        from swa_repro.vllm.audit import run_live
+        from swa_repro.vllm.audit.core import run_live
 
         docs = {site: run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", fix=fix,
                                paths=LIVE_PATHS, note=lambda s: None)["sm90"]
                 for site, fix in (("shipped", None), ("fixed", "cap-route"))}
         return docs, f"run here: vLLM {LIVE_VERSION}, gemma2, {LIVE_PATHS}"
-    from swa_repro.vllm.live_report import load
+    from swa_repro.vllm.audit.live_report import load
 
     docs = {site: load(LIVE_CALL / f"live-{site}.json.xz") for site in ("shipped", "fixed")}
     return docs, f"the committed recording {LIVE_CALL.relative_to(LIVE_CALL.parents[3])} ({docs['shipped']['device']})"
@@ -106,12 +107,12 @@ def live_nvfp4(mode: str) -> tuple[dict, str]:
     wrappers): on CUDA (``mode`` live) run here as shipped; otherwise the committed H100 recording."""
     if mode == "live":
         from swa_repro.engine.families import GPU_CLASSES
-        from swa_repro.vllm.audit import run_live
+        from swa_repro.vllm.audit.core import run_live
 
         doc = run_live(LIVE_VERSION, ["gemma2"], [GPU_CLASSES["sm90"]], mode="live", paths="nvfp4_kv_mixed",
                        note=lambda s: None)["sm90"]
         return {"shipped": doc}, f"run here: vLLM {LIVE_VERSION}, gemma2, nvfp4_kv_mixed"
-    from swa_repro.vllm.live_report import load
+    from swa_repro.vllm.audit.live_report import load
 
     doc = load(NVFP4_CALL / "live-shipped.json.xz")
     return {"shipped": doc}, f"the committed recording {NVFP4_CALL.relative_to(NVFP4_CALL.parents[3])} ({doc['device']})"

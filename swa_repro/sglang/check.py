@@ -22,9 +22,10 @@ import torch
 
 from swa_repro.core.case import Case
 from swa_repro.core.errors import UsageError
-from swa_repro.core.outputs import untracked_dir
 from swa_repro.core.mode import resolve_mode
-from swa_repro.sglang import patch as sglang_patch
+from swa_repro.core.outputs import untracked_dir
+from swa_repro.sglang.patch import swap
+from swa_repro.sglang.patch.swap import unpatched
 from swa_repro.sglang.harness import (HARNESS_RELEASES, reaches_past_window, require_harness_release, run_case,
                                       sglang_env, sglang_info, swa_forward_index)
 from swa_repro.sglang.trace import Trace
@@ -114,7 +115,7 @@ def peer_suite(mode: str = "model", patched: bool = False, names=None) -> list[d
             continue
         row = {"case": case.name, "patched": patched, "params": {k: str(v) for k, v in kw.items()},
                "expected_pass": kit_expected_pass(case, patched)}
-        with sglang_env(mode, Trace()) as fb, (sglang_patch.patched(fb) if patched else sglang_patch.unpatched(fb)):
+        with sglang_env(mode, Trace()) as fb, (swap.patched(fb) if patched else unpatched(fb)):
             try:
                 kit.run_dense_attention_case(tc, case, **kw)
                 row |= {"passed": True}

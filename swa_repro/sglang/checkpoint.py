@@ -30,9 +30,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from swa_repro.core import checkpoint_config as cc
-from swa_repro.core.checkpoint_config import config_object, looks_like_path  # noqa: F401 (the callers' names)
+from swa_repro.core.checkpoint_config import layer_kinds, looks_like_path
 from swa_repro.core.errors import UsageError
-from swa_repro.engine.families import SmallConfig
+from swa_repro.engine.families import FAMILIES, MODELS, SmallConfig
 from swa_repro.sglang import families as fam
 from swa_repro.sglang import model_configs as mc
 
@@ -43,12 +43,12 @@ class Checkpoint(cc.Checkpoint):
     @property
     def family(self) -> str:
         """The family whose architecture this is (its remedy and server facts), else the architecture."""
-        return next((f for f, (_, _, a) in mc.MODELS.items() if a == self.architecture), self.architecture)
+        return next((f for f, (_, _, a) in MODELS.items() if a == self.architecture), self.architecture)
 
 
 def model_arg(text: str | None, gpu: str | None):
     """``--model`` -> a :class:`Checkpoint` (a path) or the family names (``families.check_args``)."""
-    if text and not all(x.strip() in (*fam.FAMILIES, "all", "") for x in text.split(",")) and looks_like_path(text):
+    if text and not all(x.strip() in (*FAMILIES, "all", "") for x in text.split(",")) and looks_like_path(text):
         fam.check_args("all", gpu)
         return read(text)
     return fam.check_args(text, gpu)[0]
@@ -56,7 +56,7 @@ def model_arg(text: str | None, gpu: str | None):
 
 def read(text: str) -> Checkpoint:
     """The file read and parsed (no release asked yet)."""
-    return cc.read(text, "sglang", fam.FAMILIES, Checkpoint)
+    return cc.read(text, "sglang", FAMILIES, Checkpoint)
 
 
 # ----------------------------------------------------------------------------- against a release
@@ -81,7 +81,7 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
 
 def served_by(arch: str, version: str, overlay: Path) -> str:
     """``; sglang 0.5.14, 0.5.16 serve it`` from the other releases already on this machine (cheap)."""
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     root = overlay.parent
     have = []
@@ -101,7 +101,7 @@ def served_by(arch: str, version: str, overlay: Path) -> str:
 def small_config(ck: Checkpoint) -> SmallConfig:
     """The user's config cut to the shortest prefix (at least 2 layers) holding every layer kind."""
     text = ck.text_config()
-    kinds = fam.layer_kinds(text)
+    kinds = layer_kinds(text)
     n = min(len(kinds), max([2] + [kinds.index(k) + 1 for k in set(kinds)]))
     cut = {"num_hidden_layers": n}
     if getattr(text, "layer_types", None):

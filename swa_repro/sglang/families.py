@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from swa_repro.core.checkpoint_config import FULL, SLIDING, layer_kinds  # noqa: F401 (one rule for both engines)
 from swa_repro.core.errors import UsageError
-from swa_repro.engine.families import DEFAULT_GPU, FAMILIES, GPU_CLASSES, GpuClass
+from swa_repro.engine.families import DEFAULT_GPU, FAMILIES, GPU_CLASSES, MODELS, GpuClass
 from swa_repro.sglang import model_configs as mc
 
 RELEASES = ("0.5.14", "0.5.23")  # first and last release the family audit and its fixes cover (fix/__init__)
@@ -21,7 +20,7 @@ RELEASES = ("0.5.14", "0.5.23")  # first and last release the family audit and i
 
 def check_release(version: str) -> None:
     """One line for a release the family audit does not cover (``doctor --model``, notebook 07)."""
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     lo, hi = RELEASES
     if not parse(lo) <= parse(version) <= parse(hi):
@@ -35,7 +34,7 @@ def families_of(overlay: Path) -> dict[str, str]:
     architecture), for every family the release serves."""
     models = overlay / "sglang" / "srt" / "models"
     out = {}
-    for fam, (_, _, arch) in mc.MODELS.items():
+    for fam, (_, _, arch) in MODELS.items():
         p = mc.model_file_in(models, arch)
         if p is not None:
             out[fam] = p.name
@@ -62,7 +61,7 @@ def check_release_has(version: str, overlay: Path, families: list[str], explicit
     have = families_of(overlay)
     missing = [f for f in families if f not in have]
     if missing and explicit:
-        arch = mc.MODELS[missing[0]][2]
+        arch = MODELS[missing[0]][2]
         raise UsageError(f"--model {missing[0]}: not in this release: sglang {version} has no model file for "
                          f"{arch}; it serves {', '.join(have) or 'none of the families'}")
     return [f for f in families if f in have]

@@ -29,10 +29,8 @@ the full sequences, not on sglang's trimmed KV.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.metadata as md
-import inspect
 import math
 import types
 from dataclasses import dataclass, field
@@ -41,15 +39,14 @@ import numpy as np
 import torch
 
 from swa_repro.core.batch import random_inputs
-from swa_repro.core.errors import UsageError
+from swa_repro.core.case import Case
+from swa_repro.core.errors import CaseError, UsageError
 from swa_repro.core.intervals import ceil_div
-from swa_repro.core.case import Case, CaseError
 from swa_repro.core.mode import resolve_mode
 from swa_repro.core.reference import reference_attention
-from swa_repro.engine.patching import unified_diff
 from swa_repro.kernel import wrappers as mw
 from swa_repro.kernel.model import ModelResult, simulate
-from swa_repro.sglang import patch as sglang_patch
+from swa_repro.sglang.patch import classify, files, swap
 from swa_repro.sglang.trace import Trace, decode, record_class
 
 # sglang itself (and flashinfer, live mode only) is imported inside the functions that drive it:
@@ -240,7 +237,7 @@ def run_case(case_spec, patched: bool, mode: str = "model", *, route: str = "pag
                         "route": route, "seed": seed, "dtype": str(dtype).removeprefix("torch.")})
     max_ctx = ceil_div(max(case.kv_lens), case.page_size) * case.page_size
     with sglang_env(mode, trace, gpu, route) as fb, \
-            (sglang_patch.patched(fb) if patched else sglang_patch.unpatched(fb)), torch.no_grad():
+            (swap.patched(fb) if patched else swap.unpatched(fb)), torch.no_grad():
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
@@ -351,50 +348,10 @@ def sglang_info() -> dict:
     """Where sglang is and what state its backend file is in (via swa_repro.sglang.patch)."""
     import sglang
 
-    path = sglang_patch.installed_path()
+    path = files.installed_path()
     try:
         fi = md.version("flashinfer-python")
     except md.PackageNotFoundError:
         fi = None
     return {"sglang": sglang.__version__, "backend_file": str(path),
-            "state": sglang_patch.classify(path.read_text()).state, "flashinfer_python": fi}
-
-
-# ----------------------------------------------------------------------------- for notebook 03
-def method_source(name: str, patched: bool | None = None) -> str:
-    """``inspect.getsource`` of ``FlashInferIndicesUpdaterPrefill.<name>`` as loaded
-    (``patched=None``), or inside ``sglang_patch.patched()`` / ``unpatched()``."""
-    fb = backend_module()
-    cls = fb.FlashInferIndicesUpdaterPrefill
-    if patched is None:
-        return inspect.getsource(getattr(cls, name))
-    with (sglang_patch.patched(fb) if patched else sglang_patch.unpatched(fb)):
-        return inspect.getsource(getattr(cls, name))
-
-
-def patch_diff() -> str:
-    """Unified diff of the installed backend file against its fixed form (empty when it is fixed)."""
-    path = sglang_patch.installed_path()
-    text = path.read_text()
-    if sglang_patch.classify(text).state == "fixed":
-        return ""
-    return unified_diff(text, sglang_patch.transform(text, "fixed"), "flashinfer_backend.py")
-
-
-def file_digest() -> str:
-    """sha256 of the installed backend file: the in-memory patch must leave it unchanged."""
-    return hashlib.sha256(sglang_patch.installed_path().read_bytes()).hexdigest()
-
-
-def swa_plan_kwargs(result: HarnessResult) -> dict:
-    """The plan kwargs sglang gave the wrapper the SWA layer's forward() ran on (scalars only)."""
-    fwd = swa_forward_index(result.trace)
-    w = result.trace.calls[fwd].wrapper
-    kw = next(k for k in reversed(result.plan_kwargs) if k["wrapper"] == w)
-    return {k: v for k, v in kw.items() if v is not None}
-
-
-def swa_forward_kwargs(result: HarnessResult) -> dict:
-    """The keyword arguments of the SWA layer's forward() call (scalars only)."""
-    c = result.trace.calls[swa_forward_index(result.trace)]
-    return {k: v for k, v in decode(c.kwargs).items() if not torch.is_tensor(v)}
+            "state": classify.classify(path.read_text()).state, "flashinfer_python": fi}

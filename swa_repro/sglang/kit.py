@@ -44,7 +44,7 @@ CASE_SETS = ("make_dense_cases", "make_swa_no_prefix_input_config_cases", "make_
 
 def require_kit_release(version: str, flag: str = "installed") -> None:
     """A one-line refusal for a release without the kit (< 0.5.13)."""
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     try:
         old = parse(version) < KIT_FROM
@@ -72,7 +72,7 @@ def header() -> dict:
     import sglang
 
     from swa_repro.sglang.fix import states
-    from swa_repro.sglang.patch import installed_path
+    from swa_repro.sglang.patch.files import installed_path
 
     path = installed_path()
     text = path.read_text()
@@ -163,7 +163,7 @@ def main(a) -> int:
     if a.cases is not None or a.peer or a.trace_dir is not None or getattr(a, "force", False):  # "" too
         raise UsageError("--kit-only runs sglang's kit alone: drop --cases/--peer/--trace-dir/--force")
     if a.sglang is not None:  # "" ran the installed sglang; 0.5.15.post2 went to the installer
-        from swa_repro.sglang.provision import check_release
+        from swa_repro.core.versions import check_sglang_release as check_release
 
         check_release(a.sglang)
     fixes = None

@@ -22,8 +22,6 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
-from swa_repro.core.versions import SGLANG_RELEASES as RELEASES  # noqa: F401 (provision.RELEASES, read by callers)
-from swa_repro.core.versions import check_sglang_release as check_release  # noqa: F401 (provision.check_release)
 from swa_repro.core.versions import sglang_release_key as parse
 
 MARKER = ".swa-repro-overlay.json"

@@ -1,4 +1,5 @@
-"""vLLM's FlashInfer attention backend audited on CPU (issue #27, phase 1): a release as a cached
-overlay without its compiled extension (``provision``), its metadata builder and ``FlashInferImpl``
-driven in a child process with recording FlashInfer stand-ins (``standins``, ``drive``), and the
-``swa-repro audit --vllm`` command (``cli``)."""
+"""vLLM's FlashInfer attention backend audited on CPU (issue #27), laid out as ``sglang/`` is: a release
+as a cached overlay without its compiled extension (``provision``), the families and a user's checkpoint
+(``families``, ``registry``, ``checkpoint``), the audit (``audit/``: the command, the child that drives
+the release's metadata builder and ``FlashInferImpl`` with recording FlashInfer stand-ins, the verdict,
+the table, the live step), the cap-route fix (``fix/``) and ``swa-repro patch --vllm`` (``patch/``)."""

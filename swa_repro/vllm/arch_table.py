@@ -9,7 +9,7 @@ grouped by why they are not built, so that every architecture of every release h
 
 from __future__ import annotations
 
-from swa_repro.vllm import verdict as vv
+from swa_repro.vllm.audit import verdict as vv
 
 NOT_BUILT = "not built"
 
@@ -18,7 +18,7 @@ def build(version: str, gpus, *, note=print, fix: str | None = None) -> dict:
     """One release's columns: ``{"columns": {arch: facts}, "cells": {gpu: {arch: cell}}}``; the
     columns asking the same parameters driven once (``archs.groups``), in one child."""
     from swa_repro.vllm import archs
-    from swa_repro.vllm.audit import arch, run_release
+    from swa_repro.vllm.audit.core import arch, run_release
     from swa_repro.vllm.provision import provision
 
     overlay, _ = provision(version)

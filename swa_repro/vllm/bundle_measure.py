@@ -2,7 +2,8 @@
 :func:`measure` runs :data:`PROBE` (the live child's imports, with the real flashinfer) in a child that
 sees only the device image, the flashinfer bundle and what was added so far, and adds the distribution of
 each ModuleNotFoundError until none is left. Nothing here is imported by the bundle command. vLLM's, not
-the evidence layer's: its probe runs the project's vLLM modules (``vllm.drive``, ``vllm.live``, ...)."""
+the evidence layer's: its probe runs the project's vLLM modules (``vllm.audit.drive``, ``vllm.audit.live``,
+...)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from swa_repro.evidence.bundle import IMPORT_DEPS
 from swa_repro.evidence.site_view import site_view
 from swa_repro.evidence.vllm_bundle import IMAGE_KNOWN, REPO, unpack_vllm, vllm_wheel
 
-# What the live child (swa_repro/vllm/live.py run) imports, with the real flashinfer: drive.setup with
+# What the live child (swa_repro/vllm/audit/live.py run) imports, with the real flashinfer: drive.setup with
 # live_kernels.install_real (the audit's CUDA platform, then the release's FlashInfer backend), the
-# vLLM modules drive.setup and vllm.paths use, and families.resolve for gemma2 and cohere2. A string,
+# vLLM modules drive.setup and vllm.audit.paths use, and families.resolve for gemma2 and cohere2. A string,
 # run in a child (where only the device image's distributions are importable).
 PROBE = r"""
 import json, sys, traceback
@@ -42,7 +43,9 @@ try:
         torch.cuda.device_count = lambda: 1
         torch.cuda.get_device_capability = lambda device=None: (9, 0)
         torch.cuda.get_device_name = lambda device=None: "NVIDIA H100 80GB HBM3"
-    from swa_repro.vllm import drive, families, live, live_kernels, paths, standins
+    from swa_repro.vllm import families
+    from swa_repro.vllm.audit import drive, live, live_kernels, paths
+    from swa_repro.vllm.audit import env as standins
     drive.setup(standins.Recorder(), live_kernels.install_real, "cuda")
     import vllm.config.vllm, vllm.model_executor.layers.attention_layer_base, vllm.v1.kv_cache_interface
     import vllm.utils.torch_utils, vllm.v1.attention.backend, vllm.v1.attention.backends.utils

@@ -15,7 +15,7 @@ one; ``core.checkpoint_config``) turned into what each of its layer kinds asks v
   kinds, cap, head_dim, heads), each labelled user / default in ``record``.
 
 The result has the shape of ``vllm.families.resolve`` (``family``: the architecture), so
-``vllm.drive`` drives every path of it as it drives a table family. A window the model file takes
+``vllm.audit.drive`` drives every path of it as it drives a table family. A window the model file takes
 from another key (``registry.window``'s ``other``) is the cell's ``error`` (not driven, the line
 cited), never a guess.
 """

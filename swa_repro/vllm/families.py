@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from swa_repro.core.checkpoint_config import FULL, SLIDING
 from swa_repro.engine import families as ef
 
 FAMILIES = ("gemma2", "gemma3", "gpt-oss", "cohere2", "mistral")
@@ -70,10 +71,10 @@ def resolve(name: str, overlay: Path) -> dict:
     scale = float(qpas) ** -0.5 if src["scale"][0] == "qpas" else sc.head_dim ** -0.5
     sinks = src.get("sinks", (None,))[0] == "config"
     layers = {}
-    for kind in sorted(set(sc.kinds) & {ef.SLIDING, ef.FULL}):
-        layers[kind] = {"sliding_window": window if kind == ef.SLIDING else None, "logits_soft_cap": cap,
+    for kind in sorted(set(sc.kinds) & {SLIDING, FULL}):
+        layers[kind] = {"sliding_window": window if kind == SLIDING else None, "logits_soft_cap": cap,
                         "scale": scale, "sinks": sinks,
-                        "hf_window_left": sc.sliding_window - 1 if kind == ef.SLIDING else -1}
+                        "hf_window_left": sc.sliding_window - 1 if kind == SLIDING else -1}
     return {"family": name, "num_qo_heads": sc.num_qo_heads, "num_kv_heads": sc.num_kv_heads,
             "head_dim": sc.head_dim, "hf_sliding_window": sc.sliding_window, "hf_cap": sc.cap or None,
             "layers": layers, "sources": {k: v[1] for k, v in src.items()},

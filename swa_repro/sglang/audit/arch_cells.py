@@ -37,8 +37,8 @@ from functools import cache
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.families import MODELS
 from swa_repro.sglang import config_routes, swa_archs
-from swa_repro.sglang import model_configs as mc
 from swa_repro.sglang.audit import arch_fill
 
 CRASH = "crashes on FlashInfer"
@@ -76,7 +76,7 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
     from swa_repro.sglang import checkpoint as ckpt
 
     srt = overlay / "sglang" / "srt"
-    family_archs = {a for _, _, a in mc.MODELS.values()}
+    family_archs = {a for _, _, a in MODELS.values()}
     smalls, static = {}, {}
     for a in swa_archs.discover(srt):
         if a.architecture in family_archs:
@@ -183,6 +183,7 @@ def column_config(a, version: str, overlay: Path, extra: dict | None = None, why
     import transformers
 
     from swa_repro.core import checkpoint_config as cc
+    from swa_repro.core.checkpoint_config import config_object
     from swa_repro.sglang import checkpoint as ckpt
     from swa_repro.sglang import release_configs
 
@@ -204,7 +205,7 @@ def column_config(a, version: str, overlay: Path, extra: dict | None = None, why
         values.update(extra or {})
         provides = frozenset([*rel.get("attrs", []), *rel.get("defaults", {})])
         return ckpt.Checkpoint(a.architecture, f"transformers defaults of model_type {mt}{via}", values, a.architecture,
-                               *ckpt.config_object(values, mt), provides)
+                               *config_object(values, mt), provides)
     mt, how = release_configs.model_type_for(a.architecture, model_file, types)
     if r is not None and mt == r.model_type:
         how = r.how
@@ -280,7 +281,7 @@ def published_keys(model_type: str) -> dict:
     from swa_repro.engine import families as fam
 
     cls = CONFIG_MAPPING_NAMES.get(model_type)
-    return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in mc.MODELS.items() if c == cls), {})
+    return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in MODELS.items() if c == cls), {})
 
 
 @cache

@@ -21,15 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from swa_repro.core.errors import UsageError, check_bounds
 from swa_repro.core.exit_status import exit_status
 from swa_repro.core.outputs import keep_fuller, nonempty_path, out_dir
+from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
+from swa_repro.core.versions import sglang_release_key as parse
 from swa_repro.engine.commands import REMOVED_SOURCE
+from swa_repro.engine.provenance import TABLE_DIR
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
-from swa_repro.sglang import provision
 
 
 def register(sub) -> None:
@@ -57,7 +58,7 @@ def register(sub) -> None:
     p.add_argument("--release-table", action="store_true", help="audit each of --releases -> --out/releases.md "
                    "+ releases.json")
     p.add_argument("--releases", default=",".join(at.REQUIRED), help="comma-separated releases for --release-table")
-    p.add_argument("--out", type=nonempty_path, default=at.TABLE_DIR, help="directory for --release-table (docs/audit)")
+    p.add_argument("--out", type=nonempty_path, default=TABLE_DIR, help="directory for --release-table (docs/audit)")
     p.add_argument("--force", action="store_true", help="with --release-table: replace a table at --out that "
                    "covers releases, families or GPU classes this one does not (the committed full table)")
     p.add_argument("--jobs", type=int, default=1, help="releases audited at once for --release-table (1..32)")
@@ -183,11 +184,12 @@ def _one(version, what_if, paths, mode: str = "model", live_budget: float | None
 
 def print_run(r: dict, classes: dict) -> None:
     from swa_repro.sglang.audit import core as audit
+    from swa_repro.sglang.audit.reports import report_table
 
     print(audit.header(r["release"], r["what_if"], r["release"].get("origin", "installed")))
     print(f"  {len(r['findings'])} findings, {len(r['driven'])} path x layer runs driven, "
           f"{len(r['not_driven'])} not driven")
-    for row in audit.report_table(r["findings"]):
+    for row in report_table(r["findings"]):
         print(f"  {row['path']:<24} {row['parameter']:<16} {row['wrapper']:<38} {row['kind']:<8} "
               f"plan={row['plan']} forward={row['forward']} [{row['effect']}] {row['consequence']}")
     for nd in r["not_driven"]:
@@ -237,7 +239,7 @@ def _families(a) -> int:
     if a.release_table or a.what_if or a.paths or a.mode == "live":
         raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
                          "--mode live")
-    provision.parse(a.sglang)
+    parse(a.sglang)
     doc = family_run.audit_families(a.sglang, a.model if isinstance(model, list) else model, a.gpu, fixes=_fixes(a),
                                     note=lambda s: print(s, file=sys.stderr))
     print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
@@ -250,12 +252,13 @@ def _families(a) -> int:
 
 def _family_table(a) -> int:
     """``--release-table --model all [--gpu G[,G]]``: docs/audit/families.{md,json}."""
+    from swa_repro.engine.families import DEFAULT_GPU
     from swa_repro.sglang import families
     from swa_repro.sglang.audit import family_table
 
     if a.model != "all":
         raise UsageError("--release-table --model takes all: the table has every family each release serves")
-    gpus = [g.strip() for g in (a.gpu or families.DEFAULT_GPU).split(",") if g.strip()]
+    gpus = [g.strip() for g in (a.gpu or DEFAULT_GPU).split(",") if g.strip()]
     for g in gpus:
         families.check_args("all", g)
     versions = [v.strip() for v in a.releases.split(",") if v.strip()]
@@ -263,7 +266,7 @@ def _family_table(a) -> int:
         raise UsageError("--release-table --model all takes --releases, --gpu, --jobs and --out only")
     out_dir(a.out, "--out")
     for v in versions:
-        if provision.parse(v) < provision.MIN_RELEASE:
+        if parse(v) < MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
     keep_fuller(a.out / "families.json", {"releases": versions, "gpus": gpus}, _family_cover, force=a.force)
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
@@ -290,14 +293,14 @@ def _table(a) -> int:
     if not versions:  # an empty table would be written, having audited nothing
         raise UsageError(f"--releases selects no release: give comma-separated versions, e.g. {','.join(at.REQUIRED)}")
     fixes = _fixes(a)
-    if fixes and a.out == at.TABLE_DIR:
-        a.out = at.TABLE_DIR / "fixed"
+    if fixes and a.out == TABLE_DIR:
+        a.out = TABLE_DIR / "fixed"
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")
     out_dir(a.out, "--out")  # a file, or a path under one, or read-only: one line before any release is audited
     for v in versions:  # every release checked before any is installed
-        if provision.parse(v) < provision.MIN_RELEASE:
+        if parse(v) < MIN_RELEASE:
             raise UsageError(f"--releases {v}: the audit drives sglang 0.5.10 and later")
     keep_fuller(a.out / "releases.json", {"releases": versions, "fixes": fixes or []}, _release_cover, force=a.force)
     cmd = "swa-repro audit --release-table --releases " + ",".join(versions) + (f" --fix {a.fix}" if fixes else "")

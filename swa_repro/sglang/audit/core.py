@@ -32,17 +32,12 @@ import torch
 
 from swa_repro.core.errors import UsageError
 from swa_repro.kernel.model import simulate
+from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
+from swa_repro.sglang.audit.attended import plan_case
+from swa_repro.sglang.audit.calls import bind, geometry, given
 from swa_repro.sglang.audit.env import DECODE, PAGED
-from swa_repro.sglang.audit.keys import bind, geometry, given, plan_case
-from swa_repro.sglang.audit.reports import (  # noqa: F401  (what the findings say: notebook 05, audit.cli)
-    REPORTS,
-    advice,
-    report_table,
-    reports,
-    verdict,
-)
 from swa_repro.sglang.trace import PLAN_METHODS
 
 
@@ -149,7 +144,7 @@ def consequence(param: str, cls_name: str, backend: str, n_outside: int | None, 
 def analyze(run: ap.PathRun) -> list[Finding]:
     """Findings of one driven path: per wrapper, each forward vs the plan before it (a replay:
     the replayed plan vs the captured forward)."""
-    return [f for p in ak.pairs(run) for f in _compare(run, p.cls, p.backend, p.wrapper, p.plan, p.fwd, p.stage)]
+    return [f for p in ac.pairs(run) for f in _compare(run, p.cls, p.backend, p.wrapper, p.plan, p.fwd, p.stage)]
 
 
 def _compare(run, cls, backend, wid, plan_rec, fwd_rec, stage) -> list[Finding]:
@@ -215,7 +210,8 @@ def release_info() -> dict:
     file's state, classified from its structure (``patch.classify``)."""
     import sglang  # lazy: optional and slow to import
 
-    from swa_repro.sglang import harness, patch
+    from swa_repro.sglang import harness
+    from swa_repro.sglang.patch.classify import classify
 
     from swa_repro.sglang import fix
 
@@ -223,7 +219,7 @@ def release_info() -> dict:
     fixes = {}
     try:
         text = open(path).read()
-        state = patch.classify(text).state
+        state = classify(text).state
         fixes = {n: s.state for n, s in fix.states(text).items()}  # `swa-repro patch --fix` (0.5.14+)
     except Exception as e:  # a file the classifier cannot read is "unknown", said why
         state = f"unknown ({type(e).__name__})"

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 
 import torch
 
-from swa_repro.engine.families import FULL, SLIDING, GpuClass, small_config
+from swa_repro.core.checkpoint_config import FULL, SLIDING
+from swa_repro.engine.families import GpuClass, small_config
 from swa_repro.sglang import harness, releases, releases_kit
+from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit import core as audit_core
 from swa_repro.sglang.audit import family_build as fbuild
 from swa_repro.sglang.audit import family_live, hybrid_pool, rows, spans
@@ -198,7 +200,7 @@ def record(run, layer: FamilyLayer, intended: int, gpu: GpuClass, memo: dict | N
     if same_run not in memo:
         memo[same_run] = {"plans": audit_core.plan_texts(run), "findings": [f.to_dict() for f in audit_core.analyze(run)]}
     same_ranges = (*same_run, tuple(spans.kernel_rule(p, p.plan[1], p.fwd[1], be(p, p.plan[1]))
-                                    for p in ak.pairs(run)))
+                                    for p in ac.pairs(run)))
     if same_ranges not in memo:
         memo[same_ranges] = _keys(run, intended, be)
     common, k = copy.deepcopy(memo[same_run]), copy.deepcopy(memo[same_ranges])
@@ -237,7 +239,7 @@ def reads_platform_once(fb) -> bool:
 def uses_ragged(run) -> bool:
     """A run that could differ with the platform switch: it planned or ran the ragged wrapper, or
     was not driven (driven again, never assumed)."""
-    return bool(run.error) or any(p.cls == RAGGED for p in ak.pairs(run))
+    return bool(run.error) or any(p.cls == RAGGED for p in ac.pairs(run))
 
 
 # ----------------------------------------------------------------------------- one family
@@ -312,6 +314,6 @@ def _document(family, gpu: GpuClass, small, built, layers, recs, seconds) -> dic
 
 
 def mc_name(family: str) -> str:
-    from swa_repro.sglang.model_configs import MODELS
+    from swa_repro.engine.families import MODELS
 
     return MODELS[family][0]

@@ -17,7 +17,7 @@ The rules read the cell's own facts (``family_verdict.cell_of``), never a family
   (``fix.family_fixes.commandr_window_hook``), and the backend's own findings on top.
 * ``layer != HF`` (``family_verdict.layer_off``: every kernel is told what the layer asks, the layer asks
   another window than transformers' mask; Cohere2 with the hook: HF's inclusive count, kept on
-  purpose as vLLM keeps it): no fix, the reason said, as ``vllm.verdict.remedy`` says it.
+  purpose as vLLM keeps it): no fix, the reason said, as ``vllm.audit.verdict.remedy`` says it.
 * on sm100 the ragged wrapper may be cutlass's (head dims 64/128, 192/128 from 0.5.21, 0.5.23
   flashinfer_backend.py:509-522; any head dim before), so an affected cell there names
   ``sm100_no_cutlass_window`` too (a no-op where the release keeps fa2).
@@ -94,7 +94,7 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
 
 
 def _before_fixes(release: str) -> bool:
-    from swa_repro.sglang.provision import parse
+    from swa_repro.core.versions import sglang_release_key as parse
 
     return parse(release) < parse(FIRST_FIXABLE)
 

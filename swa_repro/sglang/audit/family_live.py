@@ -12,8 +12,9 @@ import time
 
 import torch
 
-from swa_repro.engine.families import GPU_CLASSES, SLIDING, GpuClass
-from swa_repro.sglang.audit import keys as ak
+from swa_repro.core.checkpoint_config import SLIDING
+from swa_repro.engine.families import GPU_CLASSES, GpuClass
+from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit.env import DECODE
 from swa_repro.sglang.audit.gpu_backends import backend_of
 
@@ -74,7 +75,7 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
 
 def _key(run, layer, ex) -> tuple:
     return ("live", id(run), layer.kind, tuple((ex.backend(p) if ex.backend else None) or p.backend
-                                               for p in ak.pairs(run)))
+                                               for p in ac.pairs(run)))
 
 
 def card_of(device: str):

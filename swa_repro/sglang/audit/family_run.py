@@ -24,6 +24,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.engine import families as efam
 from swa_repro.engine.child import child_main, child_parser
+from swa_repro.engine.families import GPU_CLASSES
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
 from swa_repro.sglang.audit.family_verdict import NOT_DRIVEN, answer, cell_of
@@ -54,13 +55,14 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     (with ``all``): every other sliding-window architecture the release serves too (``arch_cells``),
     each at its published defaults, keyed on its small config."""
     from swa_repro.core.cache import cached_cells
-    from swa_repro.sglang import provision
+    from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
+    from swa_repro.core.versions import sglang_release_key as parse
 
     ck = family if isinstance(family, Checkpoint) else None
     names = [ck.family] if ck else fam.check_args(family, gpus[0] if gpus else None)[0]
     for g in gpus:
         fam.check_args("all" if ck else family, g)
-    if provision.parse(version) < provision.MIN_RELEASE:
+    if parse(version) < MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
     said: list[str] = []  # the overlay's progress lines wait: a family the release lacks is the only line
     overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}")
@@ -176,11 +178,11 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     t0 = time.monotonic()
     deadline = None if live_budget_s is None else t0 + live_budget_s
     import_release(overlay)
+    from swa_repro.engine.tolerance import ATOL, RTOL
     from swa_repro.sglang import harness
     from swa_repro.sglang.audit import core as audit_core
     from swa_repro.sglang.audit import family as audit_family
     from swa_repro.sglang.audit import family_live
-    from swa_repro.sglang.audit import live as audit_live
     from swa_repro.sglang.audit.family_build import vllm_placeholder
 
     vllm_placeholder()  # before anything imports the model registry (0.5.14 imports it with the backend)
@@ -192,7 +194,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     for name in families:
         try:
             mine = (smalls or {}).get(name) or small
-            docs = audit_family.audit_family(name, [fam.GPU_CLASSES[g] for g in gpus], paths, jobs,
+            docs = audit_family.audit_family(name, [GPU_CLASSES[g] for g in gpus], paths, jobs,
                                              small=efam.SmallConfig.from_dict(mine) if mine else None)
         except Exception as e:  # one family the release cannot build: said, the others still run
             from swa_repro.sglang import releases
@@ -211,7 +213,7 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     if live is not None:
         doc["live"] = {"executor": live, "device": _device_name() if live == "cuda" else "cpu (the kernel model)",
                        "budget_s": live_budget_s, "seconds": round(t_live, 1),
-                       "tolerance": {"atol": audit_live.ATOL, "rtol_model": audit_live.RTOL}, **warmed}
+                       "tolerance": {"atol": ATOL, "rtol_model": RTOL}, **warmed}
     return doc
 
 
@@ -224,7 +226,7 @@ def _device_name() -> str:
 def main(argv=None) -> int:
     p = child_parser(MODULE)
     p.add_argument("--families", required=True)
-    p.add_argument("--gpus", required=True, help=f"comma-separated, of {', '.join(fam.GPU_CLASSES)}")
+    p.add_argument("--gpus", required=True, help=f"comma-separated, of {', '.join(GPU_CLASSES)}")
     p.add_argument("--paths", help="comma-separated audit paths (default: all)")
     p.add_argument("--live", choices=("cuda", "model"), help="also run each driven call (see executor_of)")
     p.add_argument("--live-budget-s", type=float, help="run no call live after this many seconds (said not run)")
@@ -259,7 +261,7 @@ def render(doc: dict) -> list[str]:
     out = [("PATCHED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
            + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {state_text(rel['state'])}; "
            f"GPU class {doc['gpu']} "
-           f"({fam.GPU_CLASSES[doc['gpu']].cards})"]
+           f"({GPU_CLASSES[doc['gpu']].cards})"]
     for f in doc["families"]:
         if f.get("error"):
             out += [f"{f['family']}: not built: {f['error']}", ""]

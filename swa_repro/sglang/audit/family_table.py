@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
+from swa_repro.engine.provenance import TABLE_DIR
 from swa_repro.sglang.audit.family_companion import fixed_cells
 from swa_repro.sglang.audit.family_companion import markdown as fix_markdown
 from swa_repro.sglang.audit.family_verdict import HYBRID, cell_of
-from swa_repro.sglang.audit.table import TABLE_DIR, provenance
+from swa_repro.sglang.audit.table import provenance
 
 SHORT = {"affected on the default path": "**affected**", "only with flags": "flags only",
          "only with speculative decoding": "spec only", "not affected": "not affected",
@@ -61,7 +62,7 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
     from concurrent.futures import ThreadPoolExecutor
 
     from swa_repro.core.errors import UsageError
-    from swa_repro.sglang import provision
+    from swa_repro.core.versions import sglang_release_key as parse
     from swa_repro.sglang.audit.family_run import audit_release
 
     def one(task):
@@ -74,7 +75,7 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
             note(f"sglang {v}: {e}")
             return task, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
 
-    tasks = [("fixed", fixed)] * bool(fixed) + [("release", v) for v in sorted(versions, key=provision.parse,
+    tasks = [("fixed", fixed)] * bool(fixed) + [("release", v) for v in sorted(versions, key=parse,
                                                                                  reverse=True)]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
         got = dict(ex.map(one, tasks))
@@ -99,7 +100,7 @@ def write(table: dict, out: Path = TABLE_DIR) -> tuple[Path, Path]:
 def _families(table: dict) -> list[str]:
     """The 8 named families, then every other architecture column, grouped by its worst state
     (:data:`GROUPS`), by name within a group."""
-    from swa_repro.sglang.families import FAMILIES
+    from swa_repro.engine.families import FAMILIES
 
     seen = {f for r in table["rows"] for f in r["cells"]}
     return [f for f in FAMILIES if f in seen] + sorted(seen - set(FAMILIES), key=lambda f: (group_of(table, f), f))
@@ -181,7 +182,7 @@ def markdown(table: dict) -> str:
             (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else NOT_IN)
             for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
         lines.append("")
-    from swa_repro.sglang.families import FAMILIES
+    from swa_repro.engine.families import FAMILIES
 
     lines += grouped(table)
     lines += fix_markdown(table, [f for f in fams if f in FAMILIES], main_cell_text)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 AFFECTED = ("affected on the default path", "only with flags", "only with speculative decoding")
 HYBRID = "unknown (hybrid SWA pool)"  # answer: served on the hybrid SWA KV pool, which could not be driven (hybrid_pool)
-LAYER_NOT_HF = "layer != HF"  # every kernel told what the layer asks, the layer another window (vllm.verdict's)
+# every kernel told what the layer asks, the layer another window (vllm.audit.verdict's)
+LAYER_NOT_HF = "layer != HF"
 SERVING_GPU = {"sm80": "other", "sm90": "sm90", "sm100": "sm100"}  # serving_path.GPUS
 DEFAULT_EXTEND = {"ragged": ("extend_ragged_no_prefix", "extend_ragged_prefix"), "paged-only": ("extend_paged",)}
 ALWAYS = ("decode", "cuda_graph_decode")  # every server decodes; decode CUDA graphs are on by default
@@ -75,7 +76,7 @@ def _stale(f: dict) -> str:
 
 def layer_off(f: dict) -> list[str]:
     """Each layer kind whose own window is not transformers' mask (the model file's choice, as vLLM's
-    verdict words it: ``vllm.verdict.judge``), where a driven run's keys show it."""
+    verdict words it: ``vllm.audit.verdict.judge``), where a driven run's keys show it."""
     shown = {r["kind"] for r in f.get("paths") or [] if r.get("status") == "driven" and r["verdict"] != "exact"}
     return [f"{kind} layer asks window_left {k['layer_window']}, transformers' mask {k['intended_window']}"
             for kind, k in sorted((f.get("kinds") or {}).items())

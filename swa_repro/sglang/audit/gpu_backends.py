@@ -5,9 +5,9 @@ whether the layer's cap survives. The key verdict (``audit.family.record``) and 
 
 from __future__ import annotations
 
-from swa_repro.sglang.audit import keys as ak
+from swa_repro.engine.families import GpuClass
+from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit.env import DECODE
-from swa_repro.sglang.families import GpuClass
 
 
 def backend_of(gpu: GpuClass):
@@ -19,7 +19,7 @@ def backend_of(gpu: GpuClass):
 def wrappers(run, gpu: GpuClass) -> dict:
     """Per wrapper class: the backend sglang built it with and what FlashInfer runs on ``gpu``."""
     out = {}
-    for p in ak.pairs(run):
+    for p in ac.pairs(run):
         out.setdefault(p.cls.replace("BatchPrefillWith", "").replace("BatchDecodeWith", "Decode:"),
                        set()).add(f"{p.backend} -> {backend_of(gpu)(p, p.plan[1])}")
     return {k: sorted(v) for k, v in out.items()}
@@ -32,7 +32,7 @@ def cap_state(run, gpu: GpuClass) -> str:
     if cap <= 0:
         return "none"
     why = set()
-    for p in ak.pairs(run):
+    for p in ac.pairs(run):
         planned, be = float(p.plan[1].get("logits_soft_cap") or 0.0), backend_of(gpu)(p, p.plan[1])
         short = p.cls.replace("BatchPrefillWith", "").replace("KVCacheWrapper", "").replace("BatchDecodeWithPaged", "Decode")
         if planned != cap:

@@ -35,112 +35,22 @@ call whose KV was already trimmed, or one that reads the wrong KV. So for every 
 
 Extra keys are attended and not intended; missing keys are intended positions that no call of the
 same stage lets the query see (the union over a ragged + paged pair, say).
+
+One module per idea: the effective calls and what each kernel was told (``audit.calls``), the keys
+the kernel lets each row see (``audit.attended``), what a draft tree's tokens intend
+(``audit.intended``); here, per request, the two held together, and the report per path.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from swa_repro.core.case import Case
-from swa_repro.core.errors import CaseError
-from swa_repro.kernel.model import fa2_cta_tile_q, simulate
-from swa_repro.sglang.audit.env import DECODE, PAGED, RAGGED, STAND_INS
-from swa_repro.sglang.trace import PLAN_METHODS, decode
-
-FORWARD_METHODS = ("forward", "forward_return_lse", "run", "run_return_lse")
-
-
-# ----------------------------------------------------------------------------- recorded calls
-def bind(cls_name: str, method: str, args, kwargs) -> dict:
-    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
-    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
-    b = inspect.signature(fn).bind(None, *decode(args), **decode(kwargs))
-    b.apply_defaults()
-    out = dict(b.arguments)
-    out.pop("self", None)
-    return out
-
-
-def given(cls_name: str, method: str, args, kwargs) -> set:
-    """The parameter names a recorded call passed explicitly (the rest took their defaults)."""
-    fn = getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method)
-    return set(inspect.signature(fn).bind(None, *decode(args), **decode(kwargs)).arguments) - {"self"}
-
-
-@dataclass
-class Pair:
-    """One effective call: a forward and the plan it ran under. ``plan`` / ``fwd`` are
-    ``(trace index, bound arguments, (method, names passed))``; a ``run()`` reads the planned window
-    and cap, so they are filled in from the plan."""
-    stage: str  # eager | capture | replay
-    cls: str
-    backend: str
-    wrapper: int
-    plan: tuple
-    fwd: tuple
-    capture_plan: tuple | None = None  # replay: the plan that picked the captured module
-
-
-def pairs(run) -> list[Pair]:
-    """Every effective call of a driven path, in trace order. A CUDA-graph wrapper's forward is
-    judged on what its run read from the wrapper's buffers (``Call.reads``: the index tensors and
-    the mask another wrapper sharing the buffer may have planned last, ``kernel.graph_buffers``),
-    not on its own plan's arguments. A replay's plan pairs with the captured forward; where the
-    graph's replay was run (``audit.paths._graph``), with that run instead."""
-    calls = run.trace.calls
-    ctor = {c.wrapper: (c.cls, decode(c.kwargs).get("backend", "auto")) for c in calls if c.method == "__init__"}
-    plans, last_fwd, first_plan, pending, out = {}, {}, {}, {}, []
-    for i, c in enumerate(calls):
-        if c.method == "__init__" or c.error:
-            continue
-        cls, backend = ctor[c.wrapper]
-        if c.method in PLAN_METHODS:
-            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs), (c.method, given(cls, c.method, c.args, c.kwargs)))
-            if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
-                pending[c.wrapper] = len(out)
-                out.append(Pair("replay", cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
-                                first_plan.get(c.wrapper)))
-        elif c.method in FORWARD_METHODS and c.wrapper in plans:
-            fwd = bind(cls, c.method, c.args, c.kwargs)
-            if c.method.startswith("run"):
-                plan = plans[c.wrapper][1]
-                fwd["window_left"] = plan["window_left"] if fwd.get("window_left") is None else fwd["window_left"]
-                fwd["logits_soft_cap"] = plan["logits_soft_cap"]
-                fwd["causal"] = plan.get("causal", True)
-            last_fwd[c.wrapper] = (i, fwd, (c.method, given(cls, c.method, c.args, c.kwargs)))
-            stage = run.graph_stage.get(i, "eager")
-            if stage == "capture":
-                first_plan[c.wrapper] = plans[c.wrapper]
-            plan = plans[c.wrapper]
-            if getattr(c, "reads", None):
-                plan = (plan[0], {**plan[1], **decode(c.reads)}, plan[2])
-            pair = Pair(stage, cls, backend, c.wrapper, plan, last_fwd[c.wrapper],
-                        first_plan.get(c.wrapper) if stage == "replay" else None)
-            if stage == "replay" and c.wrapper in pending:
-                out[pending.pop(c.wrapper)] = pair
-            else:
-                out.append(pair)
-    return out
-
-
-def geometry(cls_name: str, plan: dict) -> tuple[list[int], list[int]]:
-    """Per-request (qo_lens, kv_lens) of a planned call, from its recorded index tensors
-    (kv length = (pages - 1) * page_size + last_page_len, flashinfer page.py get_seq_lens)."""
-    if cls_name == RAGGED:
-        qo, kv = plan["qo_indptr"], plan["kv_indptr"]
-        return (qo[1:] - qo[:-1]).tolist(), (kv[1:] - kv[:-1]).tolist()
-    if cls_name == PAGED:
-        qo, ind, last, ps = plan["qo_indptr"], plan["paged_kv_indptr"], plan["paged_kv_last_page_len"], plan["page_size"]
-    else:
-        ind, last, ps = plan["indptr"], plan["last_page_len"], plan["page_size"]
-        qo = torch.arange(len(ind))
-    pages = (ind[1:] - ind[:-1]).tolist()
-    kv = [(n - 1) * int(ps) + int(last[i]) if n else 0 for i, n in enumerate(pages)]
-    return (qo[1:] - qo[:-1]).tolist(), kv
+from swa_repro.sglang.audit.attended import _kernel_visible, recorded_backend
+from swa_repro.sglang.audit.calls import Pair, geometry, pairs
+from swa_repro.sglang.audit.env import PAGED, RAGGED
+from swa_repro.sglang.audit.intended import tree_intended, tree_oracle
 
 
 # ----------------------------------------------------------------------------- one request of one call
@@ -178,120 +88,6 @@ def _positions_of_slots(snap: dict, i: int, slots: np.ndarray) -> np.ndarray:
     row = snap["req_to_token"][int(snap["req_pool_indices"][i])].numpy()
     where = {int(s): p for p, s in enumerate(row) if s > 0}  # slot 0 is sglang's padding slot
     return np.array([where.get(int(s), -1) for s in slots], np.int64)
-
-
-def recorded_backend(p: Pair) -> str:
-    """What runs as the trace alone says: decode and an explicit ``fa2`` are fa2, an explicit ``fa3``
-    fa3, ``auto`` left unresolved (no GPU class: no CTA leak modelled)."""
-    return "fa2" if p.backend == "fa2" or p.cls == DECODE else ("fa3" if p.backend == "fa3" else "auto")
-
-
-def leaks(p: Pair, plan: dict, fwd: dict, backend: str) -> bool:
-    """An fa2 prefill call, paged or ragged, causal and without a custom mask, planned without the
-    window and run with one: its CTAs start at their first row's window (the module docstring)."""
-    causal = bool(fwd.get("causal", True))
-    return (p.cls in (PAGED, RAGGED) and backend == "fa2" and causal and plan.get("custom_mask") is None
-            and int(plan["window_left"]) < 0 <= int(fwd["window_left"]))
-
-
-def _kernel_visible(p: Pair, plan: dict, fwd: dict, qo: int, kv: int, hq: int, req: int, geo,
-                    backend: str) -> np.ndarray | None:
-    """(Hq, qo, kv) what FlashInfer lets each row see, index level (see the module docstring)."""
-    if leaks(p, plan, fwd, backend):
-        return _fa2_leak(plan, int(fwd["window_left"]), hq, req, geo)
-    r = np.arange(qo)[:, None]
-    j = np.arange(kv)[None, :]
-    causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
-    mask = plan.get("custom_mask")
-    if mask is not None:
-        off = sum(a * b for a, b in zip(geo[0][:req], geo[1][:req]))
-        vis = mask[off: off + qo * kv].view(qo, kv).bool().numpy()
-    elif causal:
-        vis = j <= kv - qo + r
-    else:
-        vis = np.ones((qo, kv), bool)
-    compiled, w = int(plan["window_left"]) >= 0, int(fwd["window_left"])
-    if compiled:
-        vis = vis & (j + qo + w >= kv + r)
-    vis = np.broadcast_to(vis, (hq, qo, kv)).copy()
-    if mask is not None and w >= 0 and p.cls == PAGED:  # a custom mask runs on fa2 (prefill.py:2974)
-        vis &= _fa2_cta_start(plan, geo, qo, kv, w, hq)
-    return vis
-
-
-def _fa2_cta_start(plan: dict, geo, qo: int, kv: int, w: int, hq: int) -> np.ndarray:
-    """(Hq, qo, kv): keys at or after the first key of the CTA holding each (row, head): an fa2
-    CTA starts at ``kv + q_tile * CTA_TILE_Q / group - (qo + W)`` with the run's window ``W``
-    (prefill.cuh:3826-3827), compiled in or not, and packs rows as ``row * group + head % group``;
-    CTA_TILE_Q from the plan's mean packed query length (``kernel.model.fa2_cta_tile_q``)."""
-    group = int(plan["num_qo_heads"]) // int(plan["num_kv_heads"])
-    live = [n for n in geo[0] if n > 0]
-    tile = fa2_cta_tile_q(sum(n * group for n in live) // max(len(live), 1), int(plan["head_dim_qk"]))
-    packed = np.arange(qo)[None, :] * group + (np.arange(hq) % group)[:, None]  # (Hq, qo)
-    start = kv + (packed // tile * tile) // group - (qo + w)
-    return np.arange(kv)[None, None, :] >= start[:, :, None]
-
-
-def plan_case(plan: dict, geo, window: int, backend: str, **extra) -> tuple[Case | None, list[int]]:
-    """The kernel model's Case for a recorded prefill plan, run with ``window``: the batch as planned
-    (its requests with queries, ``live``), heads, page size (a ragged plan's is 1, prefill.py:3162)
-    and plan window; flashinfer 0.6.12's model. None when the plan is no Case the model takes."""
-    live = [i for i, n in enumerate(geo[0]) if n > 0]
-    try:
-        return Case(prefix_lens=tuple(geo[1][i] - geo[0][i] for i in live), extend_lens=tuple(geo[0][i] for i in live),
-                    num_qo_heads=int(plan["num_qo_heads"]), num_kv_heads=int(plan["num_kv_heads"]),
-                    head_dim=int(plan["head_dim_qk"]), page_size=int(plan.get("page_size", 1)), window_left=window,
-                    plan_window_left=int(plan["window_left"]), backend=backend, flashinfer_version="0.6.12",
-                    **extra), live
-    except CaseError:
-        return None, live
-
-
-def _fa2_leak(plan: dict, w: int, hq: int, req: int, geo) -> np.ndarray | None:
-    """The kernel model of an fa2 prefill planned without the window, run with ``w`` (CTA-granular
-    start, prefill.cuh): the batch as planned, this request's per-head masks."""
-    case, live = plan_case(plan, geo, w, "fa2", disable_split_kv=bool(plan.get("disable_split_kv")),
-                           fixed_split_size=-1 if plan.get("fixed_split_size") is None else int(plan["fixed_split_size"]))
-    if case is None:
-        return None
-    rm = simulate(case).requests[live.index(req)]
-    if rm.status == "undefined":
-        return None
-    g = case.num_qo_heads // case.num_kv_heads
-    return np.stack([rm.mask(h % g) for h in range(hq)])
-
-
-def tree_oracle(parents) -> tuple[np.ndarray, np.ndarray]:
-    """``(depth, ancestor_or_self)`` of a draft tree from its parent links alone (``parents[i]``:
-    node ``i``'s parent, -1 for the root): ``depth[i]`` edges up to the root, ``anc[i, j]`` when
-    ``j`` is ``i`` or lies on ``i``'s path to the root."""
-    n = len(parents)
-    depth, anc = np.zeros(n, np.int64), np.eye(n, dtype=bool)
-    for i in range(n):
-        p, seen = int(parents[i]), {i}
-        while p >= 0:
-            if p in seen or p >= n:
-                raise ValueError(f"parent links {list(parents)} are not a tree")
-            seen.add(p)
-            anc[i, p] = True
-            depth[i] += 1
-            p = int(parents[p])
-    return depth, anc
-
-
-def tree_intended(parents, committed: int, nodes: np.ndarray, k_tok: np.ndarray, window: int) -> np.ndarray:
-    """(len(nodes), kv) bool: the keys draft ``nodes`` of a request with ``committed`` tokens intend,
-    keys named by their index in the request's token row (``k_tok``; -1 another request's): a
-    node at depth ``d`` (position ``committed + d``) intends the committed tokens from ``committed +
-    d - window`` on and each ancestor-or-self ``c`` with ``d - depth(c) <= window`` (any without a window)."""
-    depth, anc = tree_oracle(parents)
-    n, w = len(parents), (window if window >= 0 else 1 << 62)
-    d = depth[nodes][:, None]
-    k = np.asarray(k_tok)[None, :]
-    c = np.clip(np.asarray(k_tok) - committed, 0, n - 1)
-    old = (k >= 0) & (k < committed) & (k >= committed + d - w)
-    draft = (k >= committed) & (k < committed + n) & anc[nodes][:, c] & (d - depth[c][None, :] <= w)
-    return old | draft
 
 
 def _tree_keys(snap: dict, i: int, rows: np.ndarray, row0: int, k_tok: np.ndarray, window: int):

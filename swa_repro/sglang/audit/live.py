@@ -2,7 +2,7 @@
 against the float64 reference over the keys the layer intends (``audit.keys``).
 
 The audit records sglang's calls on recording stand-ins (the same trace on a CPU and on a GPU);
-here each effective call (``audit.keys.pairs``) is rebuilt on a fresh wrapper from its recorded
+here each effective call (``audit.calls.pairs``) is rebuilt on a fresh wrapper from its recorded
 constructor, plan and forward, and executed:
 
 * ``flashinfer_executor``: the real FlashInfer classes on CUDA (``swa-repro audit --mode live``).
@@ -34,8 +34,9 @@ import torch
 from swa_repro.core.reference import masked_attention
 from swa_repro.engine.tolerance import ATOL, RTOL
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
+from swa_repro.sglang.audit.calls import Pair, pairs
 from swa_repro.sglang.audit.env import RAGGED
-from swa_repro.sglang.audit.keys import Pair, call_keys, pairs
+from swa_repro.sglang.audit.keys import call_keys
 from swa_repro.sglang.trace import decode
 from swa_repro.sglang.trace import first_tensor as _first_tensor
 
@@ -61,7 +62,7 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) 
     replay = p.stage == "replay" and p.capture_plan is not None
     if replay or getattr(trace.calls[p.fwd[0]], "reads", None) is not None:
         # a CUDA-graph forward: planned with what its run read from the buffers (the mask a wrapper
-        # sharing one planned last, audit.keys.pairs), which this fresh wrapper does not share
+        # sharing one planned last, audit.calls.pairs), which this fresh wrapper does not share
         bound = {k: v.to(device) if torch.is_tensor(v) else v for k, v in p.plan[1].items()}
         args, kwargs = [], {k: bound[k] for k in p.plan[2][1]}
     if replay:

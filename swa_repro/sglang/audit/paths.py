@@ -24,9 +24,9 @@ import torch
 
 from swa_repro.core.case import Case
 from swa_repro.sglang import harness, releases, releases_kit
-from swa_repro.sglang import patch as sglang_patch
 from swa_repro.sglang.audit import hybrid_pool
 from swa_repro.sglang.audit.env import audit_env
+from swa_repro.sglang.patch.swap import patched, unpatched
 from swa_repro.sglang.audit.spec import (EAGLE_TREES, GRAPH_TREES, NGRAM_TREES, Spec, chain_parents, eagle_draft,
                                          eagle_tree_layout, ngram_tree_layout)
 from swa_repro.sglang.trace import Trace
@@ -363,8 +363,8 @@ PATHS = {  # each driver takes (flashinfer_backend module, layer config, PathRun
 }
 
 
-WHAT_IFS = {None: lambda fb: contextlib.nullcontext(), "patched": sglang_patch.patched,
-            "unpatched": sglang_patch.unpatched}
+WHAT_IFS = {None: lambda fb: contextlib.nullcontext(), "patched": patched,
+            "unpatched": unpatched}
 
 
 def drive(path: str, cfg: LayerConfig, *, what_if: str | None = None, device: str | None = None) -> PathRun:

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 
 from swa_repro.engine.child import child_main, child_parser
-from swa_repro.sglang.overlay_run import (check_no_foreign, foreign_modules,  # noqa: F401
-                                          import_release, overlay_for, run_child)
+from swa_repro.sglang.overlay_run import (check_no_foreign, import_release, overlay_for, run_child)
 
 
 # ----------------------------------------------------------------------------- parent

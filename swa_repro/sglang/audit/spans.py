@@ -13,7 +13,7 @@ dataclass answers one question per method and returns ranges.
 * :class:`KeyMap`: key index -> token id (position; a verify: its request row), as runs of
   consecutive ids, ``-1`` a slot that is not the request's (foreign);
 * intended ids per row: ``[q - W, q]``, or a draft tree's committed range and ancestors
-  (``audit.keys.tree_oracle``, from parent links alone).
+  (``audit.intended.tree_oracle``, from parent links alone).
 
 Extra = attended - |attended ids & intended| (foreign keys count as extra); missing = intended ids
 no call of the stage lets the query see. Same rules and output as ``audit.keys.keys_of_run``
@@ -26,6 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from swa_repro.kernel.model import fa2_cta_tile_q, simulate
+from swa_repro.sglang.audit import attended as aa
+from swa_repro.sglang.audit import calls as ac
+from swa_repro.sglang.audit import intended as ai
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import rowsets
 from swa_repro.sglang.audit.env import DECODE, PAGED, RAGGED
@@ -110,7 +114,7 @@ def size(lo, hi) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- what the kernel lets a row see
-def kernel_ranges(p: ak.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int, geo, backend: str):
+def kernel_ranges(p: ac.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int, geo, backend: str):
     """``(lo, hi)`` ``(H, qo, K)`` key indices (``H``: 1 or one per head column), or None (undefined
     rows, split-KV). ``backend``: what FlashInfer runs (``cutlass`` applies no window)."""
     causal = True if p.cls == DECODE else bool(fwd.get("causal", True))
@@ -130,21 +134,22 @@ def kernel_ranges(p: ak.Pair, plan: dict, fwd: dict, qo: int, kv: int, req: int,
     return lo, np.where(hi >= lo, hi, lo - 1)
 
 
-def kernel_rule(p: ak.Pair, plan: dict, fwd: dict, backend: str) -> str:
+def kernel_rule(p: ac.Pair, plan: dict, fwd: dict, backend: str) -> str:
     """All that :func:`kernel_ranges` reads of the backend FlashInfer runs: ``cutlass`` (a window
-    compiled in but not applied), ``fa2 leak`` (``audit.keys.leaks``: a causal fa2 call, paged or
+    compiled in but not applied), ``fa2 leak`` (``audit.attended.leaks``: a causal fa2 call, paged or
     ragged, planned without the window and run with one: the kernel model's CTA leak), else
     ``other``. Two GPU classes whose calls get the same rules let every row see the same keys."""
     if int(plan["window_left"]) >= 0 and backend == "cutlass":
         return "cutlass"
-    return "fa2 leak" if ak.leaks(p, plan, fwd, backend) else "other"
+    return "fa2 leak" if aa.leaks(p, plan, fwd, backend) else "other"
 
 
 def _cta_start(plan: dict, geo, qo: int, kv: int, w: int) -> np.ndarray:
-    """(Hq, qo) first key of the fa2 CTA holding each (row, head): ``audit.keys._fa2_cta_start``'s rule."""
+    """(Hq, qo) first key of the fa2 CTA holding each (row, head): the rule of
+    ``audit.attended._fa2_cta_start``."""
     group = int(plan["num_qo_heads"]) // int(plan["num_kv_heads"])
     live = [n for n in geo[0] if n > 0]
-    tile = ak.fa2_cta_tile_q(sum(n * group for n in live) // max(len(live), 1), int(plan["head_dim_qk"]))
+    tile = fa2_cta_tile_q(sum(n * group for n in live) // max(len(live), 1), int(plan["head_dim_qk"]))
     packed = np.arange(qo)[None, :] * group + (np.arange(int(plan["num_qo_heads"])) % group)[:, None]
     return kv + (packed // tile * tile) // group - (qo + w)
 
@@ -152,21 +157,21 @@ def _cta_start(plan: dict, geo, qo: int, kv: int, w: int) -> np.ndarray:
 def _fa2_leak(plan: dict, w: int, req: int, geo):
     """The kernel model's intervals (``kernel.model.simulate``) of a paged fa2 call planned without
     the window and run with ``w``: ``(group, qo, 1)``; None where its rows are undefined."""
-    case, live = ak.plan_case(plan, geo, w, "fa2", disable_split_kv=bool(plan.get("disable_split_kv")),
+    case, live = aa.plan_case(plan, geo, w, "fa2", disable_split_kv=bool(plan.get("disable_split_kv")),
                               fixed_split_size=-1 if plan.get("fixed_split_size") is None
                               else int(plan["fixed_split_size"]))
     if case is None:
         return None
-    rm = ak.simulate(case).requests[live.index(req)]
+    rm = simulate(case).requests[live.index(req)]
     if rm.status == "undefined":
         return None
     lo, hi = rm.intervals.lo.T[:, :, None].astype(np.int64), rm.intervals.hi.T[:, :, None].astype(np.int64)
     return np.where(lo < 0, 0, lo), np.where(lo < 0, -1, hi)
 
 
-def default_backend(p: ak.Pair, plan: dict) -> str:
-    """What runs without a GPU class: ``audit.keys.recorded_backend``."""
-    return ak.recorded_backend(p)
+def default_backend(p: ac.Pair, plan: dict) -> str:
+    """What runs without a GPU class: ``audit.attended.recorded_backend``."""
+    return aa.recorded_backend(p)
 
 
 # ----------------------------------------------------------------------------- what the layer intends
@@ -177,10 +182,10 @@ def window_ranges(q_pos: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarra
 
 
 def tree_ranges(parents, committed: int, nodes: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(len(nodes), 1 + n)`` ids draft ``nodes`` intend (``audit.keys.tree_intended`` as ranges):
+    """``(len(nodes), 1 + n)`` ids draft ``nodes`` intend (``audit.intended.tree_intended`` as ranges):
     committed ids from ``committed + d - W`` on, and id ``committed + c`` of each ancestor-or-self
     ``c`` with ``d - depth(c) <= W``."""
-    depth, anc = ak.tree_oracle(parents)
+    depth, anc = ai.tree_oracle(parents)
     w, d, ids = (window if window >= 0 else BIG), depth[nodes], committed + np.arange(len(parents))
     ok = anc[nodes] & (d[:, None] - depth[None, :] <= w)
     lo = np.concatenate([np.maximum(committed + d - w, 0)[:, None], np.where(ok, ids, 0)], 1)
@@ -201,7 +206,7 @@ class RequestSpans:
     req: int = 0  # the request's index in its call
 
 
-def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[RequestSpans]:
+def call_spans(p: ac.Pair, snap: dict, window: int, backend: str) -> list[RequestSpans]:
     """Per request of one effective call (``audit.keys.call_keys`` in ranges)."""
     plan, fwd = p.plan[1], p.fwd[1]
     geo, requests = ak.call_requests(p)
@@ -210,7 +215,7 @@ def call_spans(p: ak.Pair, snap: dict, window: int, backend: str) -> list[Reques
         if "spec_tree" in snap and p.cls == PAGED:
             k_id = ak._positions_of_slots(snap, i, slots)
             parents, committed = snap["spec_tree"]["parents"][i], int(snap["spec_tree"]["committed"][i])
-            depth, n, nodes = ak.tree_oracle(parents)[0], len(parents), rows - rows[0]
+            depth, n, nodes = ai.tree_oracle(parents)[0], len(parents), rows - rows[0]
             if nodes.max() >= n:
                 raise ValueError(f"verify request {i}: {qo} query rows for a tree of {n} nodes")
             q_pos = committed + depth[nodes]
@@ -256,7 +261,7 @@ def stage_spans(run, window: int | None = None, backend_of=default_backend) -> d
     (``audit.rowsets``; :func:`stage_rows` joins them per row, ``audit.rows`` draws them)."""
     window = run.layer_window if window is None else window
     stages: dict[str, dict] = {}
-    for p in ak.pairs(run):
+    for p in ac.pairs(run):
         st = stages.setdefault(p.stage, {"calls": 0, "extra_keys": 0, "max_extra_per_query": 0, "foreign_keys": 0,
                                          "undefined_rows": 0, "example": None, "requests": [], "extra_rows": [],
                                          "defined": []})

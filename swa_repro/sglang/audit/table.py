@@ -276,15 +276,16 @@ def installed_summary() -> dict:
     from importlib import metadata
 
     from swa_repro.core.errors import UsageError
-    from swa_repro.sglang import patch
+    from swa_repro.sglang.patch.classify import classify
+    from swa_repro.sglang.patch.files import installed_path
 
     try:
-        path = patch.installed_path()
+        path = installed_path()
         version = metadata.version("sglang")
     except (UsageError, metadata.PackageNotFoundError) as e:
         return {"error": str(e)}
     try:
-        state = patch.classify(path.read_text()).state
+        state = classify(path.read_text()).state
     except Exception as e:  # never let doctor crash on an odd file
         state = f"unknown ({type(e).__name__})"
     row = committed_row(version)

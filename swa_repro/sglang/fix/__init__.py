@@ -14,14 +14,15 @@ backend): a fix of another file is not its business.
 from __future__ import annotations
 
 from swa_repro.core.errors import UsageError
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.fix.anchors import State, Unknown
 from swa_repro.sglang.fix.family_fixes import FAMILY_FIXES, FAMILY_ORDER
 from swa_repro.sglang.fix.fixes import FIXES as BACKEND_FIXES
-from swa_repro.sglang.fix.fixes import ORDER, State, Unknown
+from swa_repro.sglang.fix.fixes import ORDER
 from swa_repro.sglang.fix.source import Source, apply_edits
-from swa_repro.sglang.patch.classify import REL_PATH, PatchError, parse
+from swa_repro.sglang.patch.classify import REL_PATH, parse
 
-__all__ = ["ALL", "BACKEND", "FAMILY_ORDER", "FIXES", "ORDER", "State", "apply_fixes", "by_file", "parse_names",
-           "states"]
+__all__ = ["ALL", "BACKEND", "FIXES", "apply_fixes", "by_file", "parse_names", "states"]
 
 BACKEND = str(REL_PATH)
 FIXES = {**BACKEND_FIXES, **FAMILY_FIXES}

@@ -62,11 +62,11 @@ from __future__ import annotations
 
 import ast
 
-from swa_repro.sglang.fix.anchors import (BACKEND, CBF, PREFILL, SWA_RAGGED, USW, Fix, State, Unknown,  # noqa: F401
+from swa_repro.sglang.fix.anchors import (BACKEND, CBF, PREFILL, SWA_RAGGED, USW, Fix, Unknown,
                                           _assign_to, _need, _ragged_plan, _usw_call)
 from swa_repro.sglang.fix.soft_cap import _soft_cap_decode, _soft_cap_prefill
 from swa_repro.sglang.fix.source import Edit, Source, keyword
-from swa_repro.sglang.fix.spec_verify import _dflash, _eagle, _gate_edit, _window_gate  # noqa: F401
+from swa_repro.sglang.fix.spec_verify import _dflash, _eagle
 from swa_repro.sglang.patch.classify import classify as classify_31501
 from swa_repro.sglang.patch.edit import transform as transform_31501
 

@@ -48,12 +48,9 @@ from swa_repro.sglang.fix.kit_anchor import Anchored, KitEditError, _lines
 from swa_repro.sglang.fix.kit_tree import (
     FOLLOW_UPS,
     TREE,
-    TREE_DECISION,
     TRITON,
     TRITON_TREE,
 )
-
-__all__ = ["FOLLOW_UPS", "TREE_DECISION", "TRITON", "Anchored", "KitEditError"]
 
 KIT = "sglang/test/kits/attention_unittest"
 DENSE = f"{KIT}/attention_methods/dense_attention.py"

@@ -79,7 +79,7 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
         if rel != BACKEND:
             path = overlay / "sglang" / rel
             if not path.is_file():
-                from swa_repro.sglang.patch.classify import PatchError
+                from swa_repro.engine.patching import PatchError
 
                 raise PatchError(f"--fix {','.join(ns)}: sglang {version} has no {rel}; nothing was written")
             others[rel] = (path.read_bytes(), apply_fixes(path.read_text(), ns, rel).encode())
@@ -126,7 +126,7 @@ def _refuse_unchanged(version: str, names, changed: bool) -> None:
     COPY": one line, exit 2, as a fix whose file the release lacks is (``PatchError``), before any copy."""
     if changed:
         return
-    from swa_repro.sglang.patch.classify import PatchError
+    from swa_repro.engine.patching import PatchError
 
     one = len(names) == 1
     raise PatchError(f"--fix {','.join(names)} changes nothing in sglang {version}: its code already has "

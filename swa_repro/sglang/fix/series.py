@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from swa_repro.core.errors import UsageError
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.fix import ALL, BACKEND, FIXES, ORDER, states
+from swa_repro.sglang.fix import ALL, BACKEND, FIXES, states
+from swa_repro.sglang.fix.fixes import ORDER
 
 AUTHOR_ENV = "SWA_REPRO_PATCH_AUTHOR"  # "Name <email>": who sends the series (git am makes them the author)
 AUTHOR = "SGLang Contributor <contributor@users.noreply.github.com>"  # neutral: no tool named as the author

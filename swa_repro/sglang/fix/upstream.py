@@ -16,12 +16,12 @@ from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
 from swa_repro.sglang.audit import table as at
-from swa_repro.sglang.fix import FIXES, ORDER, parse_names, states
+from swa_repro.sglang.fix import FIXES, parse_names, states
 from swa_repro.sglang.fix.alternatives import ALTERNATIVES
-from swa_repro.sglang.fix.upstream_diff import (DETAIL, LIVE, REPO_PATH, ROOT, TEST, VERSION, diffs,  # noqa: F401
-                                                plus_side, release_file, source, unified)
-from swa_repro.sglang.fix.upstream_live import (live_fix_set, load_live, live_lines, regress_lines, regress_results,  # noqa: F401
-                                                stale_live)
+from swa_repro.sglang.fix.fixes import ORDER
+from swa_repro.sglang.fix.upstream_diff import (DETAIL, LIVE, ROOT, TEST, VERSION, diffs,
+                                                release_file, source)
+from swa_repro.sglang.fix.upstream_live import (live_fix_set, load_live, live_lines, regress_lines, stale_live)
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 from swa_repro.sglang.patch.classify import REL_PATH
 
@@ -225,7 +225,7 @@ def readme(text: str, ds: dict, runs: dict, prov: dict, before=None, after=None,
               "masks the rest, but the indices are listed (the cost of exact keys without re-slicing the tree mask).",
               "- Where a layer has no window or no cap, the ragged and decode plans now pass `window_left=-1` / "
               "`logits_soft_cap=0.0` explicitly: the defaults they planned with before."]
-    from swa_repro.sglang.fix.kit_edits import TREE_DECISION
+    from swa_repro.sglang.fix.kit_tree import TREE_DECISION
 
     lines += ["", "## The kit's window for a tree draft token (Triton apart)", "", *TREE_DECISION]
     lines += alternative_lines(runs, cost)
@@ -243,8 +243,9 @@ def commit_body(texts: dict, name: str) -> str:
     wrapped at 72 as git wants. No tool is advertised in it (a maintainer's review, issue #40)."""
     import textwrap
 
-    from swa_repro.sglang.fix import BACKEND, FAMILY_ORDER
+    from swa_repro.sglang.fix import BACKEND
     from swa_repro.sglang.fix import upstream_family as uf
+    from swa_repro.sglang.fix.family_fixes import FAMILY_ORDER
     from swa_repro.sglang.fix.upstream_refs import REFS
 
     f = FIXES[name]
@@ -295,7 +296,7 @@ def write(out: Path, *, command: str, note=print) -> list[Path]:
     md = out / "README.md"
     regress, kit, cost = LIVE / "regress.log", LIVE / "kit-after.json", LIVE / "alt-cost.json"
     live_diff = LIVE / "fix.diff"
-    from swa_repro.sglang.fix import FAMILY_ORDER
+    from swa_repro.sglang.fix.family_fixes import FAMILY_ORDER
 
     family = tuple(n for n in fix_names(texts) if n in FAMILY_ORDER)
     write_atomic(md, readme(text, ds, runs, prov, load_live(LIVE / "audit-live-before.json.xz"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from swa_repro.sglang.fix import FIXES, ORDER, apply_fixes, states
+from swa_repro.sglang.fix import FIXES, apply_fixes, states
+from swa_repro.sglang.fix.fixes import ORDER
 from swa_repro.sglang.patch.classify import REL_PATH
 
 VERSION = "0.5.23"

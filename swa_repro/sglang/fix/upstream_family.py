@@ -16,7 +16,8 @@ import json
 from pathlib import Path
 
 from swa_repro.core.outputs import write_atomic
-from swa_repro.sglang.fix import FAMILY_ORDER, FIXES, apply_fixes, states
+from swa_repro.sglang.fix import FIXES, apply_fixes, states
+from swa_repro.sglang.fix.family_fixes import FAMILY_ORDER
 from swa_repro.sglang.fix.upstream_diff import ROOT, VERSION, release_file
 from swa_repro.sglang.fix.upstream_refs import upstream_section
 

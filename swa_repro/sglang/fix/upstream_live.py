@@ -12,7 +12,8 @@ import lzma
 import re
 from pathlib import Path
 
-from swa_repro.sglang.fix import ALL, ORDER, apply_fixes
+from swa_repro.sglang.fix import ALL, apply_fixes
+from swa_repro.sglang.fix.fixes import ORDER
 from swa_repro.sglang.fix.upstream_diff import LIVE, ROOT, TEST, VERSION, plus_side
 
 def load_live(path: Path) -> dict | None:

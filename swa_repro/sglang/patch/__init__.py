@@ -20,14 +20,3 @@ Everything works on the real source text, one module per job:
   ``engine.patching.revert_in_place`` restores byte for byte, sha256-checked);
 * ``cli``: ``swa-repro patch`` shows or writes the change.
 """
-
-from swa_repro.engine.patching import PatchError
-from swa_repro.sglang.patch.classify import CBF, CLASS, MODULE, OTHER, REL_PATH, USW, Structure, classify, method_spans
-from swa_repro.sglang.patch.edit import transform
-from swa_repro.sglang.patch.files import apply_in_place, installed_path
-from swa_repro.sglang.patch.stubs import compile_class, plan_window_lefts
-from swa_repro.sglang.patch.swap import patched, unpatched
-
-__all__ = ["CBF", "CLASS", "MODULE", "OTHER", "REL_PATH", "USW", "PatchError", "Structure", "apply_in_place",
-           "classify", "compile_class", "installed_path", "method_spans", "patched", "plan_window_lefts",
-           "transform", "unpatched"]

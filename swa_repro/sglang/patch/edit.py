@@ -10,7 +10,8 @@ import ast
 import re
 import types
 
-from swa_repro.sglang.patch.classify import (CBF, USW, PatchError, call_keyword, classify, names_in, params_of,
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.patch.classify import (CBF, USW, call_keyword, classify, names_in, params_of,
                                              splat_window_if)
 
 _COMMENT = "# PR #31501: plan the paged-only SWA wrapper with its window, so FlashInfer"

@@ -12,7 +12,8 @@ import inspect
 import types
 from unittest import mock
 
-from swa_repro.sglang.patch.classify import CBF, CLASS, USW, PatchError, classify, names_in
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.patch.classify import CBF, CLASS, USW, classify, names_in
 
 
 class _StubMeta(type):

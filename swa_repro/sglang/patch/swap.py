@@ -10,7 +10,8 @@ import importlib
 import linecache
 from pathlib import Path
 
-from swa_repro.sglang.patch.classify import CBF, CLASS, MODULE, OTHER, USW, PatchError, classify
+from swa_repro.engine.patching import PatchError
+from swa_repro.sglang.patch.classify import CBF, CLASS, MODULE, OTHER, USW, classify
 from swa_repro.sglang.patch.edit import transform
 from swa_repro.sglang.patch.stubs import Stubs, compile_methods
 

@@ -1,13 +1,13 @@
 """``swa-repro audit``'s flags checked together, for both projects, before any release is provisioned.
 
-The sglang path (``sglang.audit.cli``) and the vLLM path (``vllm.audit``, ``vllm.table``) each check
-their own values, but a flag the chosen mode never reads was silently dropped (``--vllm X --patched``
+The sglang path (``sglang.audit.cli``) and the vLLM path (``vllm.audit.core``, ``vllm.audit.table``) each
+check their own values, but a flag the chosen mode never reads was silently dropped (``--vllm X --patched``
 audited the release as it ships; ``--out`` without ``--release-table`` wrote nothing; ``--vllm X
 --releases ...`` ignored the list), an empty ``--model ""`` / ``--gpu ""`` fell back to the default
 on the vLLM path (sglang's refuses both), a repeated family, GPU class or release was audited and
 printed twice, and ``--sglang ""`` audited the *installed* sglang. Here each is one line, exit 2.
 
-``given`` is the set of defaulted flags the user typed (``register`` in ``vllm.cli`` swaps their
+``given`` is the set of defaulted flags the user typed (``register`` in ``vllm.audit.cli`` swaps their
 defaults for None to tell).
 """
 
@@ -18,7 +18,7 @@ from swa_repro.core.errors import UsageError
 # dest -> what one item of that comma-separated flag is
 LISTS = {"vllm": "release", "model": "family", "gpu": "GPU class", "releases": "release", "paths": "path",
          "fix": "fix"}
-# flags with a default whose typing is told apart by a None default (vllm.cli.register)
+# flags with a default whose typing is told apart by a None default (vllm.audit.cli.register)
 DEFAULTED = ("out", "releases", "jobs", "mode", "live_budget")
 
 

@@ -1,4 +1,4 @@
-"""The kernels the live vLLM run executes (``vllm.live``), recorded as the audit records them.
+"""The kernels the live vLLM run executes (``vllm.audit.live``), recorded as the audit records them.
 
 * ``install_real``: this GPU's real FlashInfer, every class and function vLLM's backend binds
   replaced *in flashinfer's own modules* by a recording subclass or function that delegates to it
@@ -28,7 +28,7 @@ import math
 import torch
 
 from swa_repro.engine.standins import DecodeStandIn, PagedStandIn
-from swa_repro.vllm import standins
+from swa_repro.vllm.audit import env as standins
 
 # what vLLM's backend binds from flashinfer and runs (0.30.0-0.34.0 flashinfer.py imports; XQA
 # through vllm/utils/flashinfer.py's lazy ``flashinfer.decode.xqa_batch_decode_with_kv_cache``)

@@ -66,7 +66,7 @@ import shutil
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.vllm.fix_utils import HELPER
+from swa_repro.vllm.fix.flashinfer_utils import HELPER
 from swa_repro.vllm.provision import BACKEND, MARKER
 
 FIXES = {"cap-route": "soft-capped layers stay on the planned wrappers (trtllm-gen and XQA take no soft cap)"}
@@ -304,7 +304,7 @@ def state(text: str) -> tuple[str, list[str]]:
 def edited(version: str, overlay: Path) -> dict[str, tuple[str, str]]:
     """Each file the fix edits -> ``(the release's text, the fixed text)``: the backend, and
     ``vllm/utils/flashinfer.py`` where the rule lives (``fix_utils``)."""
-    from swa_repro.vllm import fix_utils
+    from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 
     out = {}
     for rel, fn in ((fix_utils.UTILS, fix_utils.edit), (BACKEND, edit)):
@@ -317,8 +317,8 @@ def upstream_diff(version: str, overlay: Path) -> str:
     """The edits as a unified diff against the release (both files, and vLLM's unit test of the rule
     as a new file: ``fix_pytest``), after a preamble that cites the upstream threads on each finding
     (``upstream_refs.header``)."""
-    from swa_repro.vllm.fix_pytest import TEST_PATH, TEST_TEXT
-    from swa_repro.vllm.upstream_refs import header
+    from swa_repro.vllm.fix.unit_test import TEST_PATH, TEST_TEXT
+    from swa_repro.vllm.fix.upstream_refs import header
 
     parts = [header()]
     for rel, (before, after) in edited(version, overlay).items():

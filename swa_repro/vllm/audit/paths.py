@@ -12,8 +12,8 @@ import types
 
 import torch
 
-from swa_repro.vllm import standins
-from swa_repro.vllm.kvcache import (
+from swa_repro.vllm.audit import env as standins
+from swa_repro.vllm.audit.kvcache import (
     LARGE_PAGE,
     PAGE,
     kernel_page,
@@ -248,7 +248,7 @@ class Drive:
             row["cache_dtype"] = kv
             from vllm.platforms import current_platform
 
-            from swa_repro.vllm.platform_default import flashinfer_reasons
+            from swa_repro.vllm.audit.platform_default import flashinfer_reasons
 
             cap = current_platform.get_device_capability()
             reasons = flashinfer_reasons(self.fb, self.fam, (cap.major, cap.minor), kv)

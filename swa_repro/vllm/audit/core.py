@@ -1,6 +1,6 @@
 """``swa-repro audit --vllm X [--model FAMILY[,..]|all] [--gpu CLASS[,..]]``: the parent side.
 
-Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.drive`` once per
+Checks the arguments (one line, exit 2), provisions the overlay, runs ``vllm.audit.drive`` once per
 release in a child forked from the warm server (``engine.child.run_module``; the child forks
 once per GPU class and family), cached by content (``core.cache``: the overlay's digest, the
 families, the GPU classes, the package code), and prints per family, GPU class, layer kind and path
@@ -21,7 +21,7 @@ from pathlib import Path
 from swa_repro.core.errors import UsageError
 from swa_repro.core.exit_status import exit_status
 from swa_repro.engine import families as ef
-from swa_repro.vllm import verdict as vv
+from swa_repro.vllm.audit import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
 DEFAULT_FAMILY = "gemma2"
@@ -53,7 +53,7 @@ def arch(g: ef.GpuClass) -> str:
 def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, note=print,
                 fix: str | None = None, checkpoint=None, fams: list | None = None) -> tuple[dict, float, dict]:
     """The release's child document (``drive.run``), cached by content -> (document, seconds, how);
-    ``fix``: on a copy of the release with that fix (``vllm.fix``); ``checkpoint``: the user's
+    ``fix``: on a copy of the release with that fix (``vllm.fix.fixes``); ``checkpoint``: the user's
     config (``vllm.checkpoint``) audited instead of ``families``, checked against the release first;
     ``fams``: resolved families (``vllm.archs``' columns, named ``families``) driven instead."""
     from swa_repro.core.cache import cached, code_hash, interpreter
@@ -61,7 +61,7 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
 
     overlay, info = provision(version)
     if fix:
-        from swa_repro.vllm.fix import fixed_overlay
+        from swa_repro.vllm.fix.fixes import fixed_overlay
 
         overlay = fixed_overlay(version, overlay)
     note(f"vllm {version}{' with --fix ' + fix if fix else ''}: overlay {overlay} "
@@ -74,7 +74,7 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
         args += ["--fams", json.dumps([resolve(checkpoint, version, overlay)], sort_keys=True)]
     elif fams:
         args += ["--fams", json.dumps(fams, sort_keys=True, default=str)]
-    parts = {"module": "swa_repro.vllm.drive", "args": args, "overlay": content_digest(overlay),
+    parts = {"module": "swa_repro.vllm.audit.drive", "args": args, "overlay": content_digest(overlay),
              "code": code_hash(("core", "kernel", "evidence", "engine", "vllm")), "interpreter": interpreter()}
     doc, how = cached("vllm-audit", parts, lambda: _child(overlay, args, f"vllm {version} audit"),
                       valid=lambda d: whole(d, families, gpus))
@@ -98,7 +98,7 @@ def run_audit(version: str, family: str, gpu: ef.GpuClass, *, note=print) -> tup
 
 def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode: str, fix: str | None = None,
              paths: str | None = None, budget: float = 300.0, note=print) -> dict:
-    """The live step (``vllm.live``): ``mode`` live, this GPU's real FlashInfer for its own class
+    """The live step (``vllm.audit.live``): ``mode`` live, this GPU's real FlashInfer for its own class
     (any other class said, not run); ``model``, the CPU model of what each kernel is told, per
     class. -> ``{class: document or {"not_run": why}}``."""
     from swa_repro.vllm.provision import provision
@@ -106,7 +106,7 @@ def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode
     chosen = live_paths(paths)
     overlay, _ = provision(version)
     if fix:
-        from swa_repro.vllm.fix import fixed_overlay
+        from swa_repro.vllm.fix.fixes import fixed_overlay
 
         overlay = fixed_overlay(version, overlay)
     card = None
@@ -123,11 +123,11 @@ def run_live(version: str, families: list[str], gpus: list[ef.GpuClass], *, mode
              f"({'real FlashInfer' if card else 'CPU model of what each kernel is told'})")
         args = ["--families", ",".join(families), "--paths", ",".join(chosen), "--device", "cuda" if card else "cpu",
                 "--arch", arch(g), "--budget-s", str(budget), "--deps", str(overlay / ".deps")]
-        out[g.name] = _child(overlay, args, f"vllm {version} live", "swa_repro.vllm.live")["document"]
+        out[g.name] = _child(overlay, args, f"vllm {version} live", "swa_repro.vllm.audit.live")["document"]
     return out
 
 
-def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.drive") -> dict:
+def _child(overlay: Path, args: list[str], what: str, module: str = "swa_repro.vllm.audit.drive") -> dict:
     from swa_repro.engine.child import run_module
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -172,8 +172,8 @@ def render(doc: dict, version: str, gpu: ef.GpuClass) -> list[str]:
 
 
 def main(a) -> int:
-    """``audit --vllm X`` (one release); ``--release-table`` is ``vllm.table.main``'s, which runs
-    this module's releases (``vllm.cli`` picks between them, so this module never imports the table)."""
+    """``audit --vllm X`` (one release); ``--release-table`` is ``vllm.audit.table.main``'s, which runs
+    this module's releases (``vllm.audit.cli`` picks between them, so this module never imports the table)."""
     from swa_repro.vllm.checkpoint import model_arg
 
     ck = model_arg(a.model, FAMILIES)  # the user's config.json read, or None (family names)
@@ -182,7 +182,7 @@ def main(a) -> int:
         families = [ck.architecture]
     fix = None
     if a.fix is not None or a.diff:
-        from swa_repro.vllm import fix as vfix
+        from swa_repro.vllm.fix import fixes as vfix
 
         fix = vfix.check(a.fix)
         if a.diff:
@@ -219,7 +219,7 @@ def main(a) -> int:
             d.setdefault("family", next(x for x in doc["families"] if x["family"] == f))
             print("\n".join(render(d, a.vllm + (f" with --fix {fix}" if fix else ""), g)))
     if live:
-        from swa_repro.vllm.live_report import render as render_live
+        from swa_repro.vllm.audit.live_report import render as render_live
 
         for g, d in live.items():
             print("\n".join([f"## {g}: not run: {d['not_run']}"] if "not_run" in d else render_live({g: d})))
@@ -250,7 +250,7 @@ def cell_states(doc: dict, families: list[str], gpus: list[ef.GpuClass]) -> list
 
 
 def live_paths(paths: str | None) -> list[str]:
-    from swa_repro.vllm.live import LIVE_PATHS, OPTIONS
+    from swa_repro.vllm.audit.live import LIVE_PATHS, OPTIONS
 
     chosen = [x.strip() for x in (paths or ",".join(LIVE_PATHS)).split(",") if x.strip()]
     bad = [x for x in chosen if x not in LIVE_PATHS + OPTIONS]

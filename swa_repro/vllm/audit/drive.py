@@ -1,4 +1,4 @@
-"""The child: vLLM release X's FlashInfer backend driven on CPU (``python -m swa_repro.vllm.drive
+"""The child: vLLM release X's FlashInfer backend driven on CPU (``python -m swa_repro.vllm.audit.drive
 --overlay DIR --out F --families gemma2,gpt-oss --archs 9.0,10.0``), one JSON document of what each family's
 layers ask for and what FlashInfer is told, per GPU class.
 
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from swa_repro.engine.child import child_main, child_parser
-from swa_repro.vllm import standins
+from swa_repro.vllm.audit import env as standins
 
 ARCH = [9, 0]  # what AuditCuda reports; set in each fork before anything asks
 
@@ -163,7 +163,7 @@ def in_fork(fn) -> dict:
 
 
 def one(fb, rec, fam: dict, arch: tuple) -> dict:
-    from swa_repro.vllm import paths, platform_default
+    from swa_repro.vllm.audit import paths, platform_default
 
     ARCH[:] = list(arch)
     doc = paths.audit(fb, fam, rec)
@@ -192,7 +192,7 @@ def run(overlay: Path, a) -> dict:
 
 
 def main(argv=None) -> int:
-    p = child_parser("swa_repro.vllm.drive")
+    p = child_parser("swa_repro.vllm.audit.drive")
     p.add_argument("--families", required=True, help="comma-separated families (vllm.families.FAMILIES)")
     p.add_argument("--fams", type=json.loads, help="the families' parameters as JSON (a checkpoint's: "
                    "vllm.checkpoint.resolve), instead of resolving --families")

@@ -1,8 +1,8 @@
 """``swa-repro patch status|diff|apply|revert --vllm [--fix cap-route]``: vLLM's soft-cap fix
-(``vllm.fix``) on the installed vLLM's two files it edits, the FlashInfer backend and
-``vllm/utils/flashinfer.py`` (where the rule lives: ``vllm.fix_utils``), or ``--source FILE``: a
+(``vllm.fix.fixes``) on the installed vLLM's two files it edits, the FlashInfer backend and
+``vllm/utils/flashinfer.py`` (where the rule lives: ``vllm.fix.flashinfer_utils``), or ``--source FILE``: a
 backend file inside a vLLM tree, whose ``vllm/utils/flashinfer.py`` is edited with it. The command is
-sglang's (``sglang.patch.cli``, registered first by ``cli.COMMANDS``) plus ``--vllm``, as ``vllm.cli``
+sglang's (``sglang.patch.cli``, registered first by ``cli.COMMANDS``) plus ``--vllm``, as ``vllm.audit.cli``
 adds it to ``audit``; without ``--vllm`` nothing changes.
 
 The same safety as the sglang patch (``engine.patching``): ``apply --in-place`` keeps a sha256-checked
@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
-from swa_repro.vllm import fix as vfix
-from swa_repro.vllm import fix_utils
+from swa_repro.vllm.fix import fixes as vfix
+from swa_repro.vllm.fix import flashinfer_utils as fix_utils
 from swa_repro.vllm.provision import BACKEND
 
 UTILS = fix_utils.UTILS

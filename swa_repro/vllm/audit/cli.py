@@ -1,5 +1,5 @@
 """``swa-repro audit`` with ``--vllm VERSION``: the ``audit`` command the top-level CLI registered
-first (sglang's, ``sglang.audit.cli``: ``cli.COMMANDS``) extended by the vLLM audit (``vllm.audit``);
+first (sglang's, ``sglang.audit.cli``: ``cli.COMMANDS``) extended by the vLLM audit (``vllm.audit.core``);
 without ``--vllm`` the command's own function runs, unchanged. Nothing of sglang is imported here."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--diff", action="store_true", help="with --vllm X --fix cap-route: print the fix as a unified "
                    "diff against release X's flashinfer.py (the upstream diff) instead of auditing")
     other = p.get_default("func")  # the command as registered before: sglang's audit
-    from swa_repro.vllm import audit_args
+    from swa_repro.vllm.audit import args as audit_args
 
     defaults = {k: p.get_default(k) for k in audit_args.DEFAULTED}
     p.set_defaults(**dict.fromkeys(defaults))  # None: not typed (audit_args.restore puts the default back)
@@ -36,10 +36,10 @@ def register(sub) -> None:
                 raise UsageError("--diff goes with --vllm X --fix cap-route")
             return other(a)
         if a.release_table:
-            from swa_repro.vllm import table
+            from swa_repro.vllm.audit import table
 
             return table.main(a)
-        from swa_repro.vllm import audit
+        from swa_repro.vllm.audit import core as audit
 
         return audit.main(a)
 

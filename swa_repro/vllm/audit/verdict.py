@@ -119,8 +119,8 @@ SHOWN = 6  # the why lines printed; the rest counted
 
 def remedy(c: dict, version: str) -> list[str]:
     """What to do about a cell, a line each: one whose only findings are the soft cap a kernel is not
-    told gets ``--fix cap-route`` (``vllm.fix``; ``docs/audit/fixed/vllm-releases.md``: with it every such
-    cell of the table is not affected) and the audit that checks it; ``layer != HF`` (the model file
+    told gets ``--fix cap-route`` (``vllm.fix.fixes``; ``docs/audit/fixed/vllm-releases.md``: with it every
+    such cell of the table is not affected) and the audit that checks it; ``layer != HF`` (the model file
     asks another window) has no fix here."""
     if c["state"] == "affected" and c["why"] and all("logits_soft_cap" in w for w in c["why"]):
         return ["swa-repro patch apply --vllm --fix cap-route --in-place",

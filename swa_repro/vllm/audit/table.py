@@ -15,7 +15,7 @@ import sys
 from swa_repro.core.outputs import keep_fuller, out_dir, write_atomic
 from swa_repro.engine import families as ef
 from swa_repro.engine.provenance import TABLE_DIR, provenance
-from swa_repro.vllm import verdict as vv
+from swa_repro.vllm.audit import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
 # 0.20.0 (first), the last release before each change of the backend's structure, the first after
@@ -32,7 +32,7 @@ NAME = "vllm-releases"
 def build(versions, families, gpus, *, note=print, fix: str | None = None, archs: bool = False) -> dict:
     """Each release's cells; ``archs``: every architecture it serves with a sliding window too
     (``arch_table``: the JSON's ``architectures``)."""
-    from swa_repro.vllm.audit import arch, run_release
+    from swa_repro.vllm.audit.core import arch, run_release
 
     out = {"releases": {}, "timings_s": {}}
     for v in versions:
@@ -223,7 +223,7 @@ def main(a) -> int:
     gpus = [ef.GPU_CLASSES[g] for g in gnames]
     fix = None
     if a.fix is not None:
-        from swa_repro.vllm import fix as vfix
+        from swa_repro.vllm.fix import fixes as vfix
 
         fix = vfix.check(a.fix)
     out = a.out / "fixed" if fix and a.out == TABLE_DIR else a.out
@@ -246,4 +246,4 @@ def main(a) -> int:
     return 0
 
 
-__all__ = ["TABLE_DIR", "TABLE_RELEASES", "main"]
+__all__ = ["TABLE_RELEASES", "main"]

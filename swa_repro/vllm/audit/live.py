@@ -1,5 +1,5 @@
 """Issue #27's live step: vLLM's own FlashInfer backend run on kernels, its outputs read key by key
-and held against the float64 reference (``python -m swa_repro.vllm.live --overlay DIR --out F
+and held against the float64 reference (``python -m swa_repro.vllm.audit.live --overlay DIR --out F
 --families gemma2,cohere2 --device cuda``; the GPU step is ``scripts/gpu_vllm.sh``).
 
 The release's ``FlashInferImpl`` and ``FlashInferMetadataBuilder`` are built per layer kind as the
@@ -57,7 +57,7 @@ def amplitude(scale: float, head_dim: int, cap: float | None) -> float:
 def steps_of(path: str) -> tuple:
     """``(variant or None, [(stage, requests)])``: a variant's stages in order (a graph capture, then
     its replay, on one builder)."""
-    from swa_repro.vllm.paths import PATHS, VARIANTS
+    from swa_repro.vllm.audit.paths import PATHS, VARIANTS
 
     return (None, [(None, PATHS[path])]) if path in PATHS else (path, list(VARIANTS[path][1]))
 
@@ -71,7 +71,7 @@ class Runner:
     def __init__(self, fb, drive, cfg, layer, device: str, pages: int):
         import torch
 
-        from swa_repro.vllm import kvcache
+        from swa_repro.vllm.audit import kvcache
 
         self.fb, self.drive, self.layer, self.dev = fb, drive, layer, torch.device(device)
         self.cache_dtype = kv = cfg.cache_config.cache_dtype if cfg else "auto"
@@ -85,7 +85,7 @@ class Runner:
     def __call__(self, batch, repeat: int = 0):
         import torch
 
-        from swa_repro.vllm.paths import (
+        from swa_repro.vllm.audit.paths import (
             KERNEL_CALLS,
             NOT_KERNELS,
             common_metadata,
@@ -124,7 +124,7 @@ class Runner:
 # ----------------------------------------------------------------------------- judging
 def told_per_request(last: dict, n: int, asked: dict) -> list[dict]:
     """Each request's kernel and what it was told (``paths.told``), by vLLM's decode-first split."""
-    from swa_repro.vllm.paths import told
+    from swa_repro.vllm.audit.paths import told
 
     calls = last["calls"]
     dec = [c for c in calls if c["target"] in DECODE_KERNELS]
@@ -145,7 +145,7 @@ def on_nvfp4_grid(x, top: float = 6.0):
     power of two times 6), the rest rounded to the nearest e2m1 magnitude times ``top / 6``."""
     import torch
 
-    from swa_repro.vllm.live_kernels import E2M1
+    from swa_repro.vllm.audit.live_kernels import E2M1
 
     b = x.double().reshape(*x.shape[:-1], -1, 16)
     y = b / b.abs().amax(-1, keepdim=True).clamp_min(1e-30) * 6.0
@@ -225,7 +225,7 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
     """One layer kind on one path: each stage's cap check on one builder (a CUDA-graph capture, then
     its replay: the replay re-plans through ``fast_decode_plan``), the last stage's kernels and keys."""
     from swa_repro.core.case import Case
-    from swa_repro.vllm.paths import PAGE
+    from swa_repro.vllm.audit.kvcache import PAGE
 
     fam, w = drive.fam, asked["window_left"]
     kv = cfg.cache_config.cache_dtype if cfg is not None else "auto"
@@ -252,7 +252,7 @@ def run_path(fb, drive, cfg, layer, asked: dict, hf: dict, path: str, stages: li
 # ----------------------------------------------------------------------------- one family
 def family(fb, fam: dict, rec, device: str, arch, paths: list[str], seed: int, repeats: int,
            deadline: float | None) -> dict:
-    from swa_repro.vllm import paths as vp
+    from swa_repro.vllm.audit import paths as vp
 
     cfgs, layout_name, kinds = vp.prepare(fb, fam, rec, device)
     rows = []
@@ -286,7 +286,9 @@ def run(overlay, a) -> dict:
     import torch
 
     from swa_repro.engine.tolerance import ATOL, RTOL
-    from swa_repro.vllm import drive, families, live_kernels, standins
+    from swa_repro.vllm import families
+    from swa_repro.vllm.audit import drive, live_kernels
+    from swa_repro.vllm.audit import env as standins
 
     cuda = a.device == "cuda"
     arch = torch.cuda.get_device_capability() if cuda else tuple(int(x) for x in a.arch.split("."))
@@ -310,7 +312,7 @@ def run(overlay, a) -> dict:
 
 
 def main(argv=None) -> int:
-    p = child_parser("swa_repro.vllm.live")
+    p = child_parser("swa_repro.vllm.audit.live")
     p.add_argument("--families", default="gemma2,cohere2", help="comma-separated (vllm.families.FAMILIES)")
     p.add_argument("--paths", default=",".join(LIVE_PATHS),
                    help=f"comma-separated, of {', '.join(LIVE_PATHS + OPTIONS)}")
@@ -321,7 +323,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="key-probe sweeps compared bitwise")
     p.add_argument("--deps", type=Path, help="pure-Python imports the venv lacks (default: the overlay's .deps)")
     a, _ = p.parse_known_args(argv)
-    from swa_repro.vllm.drive import use_deps
+    from swa_repro.vllm.audit.drive import use_deps
 
     deps = a.deps or a.overlay / ".deps"
     use_deps(deps if deps.is_dir() else None)
