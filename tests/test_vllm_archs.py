@@ -121,7 +121,8 @@ def _fam(name: str, window: int, sinks: bool = False) -> dict:
 
 def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monkeypatch, tmp_path):
     from swa_repro.engine import families as ef
-    from swa_repro.vllm import arch_table, archs, audit, provision
+    from swa_repro.vllm import arch_table, archs, provision
+    from swa_repro.vllm.audit import core as audit
 
     cols = {"A": {"architecture": "A", "window": "m.py:1", "fam": _fam("A", 128)},
             "B": {"architecture": "B", "window": "m.py:1", "fam": _fam("B", 128)},

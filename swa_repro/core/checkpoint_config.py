@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
@@ -140,3 +141,24 @@ def record(ck: Checkpoint) -> dict:
         defaulted = sorted(k for k in text.to_dict() if k not in raw and k not in generic)
     return {"path": ck.path, "architecture": ck.architecture, "model_type": ck.values.get("model_type"),
             "config_class": ck.config_class, "values": vals, "keys_from_default": defaulted, "file": ck.values}
+
+
+@cache
+def auto_model_types() -> dict:
+    """architecture -> model_type, from every ``*_MAPPING_NAMES`` of transformers' ``modeling_auto.py``
+    read with ``ast`` (importing it pulls in torch and the generation stack: ~30 s on a busy CPU).
+    Both engines' architecture columns find a published config through it (``sglang.audit.arch_cells``,
+    ``vllm.archs``)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers.models.auto.modeling_auto")
+    out: dict = {}
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "").endswith("_MAPPING_NAMES") for t in node.targets):
+            for pair in ast.walk(node.value):
+                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2 and isinstance(pair.elts[0], ast.Constant):
+                    for n in ast.walk(pair.elts[1]):
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str):
+                            out.setdefault(n.value, pair.elts[0].value)
+    return out

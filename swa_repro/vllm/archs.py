@@ -73,23 +73,6 @@ def discover(overlay: Path) -> dict[str, dict]:
     return out
 
 
-@cache
-def _auto_names() -> dict:
-    """architecture -> model_type, from every ``*_MAPPING_NAMES`` of transformers' ``modeling_auto.py``
-    read with ``ast`` (importing it pulls in torch and the generation stack; ``sglang.audit.arch_cells``
-    reads it the same way on its side of the layers)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("transformers.models.auto.modeling_auto")
-    out = {}
-    for node in ast.parse(Path(spec.origin).read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "").endswith("_MAPPING_NAMES") for t in node.targets):
-            for pair in ast.walk(node.value):
-                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2 and isinstance(pair.elts[0], ast.Constant):
-                    for n in ast.walk(pair.elts[1]):
-                        if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                            out.setdefault(n.value, pair.elts[0].value)
-    return out
 
 
 def release_config(overlay: Path, arch: str) -> tuple[str, str, dict] | None:
@@ -138,7 +121,7 @@ def column_config(arch: str, version: str, overlay: Path) -> cc.Checkpoint:
     """The config a column is built from (module docstring); :class:`NotBuilt` where none."""
     import transformers
 
-    mt = _auto_names().get(arch)
+    mt = cc.auto_model_types().get(arch)
     how = f"--model PATH/config.json: swa-repro audit --vllm {version} --model PATH"
     if mt is not None:
         values = {"architectures": [arch], "model_type": mt}

@@ -25,7 +25,6 @@ that hand a window to their attention or run on the hybrid SWA pool (0.5.23). Ea
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import hashlib
 import json
@@ -36,6 +35,7 @@ from dataclasses import asdict
 from functools import cache
 from pathlib import Path
 
+from swa_repro.core.checkpoint_config import auto_model_types
 from swa_repro.core.errors import UsageError
 from swa_repro.engine.families import MODELS
 from swa_repro.sglang import config_routes, swa_archs
@@ -46,27 +46,11 @@ FALLBACK = "Transformers fallback"  # the column of models/transformers.py's ent
 FALLBACK_STATE = "fallback: not audited"
 
 
-@cache
-def _auto_names() -> dict:
-    """architecture -> model_type, from every ``*_MAPPING_NAMES`` of transformers' ``modeling_auto.py``
-    read with ``ast`` (importing it pulls in torch and the generation stack: ~30 s on a busy CPU)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("transformers.models.auto.modeling_auto")
-    out = {}
-    for node in ast.parse(Path(spec.origin).read_text()).body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "").endswith("_MAPPING_NAMES") for t in node.targets):
-            for pair in ast.walk(node.value):
-                if isinstance(pair, ast.Tuple) and len(pair.elts) == 2 and isinstance(pair.elts[0], ast.Constant):
-                    for n in ast.walk(pair.elts[1]):
-                        if isinstance(n, ast.Constant) and isinstance(n.value, str):
-                            out.setdefault(n.value, pair.elts[0].value)
-    return out
 
 
 def model_type_of(arch: str) -> str | None:
     """The ``model_type`` whose transformers auto mapping names ``arch`` (any task's mapping)."""
-    return _auto_names().get(arch)
+    return auto_model_types().get(arch)
 
 
 def plan(version: str, overlay: Path) -> tuple[dict, dict]:
@@ -305,7 +289,7 @@ def fallback_only(srt: Path) -> list[str]:
 
     windowed = _windowed_config_classes()
     release = "\n".join(p.read_text(encoding="utf-8-sig") for p in sorted((srt / "models").glob("*.py")))
-    return sorted(a for a, mt in _auto_names().items() if CONFIG_MAPPING_NAMES.get(mt) in windowed
+    return sorted(a for a, mt in auto_model_types().items() if CONFIG_MAPPING_NAMES.get(mt) in windowed
                   and a.endswith(("ForCausalLM", "ForConditionalGeneration")) and a not in release)
 
 
