@@ -62,7 +62,8 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
         was = cell.get("ordinary_pool")
         then = (f"; there it is {was}" + (": swa-repro patch --fix all applies" if was in AFFECTED else "")) if was else ""
         return {"fix": None, "instead": "sglang serves this model on its hybrid SWA KV pool, which this audit "
-                f"does not model; with --disable-hybrid-swa-memory it takes the pool the audit drove{then}"}
+                f"could not drive for it (the cell says why); with --disable-hybrid-swa-memory it takes the "
+                f"ordinary pool{then}"}
     if state == LAYER_NOT_HF:
         return {"fix": None, "instead": "no fix in swa-repro: the backend plans the window the model file gives "
                 f"its layers, which is not transformers' mask ({'; '.join(cell['why'])}); vLLM asks the same "
