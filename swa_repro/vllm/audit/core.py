@@ -83,10 +83,15 @@ def run_release(version: str, families: list[str], gpus: list[ef.GpuClass], *, n
 
 def whole(d, families: list[str], gpus: list[ef.GpuClass]) -> bool:
     """A cached child document is used only whole: its audits hold every family on every GPU class
-    asked, each a dict (``core.cache``: else it is recomputed)."""
+    asked, each a dict, none a fork the machine killed (``drive.FORK_DIED``: under memory pressure the
+    OOM killer's status 9 is no answer of the release's, and a cached one would stand in every later
+    table) (``core.cache``: else it is recomputed)."""
+    from swa_repro.vllm.audit.drive import FORK_DIED
+
     audits = d.get("document", {}).get("audits") if isinstance(d, dict) and isinstance(d.get("document"), dict) else None
     return isinstance(audits, dict) and all(isinstance(audits.get(arch(g)), dict)
                                             and all(isinstance(audits[arch(g)].get(f), dict) and audits[arch(g)][f]
+                                                    and not str(audits[arch(g)][f].get("error", "")).startswith(FORK_DIED)
                                                     for f in families) for g in gpus)
 
 

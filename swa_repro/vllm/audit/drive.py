@@ -137,6 +137,9 @@ class CustomOpsPort:
         return out, scale
 
 
+FORK_DIED = "the fork died"  # a killed fork (the OOM killer's status 9): the machine's event, not the release's answer
+
+
 def in_fork(fn) -> dict:
     """``fn()`` in a fork of this process -> its JSON document (``{"error": ...}`` if it raised or died)."""
     sys.stdout.flush()
@@ -157,7 +160,7 @@ def in_fork(fn) -> dict:
     _, status = os.waitpid(pid, 0)
     try:
         text = Path(path).read_text()
-        return json.loads(text) if text else {"error": f"the fork died (status {status})"}
+        return json.loads(text) if text else {"error": f"{FORK_DIED} (status {status})"}
     finally:
         os.unlink(path)
 
