@@ -23,13 +23,15 @@ _CONFIG = "config"
 
 
 @cache
-def _tree(path: Path) -> ast.Module:
-    return ast.parse(path.read_text())
+def model_tree(path: Path) -> ast.Module:
+    """A release's source file parsed once per process (model files are read by several rules:
+    ``config_reads``, ``sglang.config_routes``); callers only read the tree."""
+    return ast.parse(Path(path).read_text(encoding="utf-8-sig"))
 
 
 def _defs(path: Path) -> dict:
     """Top-level classes and functions of a model file by name."""
-    return {n.name: n for n in _tree(path).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    return {n.name: n for n in model_tree(path).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
 
 
 # the packages whose sibling model files an import names: sglang's; vLLM's, absolute or relative
@@ -42,7 +44,7 @@ def model_imports(path: Path, packages: tuple = SGLANG_MODELS) -> dict:
     """name -> the model file it is imported from (``from sglang.srt.models.llama import X``; with
     ``VLLM_MODELS``, vLLM's ``from .llama import X`` too)."""
     out = {}
-    for n in _tree(path).body:
+    for n in model_tree(path).body:
         if not isinstance(n, ast.ImportFrom):
             continue
         mod = "." * n.level + (n.module or "")

@@ -25,7 +25,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from swa_repro.engine.config_reads import model_imports
+from swa_repro.engine.config_reads import model_imports, model_tree
 
 GENERIC = {"PretrainedConfig", "PreTrainedConfig", "Any", "object"}
 
@@ -39,17 +39,13 @@ class Route:
     how: str
 
 
-def _tree(path: Path) -> ast.Module:
-    return ast.parse(Path(path).read_text(encoding="utf-8-sig"))
-
-
 def _classes(path: Path) -> dict:
-    return {n.name: n for n in _tree(path).body if isinstance(n, ast.ClassDef)}
+    return {n.name: n for n in model_tree(path).body if isinstance(n, ast.ClassDef)}
 
 
 def entry_names(path: Path) -> list[str]:
     """The names a model file's ``EntryClass`` lists, in order."""
-    for n in _tree(path).body:
+    for n in model_tree(path).body:
         if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "EntryClass" for t in n.targets):
             return [x.id for x in ast.walk(n.value) if isinstance(x, ast.Name)]
     return []
@@ -71,7 +67,7 @@ def config_annotation(cls: ast.ClassDef) -> tuple[str, int] | None:
 def _imported_model_type(model_file: Path, name: str) -> tuple[str, str] | None:
     """``(model_type, "configs/x.py:line")`` of a config class the model file imports from
     ``sglang.srt.configs``: its class-level ``model_type = "..."``."""
-    for n in _tree(model_file).body:
+    for n in model_tree(model_file).body:
         if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("sglang.srt.configs.") and \
                 any((a.asname or a.name) == name for a in n.names):
             src = model_file.parent.parent / "configs" / (n.module.rsplit(".", 1)[-1] + ".py")

@@ -71,3 +71,10 @@ def rel_line(path: str, lineno: int) -> str:
     """``.../site/sglang/srt/x.py``, 12 -> ``sglang/srt/x.py:12`` (the release's own file)."""
     m = re.search(r".*/(sglang/.*)$", "/" + str(path).replace("\\", "/"))
     return f"{m.group(1) if m else path}:{lineno}"
+
+
+def def_line(obj) -> str:
+    """Where the release defines ``obj`` (a class or function): ``sglang/srt/x.py:12``."""
+    import inspect
+
+    return rel_line(inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1])

@@ -69,10 +69,10 @@ def model_type_for(arch: str, model_file: Path, types: dict) -> tuple[str | None
 
 # ----------------------------------------------------------------------------- child
 def _where(obj) -> str:
-    from swa_repro.sglang.families import rel_line
+    from swa_repro.sglang.families import def_line
 
     try:
-        return rel_line(inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1])
+        return def_line(obj)
     except (OSError, TypeError):
         return getattr(obj, "__module__", "?")
 

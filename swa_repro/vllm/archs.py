@@ -73,8 +73,6 @@ def discover(overlay: Path) -> dict[str, dict]:
     return out
 
 
-
-
 def release_config(overlay: Path, arch: str) -> tuple[str, str, dict] | None:
     """The release's own config class the architecture's model file imports (``from
     vllm.transformers_utils.configs... import XConfig``) -> (model_type, ``file:line class``, its

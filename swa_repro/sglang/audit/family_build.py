@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swa_repro.engine.families import SmallConfig
-from swa_repro.sglang.families import rel_line
+from swa_repro.sglang.families import def_line, rel_line
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,7 +264,7 @@ def build(small: SmallConfig, context_length: int) -> Built:
     model = build_model(mc)
     window, rule = runner_window(model, mc)
     cls = type(model)
-    where = rel_line(inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1])
+    where = def_line(cls)
     facts = {k: _plain(getattr(mc, k, None)) for k in ("is_hybrid_swa", "sliding_window_size", "attention_chunk_size",
                                                       "context_len", "head_dim", "num_attention_heads")}
     facts["num_kv_heads"] = mc.get_num_kv_heads(1)

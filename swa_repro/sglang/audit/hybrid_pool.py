@@ -29,7 +29,7 @@ import types
 
 import torch
 
-from swa_repro.sglang.families import rel_line
+from swa_repro.sglang.families import def_line
 
 FOREIGN = 7  # SWA slots a request scheduled before the batch holds (not the batch's)
 
@@ -70,10 +70,6 @@ def _batch_eviction():
                                  token_to_kv_pool_allocator=token_to_kv_pool_allocator), req, pre_len)
     evict.release_fn = fn
     return evict
-
-
-def where(obj) -> str:
-    return rel_line(inspect.getsourcefile(obj), inspect.getsourcelines(obj)[1])
 
 
 def _accepted(fn, kwargs: dict) -> dict:
@@ -163,7 +159,7 @@ class HybridPool:
     def facts(self) -> dict:
         return {"pool": type(self.pool).__name__, "allocator": type(self.alloc).__name__,
                 "layer_pool": "swa" if self.sliding else "full", "foreign_slots": FOREIGN, "freed": self.freed,
-                "eviction": where(getattr(self.evict, "release_fn", self.evict)) if self.evict else "none in this release"}
+                "eviction": def_line(getattr(self.evict, "release_fn", self.evict)) if self.evict else "none in this release"}
 
 
 class _Req:
@@ -235,7 +231,7 @@ def probe(seqs: list[int], window: int, mode: str, sliding: bool = True) -> dict
     hybrid.before_plan()
     rows = rows_of(runner)["req_to_token"]
     return {"view": [rows[i, :n].tolist() for i, n in enumerate(seqs)], "facts": hybrid.facts(),
-            "pool_file": where(type(hybrid.pool)), "allocator_file": where(type(hybrid.alloc))}
+            "pool_file": def_line(type(hybrid.pool)), "allocator_file": def_line(type(hybrid.alloc))}
 
 
 def main(argv=None) -> int:
