@@ -102,6 +102,37 @@ def test_the_family_table_markdown_is_its_json_rendered():
     assert {r["sglang"] for r in t["rows"]} >= {"0.5.14", "0.5.23"} and t["gpus"]
 
 
+def test_each_gpu_section_holds_every_column_once_in_tables_by_group():
+    """The committed table's markdown: per GPU class, every column of the JSON's rows heads exactly one
+    state table, and the columns of a table share one worst state (read here from the JSON cells, not
+    through ``group_of``), so that no table lays every architecture side by side."""
+    from swa_repro.engine.families import FAMILIES
+    from swa_repro.engine.provenance import TABLE_DIR
+    from swa_repro.sglang.audit import family_table, table
+
+    p = TABLE_DIR / "families.json"
+    if not p.is_file():
+        pytest.skip("docs/audit/families.json not generated yet")
+    t = table.committed(p)
+    order = list(family_table.GROUPS)
+    worst = {}
+    for r in t["rows"]:
+        for f, c in r["cells"].items():
+            k = order.index(c["state"]) if c["state"] in order else len(order)
+            worst[f] = min(worst.get(f, k), k)
+    md = family_table.markdown(t).split("\n## Every sliding-window architecture")[0]
+    for g in t["gpus"]:
+        section = md.split(f"\n## {g}\n")[1].split("\n## ")[0]
+        heads = [line for line in section.splitlines() if line.startswith("| sglang | ")][::2]  # state tables
+        cols = [h.strip("| ").split(" | ")[1:] for h in heads]
+        flat = [c for cs in cols for c in cs]
+        assert sorted(flat) == sorted({f for r in t["rows"] if r["gpu"] == g for f in r["cells"]})
+        assert len(flat) == len(set(flat)) and len(cols) > 1
+        for cs in cols:
+            if not set(cs) <= set(FAMILIES):
+                assert len({worst[c] for c in cs}) == 1, cs
+
+
 def test_all_keeps_the_families_the_release_serves(no_work):
     assert fam.check_release_has("0.5.23", no_work / "ov", list(FAMILIES), explicit=False) == ["gemma2"]
 

@@ -128,6 +128,34 @@ def grouped(table: dict) -> list[str]:
     return out + [""]
 
 
+def column_groups(table: dict, fams: list[str]) -> list[tuple[str, list[str]]]:
+    """``[(title, columns)]``: the named families first, then the other architectures one group per
+    worst state (:func:`group_of`), so that a GPU class's table is a few readable tables, not one of
+    every column side by side."""
+    from swa_repro.engine.families import FAMILIES
+
+    named = [f for f in fams if f in FAMILIES]
+    out = [("the named families", named)] if named else []
+    for i, g in enumerate(GROUPS + ("other",)):
+        cols = [f for f in fams if f not in FAMILIES and group_of(table, f) == i]
+        if cols:
+            out.append((f"architectures whose worst cell is {SHORT.get(g, g).strip('*')}", cols))
+    return out
+
+
+def gpu_tables(rows: list[dict], gpu: str, title: str, cols: list[str]) -> list[str]:
+    """One group's two tables on one GPU class: each cell's state, then its window and cap."""
+    head = ["| sglang | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    lines = [f"### {gpu}: {title} ({len(cols)})", "", *head]
+    lines += [f"| {r['sglang']} | " + " | ".join(main_cell_text(r["cells"].get(f)) for f in cols) + " |" for r in rows]
+    lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({gpu}):",
+              "", *head]
+    lines += [f"| {r['sglang']} | " + " | ".join(
+        (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else NOT_IN)
+        for c in (r["cells"].get(f) for f in cols)) + " |" for r in rows]
+    return lines + [""]
+
+
 def main_cell_text(c: dict | None) -> str:
     """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
     if c is None:
@@ -174,14 +202,9 @@ def markdown(table: dict) -> str:
              "`--attention-backend flashinfer` (the JSON's `default_backend`).", ""]
     for g in table["gpus"]:
         rows = [r for r in table["rows"] if r["gpu"] == g]
-        lines += [f"## {g}", "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        lines += [f"| {r['sglang']} | " + " | ".join(main_cell_text(r["cells"].get(f)) for f in fams) + " |" for r in rows]
-        lines += ["", f"Window (HF / the sliding layer's `sliding_window_size` / the runner's), cap state ({g}):",
-                  "", "| sglang | " + " | ".join(fams) + " |", "|---|" + "---|" * len(fams)]
-        lines += [f"| {r['sglang']} | " + " | ".join(
-            (f"{_win(c)}; cap {c.get('cap_state', '-')}" if c else NOT_IN)
-            for c in (r["cells"].get(f) for f in fams)) + " |" for r in rows]
-        lines.append("")
+        lines += [f"## {g}", ""]
+        for title, cols in column_groups(table, fams):
+            lines += gpu_tables(rows, g, title, cols)
     from swa_repro.engine.families import FAMILIES
 
     lines += grouped(table)
