@@ -17,6 +17,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TABLE_DIR = ROOT / "docs" / "audit"
 
 
+def table_out(out: Path, fixed: bool) -> Path:
+    """Where a release table goes: ``out``, or for a table of fixed releases asked into the committed
+    tables' folder, its ``fixed/`` beside them. ``out`` is compared resolved, so ``--out docs/audit``
+    typed at the checkout's root is that folder too: compared as typed, a fixed table went over the
+    unfixed one."""
+    return TABLE_DIR / "fixed" if fixed and Path(out).resolve() == TABLE_DIR.resolve() else Path(out)
+
+
 def provenance(command: str, how: str) -> dict:
     """The table's provenance, its keys in the committed tables' order (``timings_s``, the engine's,
     goes after them)."""

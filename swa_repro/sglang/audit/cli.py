@@ -28,7 +28,7 @@ from swa_repro.core.outputs import keep_fuller, nonempty_path, out_dir
 from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
 from swa_repro.core.versions import sglang_release_key as parse
 from swa_repro.engine.commands import REMOVED_SOURCE
-from swa_repro.engine.provenance import TABLE_DIR
+from swa_repro.engine.provenance import TABLE_DIR, table_out
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit import table as at
 
@@ -293,8 +293,7 @@ def _table(a) -> int:
     if not versions:  # an empty table would be written, having audited nothing
         raise UsageError(f"--releases selects no release: give comma-separated versions, e.g. {','.join(at.REQUIRED)}")
     fixes = _fixes(a)
-    if fixes and a.out == TABLE_DIR:
-        a.out = TABLE_DIR / "fixed"
+    a.out = table_out(a.out, bool(fixes))
     if a.what_if or a.sglang or a.paths:
         raise UsageError("--release-table audits each release as it ships, every path: drop --sglang, --paths "
                          "and the what-ifs")

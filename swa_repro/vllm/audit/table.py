@@ -14,7 +14,7 @@ import sys
 
 from swa_repro.core.outputs import keep_fuller, out_dir, write_atomic
 from swa_repro.engine import families as ef
-from swa_repro.engine.provenance import TABLE_DIR, provenance
+from swa_repro.engine.provenance import provenance, table_out
 from swa_repro.vllm.audit import verdict as vv
 from swa_repro.vllm.families import FAMILIES
 
@@ -226,7 +226,7 @@ def main(a) -> int:
         from swa_repro.vllm.fix import fixes as vfix
 
         fix = vfix.check(a.fix)
-    out = a.out / "fixed" if fix and a.out == TABLE_DIR else a.out
+    out = table_out(a.out, bool(fix))
     out_dir(out, "--out")  # a file, or read-only: one line before any release is audited (as sglang's table)
     keep_fuller(out / f"{NAME}.json", {"releases": versions, "families": families, "gpus": gnames}, _cover,
                 force=getattr(a, "force", False))
