@@ -16,7 +16,7 @@ from conftest import skip_module_unless
 
 skip_module_unless("transformers")
 
-from swa_repro.core.cache import cache_root  # noqa: E402
+from swa_repro.core.cache import cache_root
 
 
 def _models(version: str = "0.5.23") -> Path:
