@@ -128,17 +128,21 @@ def grouped(table: dict) -> list[str]:
     return out + [""]
 
 
+AUDIT_WINDOW = " (at a window the audit set)"  # the release's defaults give none: the verdict is conditional
+
+
 def main_cell_text(c: dict | None) -> str:
     """A main-table cell: the state, and for affected/flags/spec what is not exact (S/F: sliding/full)."""
     if c is None:
         return NOT_IN
     affected = ("affected on the default path", "only with flags", "only with speculative decoding")
+    audit = AUDIT_WINDOW if c.get("window_from") == "audit" else ""
     if "ordinary_pool" in c:  # HYBRID: the verdict is the ordinary pool's, said as such
         t = tags(c["why"]) if c["ordinary_pool"] in affected else ""
         return f"{SHORT[c['state']]} (ordinary pool: {SHORT.get(c['ordinary_pool'], c['ordinary_pool'])}" \
-               + (f": {t})" if t else ")")
+               + (f": {t})" if t else ")") + audit
     t = tags(c["why"]) if c["state"] in affected else ""
-    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "")
+    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "") + audit
 
 
 def _win(c: dict) -> str:
