@@ -171,3 +171,31 @@ def test_the_answer_and_the_table_say_a_window_the_audit_set_and_a_checkpoint_ne
     (tmp_path / "config.json").write_text(json.dumps(values))
     small = ckpt.small_config(ckpt.read(str(tmp_path)))
     assert small.sliding_window is None and "sliding" not in small.kinds
+
+
+def test_a_config_property_the_releases_pinned_transformers_defines_is_given_as_it_defines_it():
+    """0.5.23 reads ``text_config.is_heterogeneous`` for each Gemma 4 config; its pin (METADATA) defines it on
+    every config, the venv's transformers does not: the child gives it as the pin does (``hasattr(self,
+    '_heterogeneity_spec')``), False for a config read without a per-layer spec."""
+    import transformers
+    from transformers import PretrainedConfig
+
+    from swa_repro.sglang.audit import family_build
+
+    srt = _models().parent
+    assert re.search(r"text_config\.is_heterogeneous", (srt / "utils" / "hf_transformers" / "config.py").read_text())
+    meta = next(srt.parents[1].glob("sglang-*.dist-info")) / "METADATA"
+    pin = re.search(r"^Requires-Dist: transformers==([\d.]+)", meta.read_text(), re.MULTILINE).group(1)
+    if hasattr(PretrainedConfig, "is_heterogeneous"):
+        pytest.skip(f"transformers {transformers.__version__} defines is_heterogeneous itself")
+    assert pin != transformers.__version__
+    try:
+        said = family_build.pinned_config_api()
+        assert said and pin in said and family_build.pinned_config_api() is None  # once
+        assert transformers.Gemma4TextConfig().is_heterogeneous is False
+        spec = transformers.Gemma4TextConfig()
+        spec._heterogeneity_spec = object()
+        assert spec.is_heterogeneous is True
+    finally:
+        if "is_heterogeneous" in vars(PretrainedConfig):
+            del PretrainedConfig.is_heterogeneous
