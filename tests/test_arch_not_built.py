@@ -199,3 +199,21 @@ def test_a_config_property_the_releases_pinned_transformers_defines_is_given_as_
     finally:
         if "is_heterogeneous" in vars(PretrainedConfig):
             del PretrainedConfig.is_heterogeneous
+
+
+def test_a_class_with_no_sizes_names_every_key_a_checkpoint_must_supply():
+    """0.5.23 JetNemotronConfig declares its sizes None (class annotations ``= None``); the line names each one
+    the model file reads (read here with regular expressions over both files), the window's dict among them."""
+    from swa_repro.sglang.audit import arch_fill
+
+    models = _models()
+    cfg = (models.parent / "configs" / "jet_nemotron.py").read_text()
+    body = cfg[cfg.index("class JetNemotronConfig("):]
+    nones = dict.fromkeys(re.findall(r"^    (\w+): [^=\n]+ = None$", body, re.MULTILINE))
+    model = (models / "jet_nemotron.py").read_text()
+    read = set(re.findall(r"config\.(\w+)", model))
+    got = [x.split(" ")[0] for x in arch_fill.none_reads(dict.fromkeys(nones), models / "jet_nemotron.py",
+                                                          "JetNemotronForCausalLM")]
+    assert got and set(got) <= set(nones) & read
+    assert {"layer_types", "efficient_attention_config"} <= set(got)  # the window: efficient_attention_config["swa"]
+    assert re.search(r'efficient_attention_config\["swa"\]\[\s*"window_size"', model)

@@ -249,8 +249,10 @@ def column_config(a, version: str, overlay: Path, extra: dict | None = None, why
     try:
         kinds = cc.layer_kinds(ck.text_config())
     except (AttributeError, TypeError) as e:
-        raise NoConfig(f"no published config: {source} ({how}) leave {getattr(e, 'name', None) or e} unset: a "
-                       f"checkpoint sets it; audit one: swa-repro audit --sglang {version} --model PATH/config.json") \
+        unset = arch_fill.none_reads(ck.raw_text(), model_file, a.architecture)
+        also = f" (and None, each read by the model: {', '.join(unset)})" if unset else ""
+        raise NoConfig(f"no published config: {source} ({how}) leave {getattr(e, 'name', None) or e} unset{also}: a "
+                       f"checkpoint sets them; audit one: swa-repro audit --sglang {version} --model PATH/config.json") \
             from None
     text = ck.raw_text()
     windowed = text.get("layer_types") or any("window" in k and isinstance(v, int) and v > 0 for k, v in text.items())

@@ -323,3 +323,13 @@ def _scalar_forms(path: Path, d: dict) -> dict:
             why = f"{path.name}:{x.lineno} indexes it per layer: the class's {v!r} for each of the {n} layers"
             out[key] = ([v] * n, why)
     return out
+
+
+def none_reads(values: dict, model_file: Path, arch: str) -> list[str]:
+    """``["key (file:line)", ...]``: the keys a release class defaults to None that its model file reads while it
+    builds: what a checkpoint must supply where the class gives no sizes at all (0.5.23 configs/jet_nemotron.py:29-41
+    ``hidden_size``, ``num_attention_heads``, ``layer_types``, ``efficient_attention_config``: None)."""
+    from swa_repro.engine.config_reads import config_reads
+
+    reads = config_reads(model_file, arch, build_only=True)
+    return [f"{k} ({w})" for k, w in reads.items() if k in values and values[k] is None]
