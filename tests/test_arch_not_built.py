@@ -217,3 +217,19 @@ def test_a_class_with_no_sizes_names_every_key_a_checkpoint_must_supply():
     assert got and set(got) <= set(nones) & read
     assert {"layer_types", "efficient_attention_config"} <= set(got)  # the window: efficient_attention_config["swa"]
     assert re.search(r'efficient_attention_config\["swa"\]\[\s*"window_size"', model)
+
+
+def test_a_key_tested_for_membership_is_an_empty_list():
+    """0.5.10 step3p5.py reads ``yarn_only_types`` and tests ``layer_types[i] not in`` it; its Step3p5Config
+    defines no such key (the count rule's 1 raised "argument of type 'int' is not iterable")."""
+    from swa_repro.engine.config_reads import config_reads
+    from swa_repro.sglang.audit import arch_fill
+
+    models = _models("0.5.10")
+    text = (models / "step3p5.py").read_text()
+    local = re.search(r"(\w+) = config\.yarn_only_types", text).group(1)
+    assert re.search(rf"not in {local}\b", text)
+    assert "yarn_only_types" not in (models.parent / "configs" / "step3p5.py").read_text()
+    where = config_reads(models / "step3p5.py", "Step3p5ForCausalLM", build_only=True)["yarn_only_types"]
+    value, why = arch_fill.fill("yarn_only_types", where, models, 4, {})
+    assert value == [] and where in why

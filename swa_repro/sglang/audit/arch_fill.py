@@ -101,6 +101,8 @@ def fill(key: str, where: str, models: Path, n_layers: int | None, values: dict)
         got = {n: own.get(n, 1) for n in names}
         return got, (f"{where} reads {', '.join(map(repr, names))} of it: the config's own "
                      f"{', '.join(n for n in names if n in own) or 'none'} (1 for any other)")
+    if _membership(node, parents):
+        return [], f"{where} tests membership in it: an empty list, the smallest container"
     boolish = key.startswith(BOOL_PREFIXES)
     if _indexed(node, parents):
         if not n_layers:
@@ -112,6 +114,23 @@ def fill(key: str, where: str, models: Path, n_layers: int | None, values: dict)
     if isinstance(up, ast.Call) and getattr(up.func, "id", None) == "float":
         return 1e-6, f"{where} reads a float: 1e-06"
     return 1, f"{where} reads a count or size: 1, the smallest"
+
+
+def _membership(node, parents) -> bool:
+    """``x in config.K`` / ``not in``, or ``v = config.K`` and ``x not in v`` in the same function (0.5.10
+    step3p5.py:478-479 ``yarn_only_types``, which its Step3p5Config does not define)."""
+    def tested(name_of):
+        return lambda x: isinstance(x, ast.Compare) and len(x.ops) == 1 and isinstance(x.ops[0], (ast.In, ast.NotIn)) \
+            and name_of(x.comparators[0])
+    up = parents.get(node)
+    if tested(lambda c: c is node)(up):
+        return True
+    if isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], ast.Name):
+        fn, name = up, up.targets[0].id
+        while fn is not None and not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            fn = parents.get(fn)
+        return fn is not None and any(map(tested(lambda c: isinstance(c, ast.Name) and c.id == name), ast.walk(fn)))
+    return False
 
 
 def _named_items(path: Path, key: str) -> list[str]:
