@@ -112,17 +112,24 @@ def test_a_column_still_not_built_names_the_key_the_line_and_the_class(plan_0523
     assert any(re.search(r"lacks \w*window", e) for e in errs)
 
 
-def test_a_release_class_that_leaves_the_window_to_a_checkpoint_says_so(plan_0523):
-    """Step3p5ForCausalLM: its flag (``use_head_wise_attn_gate``) is now set by the audit (arch_fill),
-    and what is left is the window: the release's Step3p5Config defaults both ``sliding_window`` and
-    ``layer_types`` to None (read here from its signature), so the column says the window is a
-    checkpoint's."""
-    _, static = plan_0523
+def test_a_release_class_that_leaves_the_window_to_a_checkpoint_is_built_at_one_the_audit_sets(plan_0523):
+    """Step3p5ForCausalLM: its flag (``use_head_wise_attn_gate``) is set by the audit (arch_fill), and the
+    release's Step3p5Config defaults both ``sliding_window`` and ``layer_types`` to None (read here from its
+    signature): the column is built at a window the audit sets (#41 hB), said in its provenance
+    (``window_from``, each key's why) so its verdict reads as conditional."""
+    from swa_repro.sglang.audit import arch_fill
+
+    smalls, static = plan_0523
     cfg = _overlay("0.5.23") / "sglang" / "srt" / "configs" / "step3p5.py"
     assert _signature_default(cfg, "Step3p5Config", "sliding_window") is None
     assert _signature_default(cfg, "Step3p5Config", "layer_types") is None
-    err = static["Step3p5ForCausalLM"]["error"]
-    assert "set no sliding layer (sliding_window=None, layer_types=None)" in err and "--model" in err, err
+    assert "Step3p5ForCausalLM" not in static
+    col = smalls["Step3p5ForCausalLM"]
+    assert col["discovered"]["window_from"] == "audit"
+    assert col["small"]["sliding_window"] == arch_fill.AUDIT_WINDOW and "sliding" in col["small"]["kinds"]
+    said = col["discovered"]["set_by_audit"]
+    assert said["sliding_window"].startswith(arch_fill.SET_WINDOW) and said["layer_types"].startswith(
+        arch_fill.SET_WINDOW)
 
 
 def test_no_column_is_called_remote_code_where_the_release_has_a_class_for_it(plan_0523):

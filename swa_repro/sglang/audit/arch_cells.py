@@ -82,8 +82,10 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
         try:
             ck, set_by = filled_config(a, version, overlay)
             ckpt.check_release(ck, version, overlay)
-            smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)),
-                                      "discovered": {**facts, "config": ck.path, "set_by_audit": set_by}}
+            found = {**facts, "config": ck.path, "set_by_audit": set_by}
+            if any(w.startswith(arch_fill.SET_WINDOW) for w in set_by.values()):
+                found["window_from"] = "audit"  # no window in the defaults: the verdict holds at the audit's
+            smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
         except NoConfig as e:
             static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": str(e)}
         except (UsageError, TypeError, ValueError, AttributeError) as e:
@@ -99,7 +101,7 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
     return smalls, static
 
 
-def filled_config(a, version: str, overlay: Path, rounds: int = 16):
+def filled_config(a, version: str, overlay: Path, rounds: int = 32):
     """``(Checkpoint, set_by_audit)``: the column's config with each key its model file reads at build and
     its defaults leave unset filled as ``arch_fill`` says (the sub-configs a class leaves None first),
     until none is missing or one only a checkpoint can say (``check_release`` then says which)."""
@@ -108,7 +110,7 @@ def filled_config(a, version: str, overlay: Path, rounds: int = 16):
 
     models = overlay / "sglang" / "srt" / "models"
     path = mcs.model_file_in(models, a.architecture)
-    extra, why, subs = {}, {}, None
+    extra, why, subs, skip = {}, {}, None, set()
     for _ in range(rounds):
         try:
             ck = column_config(a, version, overlay, extra, why)
@@ -137,8 +139,17 @@ def filled_config(a, version: str, overlay: Path, rounds: int = 16):
             return ck, why
         missing = [(k, w) for k, w in config_reads(path, a.architecture, branches=False, build_only=True).items()
                    if not ck.has(k)]
+        if not missing and any(w.startswith(arch_fill.SET_WINDOW) for w in why.values()):
+            missing = branch_reads(path, a.architecture, ck, models, skip)
         if not missing:
-            return ck, why
+            files = {path, *(models / w.rpartition(":")[0] for w in config_reads(path, a.architecture,
+                                                                              build_only=True).values())}
+            forms = {k: vw for k, vw in arch_fill.read_forms(ck.values, sorted(files)).items() if extra.get(k) != vw[0]}
+            if not forms:
+                return ck, why
+            for k, (v, w) in forms.items():
+                extra[k], why[k] = v, w
+            continue
         text = ck.text_config()
         n = getattr(text, "num_hidden_layers", None) or len(getattr(text, "layer_types", None) or []) or None
         got = arch_fill.fill(*missing[0], models, n, ck.values)
@@ -146,10 +157,34 @@ def filled_config(a, version: str, overlay: Path, rounds: int = 16):
             return ck, why
         key = missing[0][0]
         extra[key], why[key] = got[0], got[1]
+        part = next((p for p in arch_fill.TEXT_PARTS if isinstance(ck.values.get(p), dict)), None)
         if text is not ck.config and hasattr(text, "to_dict"):  # a composite: its text model reads it too
             extra["text_config"] = {**{k: v for k, v in text.to_dict().items() if not k.startswith("_")},
                                     **(extra.get("text_config") or {}), key: got[0]}
+        elif text is not ck.config and part:  # a release class's composite (configs/step3p7.py): likewise
+            extra[part] = {**ck.values[part], key: got[0]}
     return ck, why
+
+
+def branch_reads(path: Path, arch: str, ck, models: Path, skip: set) -> list:
+    """A window the audit set turns on the branches its sliding layers take (0.5.23 step3p5.py:444-451 reads
+    ``attention_other_setting`` only there): the keys read in branches that the config lacks and
+    ``arch_fill`` has a value for beyond the generic count (a per-layer list, a flag, a dict of named values,
+    a compared constant); the others (``skip``) stay the class's, absent (step3p5.py:421 ``rope_scaling``
+    is read only for the ``yarn_only_types`` layers, none here)."""
+    from swa_repro.engine.config_reads import config_reads
+
+    text = ck.text_config()
+    n = getattr(text, "num_hidden_layers", None)
+    for k, w in config_reads(path, arch, build_only=True).items():
+        if ck.has(k) or (k, w) in skip:
+            continue
+        got = arch_fill.fill(k, w, models, n, ck.values)
+        if got is None or got[1].endswith("the smallest"):
+            skip.add((k, w))
+            continue
+        return [(k, w)]
+    return []
 
 
 class NoConfig(Exception):
@@ -214,12 +249,20 @@ def column_config(a, version: str, overlay: Path, extra: dict | None = None, why
     try:
         kinds = cc.layer_kinds(ck.text_config())
     except (AttributeError, TypeError) as e:
-        raise NoConfig(f"no published config: {source} ({how}) leave {getattr(e, 'name', None) or e} unset: a "
-                       f"checkpoint sets it; audit one: swa-repro audit --sglang {version} --model PATH/config.json") \
+        unset = arch_fill.none_reads(ck.raw_text(), model_file, a.architecture)
+        also = f" (and None, each read by the model: {', '.join(unset)})" if unset else ""
+        raise NoConfig(f"no published config: {source} ({how}) leave {getattr(e, 'name', None) or e} unset{also}: a "
+                       f"checkpoint sets them; audit one: swa-repro audit --sglang {version} --model PATH/config.json") \
             from None
     text = ck.raw_text()
     windowed = text.get("layer_types") or any("window" in k and isinstance(v, int) and v > 0 for k, v in text.items())
     if cc.SLIDING not in kinds and (not a.hybrid or not windowed):  # hybrid: a window the pool runs, if any
+        if extra is not None and why is not None and not any(w.startswith(arch_fill.SET_WINDOW) for w in why.values()):
+            new, said = arch_fill.audit_window(values, model_file, a.architecture, a.windows)
+            if new:  # the defaults give no window: built at one the audit sets, the verdict conditional
+                extra.update(new)
+                why.update(said)
+                return column_config(a, version, overlay, extra, why)
         raise NoConfig(f"no published config: {source} ({how}) set no sliding layer (sliding_window="
                        f"{text.get('sliding_window')!r}, layer_types={_short(text.get('layer_types'))}): the window "
                        f"comes from a checkpoint; audit one: swa-repro audit --sglang {version} --model PATH/config.json")

@@ -54,9 +54,17 @@ def _site(path: Path, key: str, line: int):
 
 
 def _indexed(node, parents) -> bool:
-    """``config.K[i]``, or ``v = config.K`` and ``v[i]`` in the same function (exaone_moe.py:497-504)."""
+    """``config.K[i]`` (here or elsewhere in the same function), or ``v = config.K`` and ``v[i]`` in the same
+    function (exaone_moe.py:497-504)."""
     up = parents.get(node)
     if isinstance(up, ast.Subscript) and up.value is node:
+        return True
+    fn = up
+    while fn is not None and not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        fn = parents.get(fn)
+    if fn is not None and any(isinstance(x, ast.Subscript) and isinstance(x.value, ast.Attribute) and  # step3p5.py
+                              x.value.attr == node.attr and ast.unparse(x.value.value) == ast.unparse(node.value)
+                              for x in ast.walk(fn)):  # :432-433 tests config.K, then indexes config.K[layer_id]
         return True
     if isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], ast.Name):
         fn = up
@@ -86,6 +94,15 @@ def fill(key: str, where: str, models: Path, n_layers: int | None, values: dict)
         other = up.comparators[0] if up.left is node else up.left
         if isinstance(other, ast.Constant):
             return other.value, f"{where} compares it with {other.value!r}: the one value it accepts"
+    if isinstance(up, ast.Subscript) and up.value is node and isinstance(up.slice, ast.Constant) and \
+            isinstance(up.slice.value, str):  # a dict of named values (step3p5.py:446-451 attention_other_setting)
+        names = _named_items(models / file, key)
+        own = next((values[p] for p in TEXT_PARTS if isinstance(values.get(p), dict)), values)
+        got = {n: own.get(n, 1) for n in names}
+        return got, (f"{where} reads {', '.join(map(repr, names))} of it: the config's own "
+                     f"{', '.join(n for n in names if n in own) or 'none'} (1 for any other)")
+    if _membership(node, parents):
+        return [], f"{where} tests membership in it: an empty list, the smallest container"
     boolish = key.startswith(BOOL_PREFIXES)
     if _indexed(node, parents):
         if not n_layers:
@@ -97,6 +114,34 @@ def fill(key: str, where: str, models: Path, n_layers: int | None, values: dict)
     if isinstance(up, ast.Call) and getattr(up.func, "id", None) == "float":
         return 1e-6, f"{where} reads a float: 1e-06"
     return 1, f"{where} reads a count or size: 1, the smallest"
+
+
+def _membership(node, parents) -> bool:
+    """``x in config.K`` / ``not in``, or ``v = config.K`` and ``x not in v`` in the same function (0.5.10
+    step3p5.py:478-479 ``yarn_only_types``, which its Step3p5Config does not define)."""
+    def tested(name_of):
+        return lambda x: isinstance(x, ast.Compare) and len(x.ops) == 1 and isinstance(x.ops[0], (ast.In, ast.NotIn)) \
+            and name_of(x.comparators[0])
+    up = parents.get(node)
+    if tested(lambda c: c is node)(up):
+        return True
+    if isinstance(up, ast.Assign) and len(up.targets) == 1 and isinstance(up.targets[0], ast.Name):
+        fn, name = up, up.targets[0].id
+        while fn is not None and not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            fn = parents.get(fn)
+        return fn is not None and any(map(tested(lambda c: isinstance(c, ast.Name) and c.id == name), ast.walk(fn)))
+    return False
+
+
+def _named_items(path: Path, key: str) -> list[str]:
+    """The string constants ``config.KEY[...]`` is read with anywhere in ``path``, in order."""
+    tree, _ = _parents(path)
+    out = []
+    for x in ast.walk(tree):
+        if isinstance(x, ast.Subscript) and isinstance(x.value, ast.Attribute) and x.value.attr == key and \
+                isinstance(x.slice, ast.Constant) and isinstance(x.slice.value, str) and x.slice.value not in out:
+            out.append(x.slice.value)
+    return out
 
 
 def legacy_keys(model_type: str, values: dict) -> dict:
@@ -141,3 +186,169 @@ def layer_count(values: dict) -> dict:
                 return {part: ({**d, "num_hidden_layers": n}, f"{part}.num_hidden_layers: {why}")}
             return {"num_hidden_layers": (n, why)}
     return {}
+
+
+# ----------------------------------------------------------------------------- a window the audit sets
+AUDIT_WINDOW = 128  # gpt-oss's published window, the smallest of the named families: short prompts pass it
+SET_WINDOW = "a window the audit sets"  # how a set_by_audit line starts when the column's window is the audit's
+TEXT_PARTS = ("text_config", "llm_config")
+
+
+def audit_window(values: dict, model_file: Path, arch: str, sites=()) -> tuple[dict, dict]:
+    """``(values to set, {key: why})`` where a release class's defaults give no window at all (0.5.23
+    configs/step3p5.py:29-30 ``layer_types=None, sliding_window=None``): only a checkpoint has one, so the
+    column is built at :data:`AUDIT_WINDOW` (the paths size their prompts past any window:
+    ``family.family_shape`` ``window + 256``), each window key the model file reads set to it, and where the
+    file makes a layer sliding by comparing ``layer_types[i]`` with a constant (models/step3p5.py:442
+    ``layer_types[layer_id] == "sliding_attention"``) the pattern written out with that constant. Its
+    verdict is conditional: a checkpoint's own window is audited with ``--model PATH`` (never this: a
+    user's file decides). ``sites``: where the release hands a layer its window (``swa_archs``' ``file:line``),
+    whose ``config.KEY`` counts as read there too (a text model built from ``config.llm_config``, which the
+    reads of the outer class do not follow: 0.5.23 nemotron_h.py:743). Empty when no window key the
+    defaults leave unset is read."""
+    from swa_repro.engine.config_reads import config_reads
+
+    part = next((p for p in TEXT_PARTS if isinstance(values.get(p), dict)), None)
+    d = values[part] if part else values
+    reads = {**site_keys(model_file.parent, sites), **config_reads(model_file, arch, build_only=True)}
+    wins = [k for k in reads if "window" in k and d.get(k) is None]
+    if not wins:
+        return {}, {}
+    new = {k: AUDIT_WINDOW for k in wins}
+    why = {k: f"{SET_WINDOW}: {AUDIT_WINDOW}, read at {reads[k]}; the class defaults set none (a checkpoint's window: "
+              "audit it with --model PATH)" for k in wins}
+    if "layer_types" in reads and not d.get("layer_types"):
+        file, _, _ = reads["layer_types"].rpartition(":")
+        consts = pattern_constants(model_file.parent / file)
+        slide = next((c for c in consts if "slid" in c), None)
+        n = d.get("num_hidden_layers")
+        if slide is None or not isinstance(n, int) or n < 1:
+            return {}, {}
+        full = next((c for c in consts if "full" in c), "full_attention")
+        new["layer_types"] = [(slide, full)[i % 2] for i in range(n)]
+        why["layer_types"] = (f"{SET_WINDOW}: every other layer {slide!r} ({file} compares layer_types[i] with it), "
+                              f"the others {full!r}, {n} layers")
+    if part:
+        return {part: {**d, **new}}, {f"{part}.{k}": w for k, w in why.items()}
+    return new, why
+
+
+def pattern_constants(path: Path) -> list[str]:
+    """The string constants ``path`` compares a ``layer_types[...]`` element with (``==`` / ``!=``), in order."""
+    tree, _ = _parents(path)
+    out = []
+    for x in ast.walk(tree):
+        if isinstance(x, ast.Compare) and len(x.comparators) == 1 and isinstance(x.ops[0], (ast.Eq, ast.NotEq)):
+            sides = (x.left, x.comparators[0])
+            if any(isinstance(s, ast.Subscript) and "layer_types" in ast.unparse(s.value) for s in sides):
+                out += [s.value for s in sides if isinstance(s, ast.Constant) and isinstance(s.value, str)
+                        and s.value not in out]
+    return out
+
+
+def site_keys(models: Path, sites) -> dict:
+    """``{key: "file:line"}``: the ``config.KEY`` / ``self.config.KEY`` window keys read at each site."""
+    out = {}
+    for site in sites:
+        file, _, line = site.rpartition(":")
+        if not (models / file).is_file():
+            continue
+        tree, _ = _parents(models / file)
+        for x in ast.walk(tree):
+            if isinstance(x, ast.Attribute) and x.lineno == int(line) and "window" in x.attr and \
+                    ast.unparse(x.value).split(".")[-1] == "config":
+                out.setdefault(x.attr, site)
+    return out
+
+
+# ----------------------------------------------------------------------------- a present key in the wrong form
+def read_forms(values: dict, files, reads: dict | None = None) -> dict:
+    """``{key: (value, why)}`` for a key the defaults give in a form the model file cannot take, or a value
+    it refuses outright, rewritten as the file reads it (in the text part where the config nests one):
+
+    * ``config.K.split(",")`` on a list default: the list joined (0.5.23 configs/step3p5.py:35
+      ``moe_layers_enum=(3, 4, ...)``, a tuple; models/step3p5.py:544 splits it, as a published
+      ``config.json``'s comma string);
+    * a number the file indexes per layer (models/step3p5.py:415-461 ``rope_theta = config.rope_theta``, then
+      ``rope_theta[layer_id]``): the class's number for each layer;
+    * ``assert self.Y == C`` with ``self.Y = getattr(config, "K", d)`` (or ``config.K``) in the same function:
+      ``C``, the one value it accepts (models/nemotron_h_mtp.py:222-225 ``num_mtp_layers == 1``)."""
+    part = next((p for p in TEXT_PARTS if isinstance(values.get(p), dict)), None)
+    d = values[part] if part else values
+    out = {}
+    for path in files:
+        for key, (v, why) in {**_split_forms(path, d), **_assert_forms(path, d), **_scalar_forms(path, d)}.items():
+            out.setdefault(key, (v, why))
+    if part and out:
+        return {part: ({**d, **{k: v for k, (v, _) in out.items()}},
+                       "; ".join(f"{part}.{k}: {w}" for k, (_, w) in out.items()))}
+    return out
+
+
+def _config_key(node) -> str | None:
+    """``K`` of ``config.K`` / ``self.config.K`` / ``getattr(config, "K", d)``."""
+    if isinstance(node, ast.Attribute) and ast.unparse(node.value).split(".")[-1] == "config":
+        return node.attr
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2 and \
+            ast.unparse(node.args[0]).split(".")[-1] == "config" and isinstance(node.args[1], ast.Constant):
+        return node.args[1].value
+    return None
+
+
+def _split_forms(path: Path, d: dict) -> dict:
+    tree, _ = _parents(path)
+    out = {}
+    for x in ast.walk(tree):
+        if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr == "split" and \
+                len(x.args) == 1 and isinstance(x.args[0], ast.Constant) and isinstance(x.args[0].value, str):
+            key = _config_key(x.func.value)
+            if key and isinstance(d.get(key), (list, tuple)):
+                sep = x.args[0].value
+                why = (f"{path.name}:{x.lineno} splits it on {sep!r}: the class's default sequence written as the "
+                       "string a published config.json carries")
+                out[key] = (sep.join(map(str, d[key])), why)
+    return out
+
+
+def _assert_forms(path: Path, d: dict) -> dict:
+    tree, parents = _parents(path)
+    out = {}
+    for x in ast.walk(tree):
+        if not (isinstance(x, ast.Assert) and isinstance(x.test, ast.Compare) and len(x.test.ops) == 1 and
+                isinstance(x.test.ops[0], ast.Eq) and isinstance(x.test.comparators[0], ast.Constant)):
+            continue
+        name, want = ast.unparse(x.test.left), x.test.comparators[0].value
+        fn = x
+        while fn is not None and not isinstance(fn, ast.FunctionDef):
+            fn = parents.get(fn)
+        for st in ast.walk(fn) if fn is not None else []:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and ast.unparse(st.targets[0]) == name:
+                key = _config_key(st.value)
+                if key and key in d and d[key] != want:
+                    out[key] = (want, f"{path.name}:{x.lineno} asserts {name} == {want!r}: the one value it accepts")
+    return out
+
+
+def _scalar_forms(path: Path, d: dict) -> dict:
+    tree, parents = _parents(path)
+    n, out = d.get("num_hidden_layers"), {}
+    either = {_config_key(c.args[0]) for c in ast.walk(tree) if isinstance(c, ast.Call) and c.args and
+              getattr(c.func, "id", None) == "isinstance"}  # nemotron_h.py:543: a number or a list, both taken
+    for x in ast.walk(tree):
+        key = _config_key(x) if isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Load) else None
+        v = d.get(key) if key else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(n, int) and n > 0 and \
+                key not in either and _indexed(x, parents) and key not in out:
+            why = f"{path.name}:{x.lineno} indexes it per layer: the class's {v!r} for each of the {n} layers"
+            out[key] = ([v] * n, why)
+    return out
+
+
+def none_reads(values: dict, model_file: Path, arch: str) -> list[str]:
+    """``["key (file:line)", ...]``: the keys a release class defaults to None that its model file reads while it
+    builds: what a checkpoint must supply where the class gives no sizes at all (0.5.23 configs/jet_nemotron.py:29-41
+    ``hidden_size``, ``num_attention_heads``, ``layer_types``, ``efficient_attention_config``: None)."""
+    from swa_repro.engine.config_reads import config_reads
+
+    reads = config_reads(model_file, arch, build_only=True)
+    return [f"{k} ({w})" for k, w in reads.items() if k in values and values[k] is None]

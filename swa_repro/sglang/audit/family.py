@@ -248,13 +248,26 @@ def layers_of(built, live: bool = False) -> list[FamilyLayer]:
     :class:`LiveFamilyLayer`, whose calls can be run on a kernel)."""
     small, out, cls = built.small, [], LiveFamilyLayer if live else FamilyLayer
     for kind in (SLIDING, FULL):
-        if kind not in small.kinds:
+        attn = first_built(built.layers, small.kinds, kind)
+        if attn is None:
             continue
-        attn = built.layers[small.kinds.index(kind)]
         win = attn.sliding_window_size
         out.append(cls(-1 if win is None or win < 0 else int(win), float(attn.logit_cap or 0.0), kind, built,
                                attn, family_shape(attn, small.sliding_window or 0)))
     return out
+
+
+def first_built(layers: tuple, kinds, kind: str):
+    """The first attention layer the model built of ``kind``, or None. A model that builds every layer the
+    config declares: the layer at that kind's first index. One that builds fewer (an MTP head: 0.5.23
+    models/exaone_moe_mtp.py:47 ``config.num_hidden_layers = 1`` before it builds the decoder, so one layer,
+    ``layer_types[0]``, of the 4 declared): the kind of each built layer is the config's at its ``layer_id``,
+    and a kind it did not build is not driven (it has none)."""
+    if kind not in kinds:
+        return None
+    if len(layers) >= len(kinds):
+        return layers[list(kinds).index(kind)]
+    return next((x for x in layers if 0 <= int(x.layer_id) < len(kinds) and kinds[int(x.layer_id)] == kind), None)
 
 
 def audit_family(family: str, gpus, paths=None, jobs: list | None = None, small=None) -> dict:

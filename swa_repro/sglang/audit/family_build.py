@@ -174,6 +174,25 @@ def plain_config_class(config: dict) -> str:
     return f"plain PretrainedConfig registered for model_type {mt!r}"
 
 
+def pinned_config_api() -> str | None:
+    """What the release's pinned transformers gives every config that the installed one lacks, given as the
+    pin defines it. 0.5.23 pins transformers==5.19.0 (its METADATA) and reads ``text_config.is_heterogeneous``
+    for every Gemma 4 config (utils/hf_transformers/config.py:120, from ``_GEMMA4_MODEL_TYPES`` :66-73);
+    5.19.0 defines it on ``PreTrainedConfig`` (integrations/heterogeneity/configuration_utils.py:315-316:
+    ``hasattr(self, "_heterogeneity_spec")``), the venv's older transformers not at all (AttributeError, the
+    Gemma4ForConditionalGeneration columns not built). A config the installed transformers read carries no
+    per-layer spec, so it is False: the release's own else branch (config.py:133-137) then gives the full and
+    sliding layers the config's ``head_dim`` / ``num_key_value_heads`` (a 5.19.0 spec would give the full
+    layers ``global_head_dim``); the sliding layers' are the same either way. None where nothing was missing."""
+    from transformers import PretrainedConfig
+
+    if hasattr(PretrainedConfig, "is_heterogeneous"):
+        return None
+    PretrainedConfig.is_heterogeneous = property(lambda self: hasattr(self, "_heterogeneity_spec"))
+    return ("PretrainedConfig.is_heterogeneous as transformers 5.19.0 defines it (hasattr(self, "
+            "'_heterogeneity_spec')): False, no per-layer spec; full layers take the config's head_dim")
+
+
 def model_config(folder: str, context_length: int):
     """The release's ``ModelConfig`` read from the small config's ``config.json`` (offline). A
     published default shorter than the audit's batches (Exaone4Config: 2048 positions) is extended
@@ -259,6 +278,7 @@ def build(small: SmallConfig, context_length: int) -> Built:
     folder = config_folder(small)
     plain_config_class(small.config)
     server_args(folder)
+    pinned = pinned_config_api()
     mc = model_config(folder, context_length)
     dp_attention(mc, folder)
     model = build_model(mc)
@@ -269,7 +289,17 @@ def build(small: SmallConfig, context_length: int) -> Built:
                                                       "context_len", "head_dim", "num_attention_heads")}
     facts["num_kv_heads"] = mc.get_num_kv_heads(1)
     facts["model_class"] = cls.__name__
+    if pinned and getattr(getattr(mc, "hf_config", None), "model_type", None) in _gemma4_types():
+        facts["pinned_transformers_api"] = pinned
     return Built(small, mc, attention_layers(model), window, rule, where, facts)
+
+
+def _gemma4_types() -> tuple:
+    """The release's ``_GEMMA4_MODEL_TYPES`` (0.5.23 utils/hf_transformers/config.py:66), where it has one."""
+    try:
+        return tuple(importlib.import_module("sglang.srt.utils.hf_transformers.config")._GEMMA4_MODEL_TYPES)
+    except (ImportError, AttributeError):
+        return ()
 
 
 def _plain(x):

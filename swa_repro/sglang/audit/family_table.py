@@ -31,6 +31,7 @@ GROUPS = ("affected on the default path", "only with flags", "only with speculat
           "not built", "fallback: not audited", "not affected")
 
 
+AUDIT_WINDOW = " (at a window the audit set)"  # the release's defaults give none: the verdict is conditional
 NOT_IN = "*not in this release*"  # no model file of the release registers the family's architecture
 TAG = {"extend_paged": "paged", "extend_ragged_no_prefix": "ragged", "extend_ragged_prefix": "ragged+prefix",
        "decode": "decode", "cuda_graph_decode": "decode graph", "cuda_graph_extend": "prefill graph"}
@@ -161,12 +162,13 @@ def main_cell_text(c: dict | None) -> str:
     if c is None:
         return NOT_IN
     affected = ("affected on the default path", "only with flags", "only with speculative decoding")
+    audit = AUDIT_WINDOW if c.get("window_from") == "audit" else ""
     if "ordinary_pool" in c:  # HYBRID: the verdict is the ordinary pool's, said as such
         t = tags(c["why"]) if c["ordinary_pool"] in affected else ""
         return f"{SHORT[c['state']]} (ordinary pool: {SHORT.get(c['ordinary_pool'], c['ordinary_pool'])}" \
-               + (f": {t})" if t else ")")
+               + (f": {t})" if t else ")") + audit
     t = tags(c["why"]) if c["state"] in affected else ""
-    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "")
+    return SHORT.get(c["state"], c["state"]) + (f": {t}" if t else "") + audit
 
 
 def _win(c: dict) -> str:

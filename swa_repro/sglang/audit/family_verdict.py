@@ -31,6 +31,19 @@ def _bad(f: dict, paths) -> list[str]:
 
 
 def answer(f: dict, gpu: str) -> dict:
+    """:func:`pooled_answer`, said conditional where the column's window is one the audit set (``arch_fill``:
+    the release's config class defaults give none, 0.5.23 configs/step3p5.py:29-30): ``window_from`` and a
+    note; the state keeps its words (a checkpoint's own window is audited with ``--model PATH``)."""
+    a = pooled_answer(f, gpu)
+    if (f.get("discovered") or {}).get("window_from") != "audit" or a["state"] == "not built":
+        return a
+    w = (f.get("config") or {}).get("sliding_window")
+    said = (f"at a window the audit set ({w}; the release's config class sets none): your checkpoint's window: run "
+            "swa-repro audit --sglang RELEASE --model PATH/config.json")
+    return {**a, "window_from": "audit", "note": "; ".join(filter(None, [said, a.get("note")]))}
+
+
+def pooled_answer(f: dict, gpu: str) -> dict:
     """The user's answer: affected on the default path / only with flags / only with speculative
     decoding / not affected / flashinfer refused / not built; with the default backend on ``gpu``.
     A model the release serves on its hybrid SWA KV pool (``ModelConfig.is_hybrid_swa``, from
@@ -162,7 +175,8 @@ def cell_of(f: dict) -> dict:
             "layer_window": {k: v["layer_window"] for k, v in kinds.items()},
             "runner_window": f["build"]["runner_window"], "runner_rule": f["build"]["runner_rule"],
             "cap": f["config"]["cap"], "cap_state": "/".join(caps), "not_exact": bad,
-            **({"ordinary_pool": a["ordinary_pool"]} if "ordinary_pool" in a else {})}
+            **({"ordinary_pool": a["ordinary_pool"]} if "ordinary_pool" in a else {}),
+            **({"window_from": a["window_from"]} if "window_from" in a else {})}
 
 
 # ----------------------------------------------------------------------------- child
