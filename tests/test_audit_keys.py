@@ -217,6 +217,47 @@ def test_the_jit_warm_up_stops_waiting_at_the_deadline_and_says_so(runs):
     assert all(isinstance(v, float) for v in done.values())
 
 
+def test_a_build_left_running_does_not_hold_the_process_at_exit(runs):
+    """The warm-up's threads are daemons: a ``ThreadPoolExecutor``'s are joined at interpreter exit,
+    and on the H100 of 2026-12-06 both sites' processes, their JSON written, waited on fa3 builds until
+    the step's timeout killed them."""
+    import threading
+    import time
+
+    run, released = runs["extend_paged", "swa8"], threading.Event()
+    before = set(threading.enumerate())
+
+    def building(trace, p, ws):
+        released.wait(10)
+        return None, None
+    try:
+        audit_live.warm_calls([(run, building)], deadline=time.monotonic() + 0.2)
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        assert left and all(t.daemon for t in left), [(t.name, t.daemon) for t in left]
+    finally:
+        released.set()
+
+
+def test_a_call_whose_module_did_not_build_is_said_not_run_and_the_others_run(runs):
+    """``audit.live.unwarmed``: the judged pass skips a call whose module the warm-up left building (its
+    first call would wait on the build past every deadline: on the H100 of 2026-12-06 no call after it
+    ran) or failed, with the warm-up's words, and still runs the calls whose module built."""
+    building, built = runs["extend_ragged_no_prefix", "swa8"], runs["extend_paged", "swa8"]
+    sig_building, sig_built = (repr(audit_live.module_signature(r.trace, ac.pairs(r)[0])) for r in (building, built))
+    assert sig_building != sig_built
+    skip = audit_live.unwarmed({sig_building: "still building at the live time budget's end", sig_built: 0.1})
+    model, ran = audit_live.model_executor(), []
+
+    def counted(trace, p, ws):
+        ran.append(p.cls)
+        return model(trace, p, ws)
+    said = audit_live.live_of_run(building, counted, skip=skip)
+    assert ran == [] and said["executed"] == 0
+    assert said["errors"] == ["not run: its module's warm-up: still building at the live time budget's end"]
+    judged = audit_live.live_of_run(built, counted, skip=skip)
+    assert ran == [ac.pairs(built)[0].cls] and judged["executed"] == 1 and not judged["errors"]
+
+
 def test_the_reference_in_row_blocks_is_the_whole_calls(runs, monkeypatch):
     """``audit.live._err`` judges ROW_BLOCK rows at a time (a 4096 window's call in one piece ran a GPU
     out of memory): blocks of 3 rows give the same per-row errors as one block."""

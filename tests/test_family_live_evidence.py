@@ -251,3 +251,27 @@ def test_the_cold_call_ran_out_of_budget_building_fa3_and_says_so():
     lv = fe.load(CK_COLD, "shipped")["live"]
     assert {k: v for k, v in lv["warmup"].items() if "'auto'" in k and isinstance(v, str)}  # fa3: still building
     assert not [r for s in fe.SITES for r in fe.runs(fe.load(CK_COLD, s)) if r.executed]
+
+
+CK90 = CALLS["call-20261206T1644-h100-checkpoints-sm90"]  # sm90 alone, cold: fa3 and fa2 built at once
+CK90_WARM = CALLS["call-20261206T1653-h100-checkpoints-sm90-warm"]  # the same machine right after
+
+
+def test_the_sm90_calls_judged_nothing_and_their_data_say_why():
+    """Both sm90 calls of 2026-12-06 (the device's last minutes that day) judged no run: the cold one's fa3
+    ragged modules were still building when the warm-up's deadline passed, and the judged pass's first
+    fa3 call waited on that build (``audit.live.unwarmed`` now skips such a call); in the warm one the
+    CUDA-graph verify module (fa2 paged prefill, custom mask, ``use_cuda_graph``) raised an illegal memory
+    access in its warm-up, and the processes hung at exit on the build threads until the step's timeout
+    (exit status 124; the threads are daemons now)."""
+    cold, warm = (fe.load(c, "shipped")["live"]["warmup"] for c in (CK90, CK90_WARM))
+    assert {k for k, v in cold.items() if isinstance(v, str)} >= {k for k in cold if "'auto'" in k}
+    graph_verify = [v for k, v in warm.items() if k.startswith("('BatchPrefillWithPagedKVCacheWrapper', 'fa2'")
+                    and k.endswith("True, True, False, 256)")]  # custom mask, use_cuda_graph
+    assert graph_verify and graph_verify[0].startswith("error: AcceleratorError") and "illegal memory" in graph_verify[0]
+    for c in (CK90, CK90_WARM):
+        assert not [r for s in fe.SITES for r in fe.runs(fe.load(c, s)) if r.executed]
+        assert "family_shipped\t" in (c / "gpu.txt").read_text()
+        steps = [x.split("\t") for x in (c / "gpu.txt").read_text().splitlines() if x.startswith("family_")]
+        assert {s[-1] for s in steps} == {"124"}
+        assert "Users' checkpoints" in (c / "SUMMARY.md").read_text()

@@ -256,7 +256,8 @@ def run_audit(what_if: str | None = None, *, paths=None, layers=None, mode: str 
         if run.layer_window > 0:  # the same calls judged against one key less (HF's inclusive window)
             d["keys_window_minus_1"] = ak.keys_of_run(run, run.layer_window - 1)
         if live is not None:
-            d["live"] = live.live_of_run(run, executor, deadline=deadline)
+            d["live"] = live.live_of_run(run, executor, deadline=deadline,
+                                         skip=live.unwarmed(warmed, getattr(executor, "backend", None)))
         driven.append(d)
         findings += analyze(run)
     res = AuditResult(what_if, release_info(), findings, driven, not_driven, mode, device)

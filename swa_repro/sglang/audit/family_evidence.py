@@ -171,7 +171,7 @@ def render(call: Path) -> list[str]:
         lv = doc.get("live") or {}
         out += [f"## {site}", "",
                 (f"Device {lv.get('device')}; live {lv.get('seconds')} s of a {lv.get('budget_s')} s budget; "
-                 f"{len(lv.get('warmup') or {})} modules warmed."), ""]
+                 f"{warmup_text(lv.get('warmup') or {})}."), ""]
         rs = runs(doc)
         fams = sorted({r.family for r in rs})
         gpus = list(doc["gpus"])
@@ -200,6 +200,22 @@ def _checkpoints(call: Path) -> list[str]:
                    f"{', '.join(s['kinds'])} (of {s['full_layers']}) | {s['head_dim']} | "
                    f"{s['num_qo_heads']}/{s['num_kv_heads']} | {s['cap'] or 'none'} |")
     return [*out, ""]
+
+
+def warmup_text(warmup: dict) -> str:
+    """``audit.live.warm_calls``' outcome per module (seconds, ``error: ...`` or still building) said as
+    counts: a module still building or failed is a call the judged pass could not run."""
+    built = sum(isinstance(v, (int, float)) for v in warmup.values())
+    building = sum(isinstance(v, str) and v.startswith("still building") for v in warmup.values())
+    failed = sum(isinstance(v, str) and v.startswith("error") for v in warmup.values())
+    return (f"{len(warmup)} modules warmed up: {built} built"
+            + (f", {building} still building at the budget's end" if building else "")
+            + (f", {failed} failed ({_first_error(warmup)})" if failed else ""))
+
+
+def _first_error(warmup: dict) -> str:
+    e = next(v for v in warmup.values() if isinstance(v, str) and v.startswith("error"))
+    return e.removeprefix("error: ").split("\n")[0][:90]
 
 
 def main(argv=None) -> int:

@@ -46,7 +46,7 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
     run the same kernels share the result. ``deadline`` (``time.monotonic()``): calls after it are
     said not run. Returns ``{"warmup": {module signature: seconds or error} (empty on CPU),
     "warmup_seconds": the whole warm-up's}``."""
-    from swa_repro.sglang.audit.live import live_of_run, warm_calls
+    from swa_repro.sglang.audit.live import live_of_run, unwarmed, warm_calls
 
     device = getattr(executor, "device", "cpu")  # audit.live.Executor's
     todo, plans = [], []
@@ -68,7 +68,8 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
             if k not in job.memo:
                 window = job.small.intended_window if layer.kind == SLIDING else -1
                 job.memo[k] = live_of_run(run, ex, window=window, cap=float(job.small.cap or 0.0), deadline=deadline,
-                                          ref_device=None if device == "cpu" else device)
+                                          ref_device=None if device == "cpu" else device,
+                                          skip=unwarmed(warmed, ex.backend) if warmed else None)
             rec["live"] = job.memo[k]
     return {"warmup": warmed, "warmup_seconds": warm_s}
 

@@ -209,49 +209,76 @@ def warm_calls(items, *, workers: int | None = None, deadline: float | None = No
     day) started ~190 s late; a thread whose module another thread is building only waits on its
     lock. ``{signature: seconds or error}``; a failure here is not fatal (the judged pass runs the
     call again and says why). At ``deadline`` it stops waiting: a build still running is said so and
-    left to finish (ninja keeps what it compiled for the next process that asks for the module)."""
-    from concurrent.futures import ThreadPoolExecutor, wait
+    left to finish (ninja keeps what it compiled for the next process that asks for the module). The
+    threads are daemons: a ``ThreadPoolExecutor``'s are joined at interpreter exit, and on the H100
+    of 2026-12-06 both sites' processes, their JSON written, hung on fa3 builds until the step's
+    ``timeout`` killed them (``KeyboardInterrupt`` in ``_wait_for_tstate_lock``)."""
+    import threading
 
     todo = {}
     for run, executor in items:
         for p in pairs(run):
             todo.setdefault(module_signature(run.trace, p, getattr(executor, "backend", None)), (run, p, executor))
+    results, sem = {}, threading.Semaphore(max(1, min(workers or len(todo), len(todo) or 1)))
 
-    def one(item):
-        run, p, executor = item
-        t = time.monotonic()
-        if deadline is not None and t > deadline:
-            return "skipped: the live time budget ran out"
-        try:
-            executor(run.trace, p, {})
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            return round(time.monotonic() - t, 1)
-        except Exception as e:  # noqa: BLE001 - reported; the judged pass says why per call
-            return f"error: {type(e).__name__}: {str(e)[:200]}"
-    ex = ThreadPoolExecutor(max_workers=max(1, min(workers or len(todo), len(todo) or 1)))
-    futs = {repr(sig): ex.submit(one, item) for sig, item in todo.items()}
-    wait(futs.values(), timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-    ex.shutdown(wait=False, cancel_futures=True)
-    return {sig: f.result() if f.done() and not f.cancelled() else "still building at the live time budget's end"
-            for sig, f in futs.items()}
+    def one(key, item):
+        with sem:
+            results[key] = _warm_one(item, deadline)
+    threads = [threading.Thread(target=one, args=(repr(sig), item), daemon=True) for sig, item in todo.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return {repr(sig): results.get(repr(sig), STILL_BUILDING) for sig in todo}
+
+
+STILL_BUILDING = "still building at the live time budget's end"
+
+
+def _warm_one(item, deadline: float | None):
+    run, p, executor = item
+    t = time.monotonic()
+    if deadline is not None and t > deadline:
+        return "skipped: the live time budget ran out"
+    try:
+        executor(run.trace, p, {})
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return round(time.monotonic() - t, 1)
+    except Exception as e:  # noqa: BLE001 - reported; the judged pass says why per call
+        return f"error: {type(e).__name__}: {str(e)[:200]}"
+
+
+def unwarmed(warmed: dict, backend=None):
+    """``pair -> reason or None`` for :func:`live_of_run`'s ``skip``: a call whose module the warm-up
+    left still building (its first call would wait on the build's lock past every deadline: on the
+    H100 of 2026-12-06 the judged pass's first fa3 call did, and no call after it ran) or could not
+    run is said not run, and the other calls still run."""
+    def why(trace, p) -> str | None:
+        got = warmed.get(repr(module_signature(trace, p, backend)))
+        if got is None or isinstance(got, (int, float)):
+            return None
+        return f"not run: its module's warm-up: {got}"
+    return why
 
 
 # ----------------------------------------------------------------------------- one driven path
 def live_of_run(run, executor, *, deadline: float | None = None, atol: float = ATOL, window: int | None = None,
-                cap: float | None = None, ref_device=None) -> dict:
+                cap: float | None = None, ref_device=None, skip=None) -> dict:
     """Every effective call of ``run`` executed and judged: a summary and the calls. ``window`` /
     ``cap``: what the rows are held against, by default the layer's own (``run.layer_window``,
     ``run.layer_cap``); a model family's audit passes the window its config intends (HF's count,
     ``families.SmallConfig.intended_window``), which a release may hand the layer differently.
-    ``ref_device``: where :func:`judge` runs the float64 references (default the CPU)."""
+    ``ref_device``: where :func:`judge` runs the float64 references (default the CPU). ``skip``:
+    ``(trace, pair) -> reason or None`` (:func:`unwarmed`), a call said not run for that reason."""
     window = run.layer_window if window is None else window
     cap = run.layer_cap if cap is None else cap
     outcomes, ws = [], {}
     for p in pairs(run):
-        if deadline is not None and time.monotonic() > deadline:
-            outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0,
-                                        "not run: the live time budget ran out"))
+        why = "not run: the live time budget ran out" if deadline is not None and time.monotonic() > deadline \
+            else (skip(run.trace, p) if skip is not None else None)
+        if why:
+            outcomes.append(CallOutcome(p.stage, p.cls, p.fwd[0], 0, 0, 0, None, None, None, 0, why))
             continue
         t = time.monotonic()
         try:
