@@ -128,7 +128,8 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
             "B": {"architecture": "B", "window": "m.py:1", "fam": _fam("B", 128)},
             "S": {"architecture": "S", "window": "m.py:1", "fam": _fam("S", 128, sinks=True)},
             "N": {"architecture": "N", "window": "m.py:1", "not_built": "no published config: because"},
-            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E("}}}
+            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E(",
+                                                                "refused": "encoder-only attention (m.py:3: E(): no"}}}
     driven = []
 
     def fake_run(version, families, gpus, **k):
@@ -174,10 +175,9 @@ def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
     assert "EncoderOnlyAttention(" in src  # the second route: the model file's text
     c = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], "0.34.0", overlay)
     assert "modernbert.py" in c["fam"]["encoder_only"]
-    got = archs.encoder_refusal(overlay, c["fam"])
-    assert got["state"] == "refused" and "flashinfer.py:" in got["why"][0]
+    assert "encoder-only attention" in c["fam"]["refused"] and "flashinfer.py:" in c["fam"]["refused"]
     assert "ModernBertModel" not in archs.groups({"ModernBertModel": c})[1]
     facts = archs.discover(overlay)
     for a in ("Gemma3TextModel", "MistralModel"):  # their files pick EncoderOnlyAttention for a bidirectional config
         col = archs.column(a, facts[a], "0.34.0", overlay)  # only: a decoder at the published defaults
-        assert "fam" in col and not col["fam"].get("encoder_only"), (a, col.get("not_built"))
+        assert "fam" in col and not col["fam"].get("refused"), (a, col.get("not_built"))

@@ -158,6 +158,36 @@ def test_a_null_window_mistral_is_not_affected(tmp_path):
     assert doc["checkpoint"]["values"]["sliding_window"] == {"value": None, "from": "user"}
 
 
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", ("0.20.0", "0.34.0"))
+def test_an_encoder_only_checkpoint_gets_the_releases_refusal_not_a_decoders_verdict(version, tmp_path):
+    """A ModernBert config.json (transformers' ModernBertConfig: a sliding window in its layer_types) was driven
+    as a decoder and answered "layer != HF" (its ``sliding_window + 1``, bidirectional). vLLM's model file builds
+    ``EncoderOnlyAttention``, which ``FlashInferImpl`` refuses: the answer is that refusal, both lines read back
+    from the release's files, as the table's column for the same architecture says (one rule)."""
+    import contextlib
+    import io
+
+    from transformers import ModernBertConfig
+
+    from swa_repro.vllm import archs
+
+    overlay = _overlay(version)
+    values = {**ModernBertConfig().to_dict(), "architectures": ["ModernBertForSequenceClassification"]}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["audit", "--vllm", version, "--model", _folder(tmp_path, "mb", values), "--json"])
+    assert rc == 0
+    a = json.loads(out.getvalue())["audits"]["9.0"]["ModernBertForSequenceClassification"]
+    assert "rows" not in a and a["refused"] == a["family"]["refused"]  # nothing driven as a decoder
+    cited = re.findall(r"(vllm/[\w/]+\.py):(\d+)", a["refused"])
+    assert [Path(rel).name for rel, _ in cited] == ["modernbert.py", "flashinfer.py"], a["refused"]
+    lines = [(overlay / rel).read_text().splitlines()[int(n) - 1] for rel, n in cited]
+    assert "EncoderOnlyAttention(" in lines[0] and "attn_type != AttentionType.DECODER" in lines[1]
+    col = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], version, overlay)
+    assert col["fam"]["refused"] == a["refused"]
+
+
 # ----------------------------------------------------------------------------- bad input: one line, exit 2
 @pytest.fixture
 def fake_vllm(monkeypatch, tmp_path):

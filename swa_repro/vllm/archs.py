@@ -175,31 +175,7 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
     except (TypeError, ValueError, AttributeError) as e:
         return {**out, "not_built": f"not buildable from {out.get('config')}: {type(e).__name__}: {str(e)[:200]}"}
     fam["how"] = f"{ck.path} + the release's model-file line per value"
-    files = registry.attention_files(overlay, arch)
-    enc = registry.line_of(overlay, files, ENCODER)
-    if enc and not any(re.search(DECODER_CALL, registry._text(f)) for f in files):  # always bidirectional:
-        fam["encoder_only"] = enc  # FlashInferImpl takes decoder attention only: refused, not driven as a decoder
-    return {**out, "fam": fam}
-
-
-# an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
-# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``);
-# only where the files build no other attention: gemma3.py / llama.py pick ``EncoderOnlyAttention`` for a
-# bidirectional config only (0.31.0 gemma3.py:181-189 ``attn_cls = ... ; self.attn = attn_cls(``)
-ENCODER = r"\bEncoderOnlyAttention\("
-DECODER_CALL = r"\b(Attention|attn_cls)\("
-DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
-
-
-def encoder_refusal(overlay: Path, fam: dict) -> dict | None:
-    """An encoder-only column's cell: refused by ``FlashInferImpl`` (its line), with the model's line."""
-    if not fam.get("encoder_only"):
-        return None
-    p = overlay / "vllm/v1/attention/backends/flashinfer.py"
-    hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
-    return {"state": "refused", "routes": [],
-            "why": [(f"encoder-only attention ({fam['encoder_only']}): FlashInferImpl takes decoder attention only "
-                     f"({hit or 'vllm/v1/attention/backends/flashinfer.py: its attn_type check not found'})")]}
+    return {**out, "fam": fam}  # an encoder-only one carries the release's refusal (checkpoint.encoder_refusal)
 
 
 def plan(version: str, overlay: Path) -> dict[str, dict]:
@@ -224,7 +200,7 @@ def groups(columns: dict[str, dict]) -> tuple[list[dict], dict[str, str]]:
     """-> (the distinct families to drive, each named ``cols-<key>``; architecture -> that name)."""
     drive, of = {}, {}
     for arch, c in columns.items():
-        if "fam" not in c or c["fam"].get("error") or c["fam"].get("encoder_only"):
+        if "fam" not in c or c["fam"].get("error") or c["fam"].get("refused"):
             continue
         name = f"cols-{key(c['fam'])}"
         drive.setdefault(name, {**c["fam"], "family": name})

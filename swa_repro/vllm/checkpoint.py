@@ -22,6 +22,7 @@ cited), never a guess.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from swa_repro.core import checkpoint_config as cc
@@ -108,6 +109,31 @@ def layer_windows(effect: str, kinds: tuple, w: int | None) -> dict[str, int | N
     return {k: (w + add if k == cc.SLIDING and w is not None else None) for k in (cc.SLIDING, cc.FULL) if k in kinds}
 
 
+# an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
+# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``);
+# only where the files build no other attention: gemma3.py / llama.py pick ``EncoderOnlyAttention`` for a
+# bidirectional config only (0.31.0 gemma3.py:181-189 ``attn_cls = ... ; self.attn = attn_cls(``)
+ENCODER = r"\bEncoderOnlyAttention\("
+DECODER_CALL = r"\b(Attention|attn_cls)\("
+DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
+BACKEND = "vllm/v1/attention/backends/flashinfer.py"
+
+
+def encoder_refusal(overlay: Path, files: list[Path]) -> tuple[str, str] | None:
+    """(the model file's encoder-only line, the release's refusal of it) where the files that build the
+    attention build only ``EncoderOnlyAttention``, else None. Why one rule for ``--model PATH`` and the
+    table's columns (``archs.column`` resolves through here): driven as a decoder, a bidirectional layer
+    reads as a window off by one against transformers' causal mask, a finding the release never reaches,
+    since ``FlashInferImpl`` takes decoder attention only."""
+    enc = registry.line_of(overlay, files, ENCODER)
+    if not enc or any(re.search(DECODER_CALL, registry._text(f)) for f in files):
+        return None
+    p = overlay / BACKEND
+    hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
+    return enc, (f"encoder-only attention ({enc}): FlashInferImpl takes decoder attention only "
+                 f"({hit or BACKEND + ': its attn_type check not found'})")
+
+
 def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
     """The checkpoint's per-kind parameters for the release in ``overlay``, each with its source
     (``vllm.families.resolve``'s shape)."""
@@ -135,6 +161,9 @@ def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
            "hf_sliding_window": w, "hf_cap": hf_cap, "layers": layers, "sources": sources,
            "how": f"the user's config ({ck.config_class.split(' ')[0]} for the rest) + the release's model-file "
                   "line per value", "layer_kinds": sorted(set(kinds))}
+    enc = encoder_refusal(overlay, files)
+    if enc:
+        out["encoder_only"], out["refused"] = enc
     if effect == "other":
         out["error"] = (f"the window reaches the layer from another expression ({wsrc}); the audit does not "
                         "model it")
