@@ -181,3 +181,47 @@ def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
     for a in ("Gemma3TextModel", "MistralModel"):  # their files pick EncoderOnlyAttention for a bidirectional config
         col = archs.column(a, facts[a], "0.34.0", overlay)  # only: a decoder at the published defaults
         assert "fam" in col and not col["fam"].get("refused"), (a, col.get("not_built"))
+
+
+# ----------------------------------------------------------------------------- the release's own config classes
+@pytest.mark.matrix
+def test_a_column_of_the_releases_own_config_class_has_the_layers_its_init_derives():
+    """Lfm3Config's ``__init__`` derives ``layer_types`` (conv, full, sliding) from the layer count; read with
+    ``ast`` its defaults left them unset and every layer was taken as sliding. Built in a child with the
+    release's code (``release_configs``), the column has the class's own layers. The oracle: the release's
+    configs/lfm3.py executed on its own (a file, no vLLM import), its default ``layer_types``."""
+    import importlib.util
+
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    src = overlay / "vllm/transformers_utils/configs/lfm3.py"
+    spec = importlib.util.spec_from_file_location("_lfm3_oracle", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    want = mod.Lfm3Config()
+    kinds = {{"sliding_attention": "sliding", "full_attention": "full"}.get(t, "other") for t in want.layer_types}
+    facts = archs.discover(overlay)
+    c = archs.column("Lfm3ForCausalLM", facts["Lfm3ForCausalLM"], "0.34.0", overlay)
+    assert set(c["fam"]["layer_kinds"]) == kinds and {"full", "sliding", "other"} <= kinds
+    assert c["fam"]["layers"]["sliding"]["sliding_window"] == want.sliding_window
+    assert c["config"].startswith("vLLM 0.34.0's vllm/transformers_utils/configs/lfm3.py:")
+    vl = archs.column("Lfm3VlForConditionalGeneration", facts["Lfm3VlForConditionalGeneration"], "0.34.0", overlay)
+    assert set(vl["fam"]["layer_kinds"]) == kinds, vl.get("not_built")  # its text part: the sub-config it builds
+
+
+def test_the_releases_config_class_for_an_architecture():
+    """Declared architectures first, then the one registry class the model files name, then the one in the
+    config module of the model's own name (a vision tower's class imported beside it is not the model's)."""
+    from swa_repro.vllm.release_configs import model_type_for
+
+    types = {"a": {"class": "AConfig", "where": "vllm/transformers_utils/configs/a.py:3", "architectures": ["AForX"]},
+             "lfm3": {"class": "Lfm3Config", "where": "vllm/transformers_utils/configs/lfm3.py:8"},
+             "lfm3_vl": {"class": "Lfm3VlConfig", "where": "vllm/transformers_utils/configs/lfm3_vl.py:55"},
+             "mid": {"class": "MidConfig", "where": "vllm/transformers_utils/configs/midashenglm.py:83"}}
+    assert model_type_for("AForX", "other", {"Lfm3Config"}, types) == "a"
+    assert model_type_for("Lfm3ForCausalLM", "lfm3", {"Lfm3Config"}, types) == "lfm3"
+    assert model_type_for("Lfm3VlForX", "lfm3_vl", {"Lfm3Config", "Lfm3VlConfig"}, types) == "lfm3_vl"
+    assert model_type_for("MiDashengLMModel", "midashenglm", {"DashengConfig"}, types) == "mid"
+    assert model_type_for("Other", "other", {"Lfm3Config", "Lfm3VlConfig"}, types) is None
+    assert model_type_for("Other", "other", set(), types) is None
