@@ -164,7 +164,7 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
         return {**out, "not_built": str(e)}
     except UsageError as e:
         return {**out, "not_built": f"not buildable from {out.get('config', 'its config')}: "
-                + str(e).removeprefix(f"--model {out.get('config')} ").removesuffix(": add it to the config")[:300]}
+                + str(e).removeprefix(f"--model {out.get('config')} ").removesuffix(": add it to the config")[:400]}
     except (TypeError, ValueError, AttributeError) as e:
         return {**out, "not_built": f"not buildable from {out.get('config')}: {type(e).__name__}: {str(e)[:200]}"}
     fam["how"] = f"{ck.path} + the release's model-file line per value"

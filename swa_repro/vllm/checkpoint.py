@@ -81,7 +81,29 @@ def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
     for key, where in config_reads(path, cls, VLLM_MODELS, branches=False).items():
         if key not in skip and not ck.has(key):
             raise UsageError(f"--model {ck.path} lacks {key}, which vLLM {version}'s {registry.MODELS}/{where} reads "
-                             f"and {ck.config_class.split(' ')[0]} does not default: add it to the config")
+                             f"and {ck.config_class.split(' ')[0]} does not default"
+                             f"{older_transformers(version, overlay) if ck.config_class.startswith('transformers.') else ''}"
+                             ": add it to the config")
+
+
+def older_transformers(version: str, overlay: Path) -> str:
+    """`` (transformers 5.12.1 here; vLLM 0.34.0 requires transformers<5.23.0,>=5.16.1, whose class may set
+    it)`` where the release's ``Requires-Dist`` excludes this venv's transformers, else ``""``. Why: a key
+    transformers' class gained later (0.34.0 gemma4.py:600 ``config.per_layer_config``) reads as missing
+    here although a server with the release's transformers has it; the line says which it is."""
+    from importlib import metadata
+
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    meta = "\n".join(p.read_text() for p in overlay.glob("vllm-*.dist-info/METADATA"))
+    m = re.search(r"^Requires-Dist: transformers([^;\n]*)", meta, re.MULTILINE)
+    try:
+        have, spec = metadata.version("transformers"), SpecifierSet(m.group(1).strip()) if m else None
+    except (metadata.PackageNotFoundError, InvalidSpecifier):
+        return ""
+    if spec is None or spec.contains(have, prereleases=True):
+        return ""
+    return f" (transformers {have} here; vLLM {version} requires transformers{spec}, whose class may set it)"
 
 
 def served_by(arch: str, version: str, overlay: Path) -> str:
