@@ -208,6 +208,10 @@ def test_a_column_of_the_releases_own_config_class_has_the_layers_its_init_deriv
     assert c["config"].startswith("vLLM 0.34.0's vllm/transformers_utils/configs/lfm3.py:")
     vl = archs.column("Lfm3VlForConditionalGeneration", facts["Lfm3VlForConditionalGeneration"], "0.34.0", overlay)
     assert set(vl["fam"]["layer_kinds"]) == kinds, vl.get("not_built")  # its text part: the sub-config it builds
+    bagel = archs.column("BagelForConditionalGeneration", facts["BagelForConditionalGeneration"], "0.34.0", overlay)
+    assert bagel["not_built"].startswith("no sliding layer at vLLM 0.34.0's vllm/transformers_utils/configs/bagel.py:")
+    assert "_CONFIG_ATTRS_MAPPING" in (overlay / "vllm/transformers_utils/config.py").read_text()  # llm_config is
+    # its text part only through the loader's rename (config.py:201 ``"llm_config": "text_config"``)
 
 
 def test_the_releases_config_class_for_an_architecture():

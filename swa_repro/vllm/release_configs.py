@@ -82,7 +82,7 @@ def _plain(v):
     return json.loads(json.dumps(v, default=str))
 
 
-def _entry(cls, generic: set, overlay: Path) -> dict:
+def _entry(cls, generic: set, overlay: Path, remap=None) -> dict:
     import inspect
 
     from transformers import PretrainedConfig
@@ -95,6 +95,8 @@ def _entry(cls, generic: set, overlay: Path) -> dict:
     out = {"class": cls.__name__, "where": where}
     try:
         inst = cls()
+        if remap is not None:  # the loader's renames (0.34.0 config.py:823: ``llm_config`` -> ``text_config``)
+            inst = remap(inst)
         out["defaults"] = _plain(inst.to_dict())
         text = inst.get_text_config()
         if text is not inst:
@@ -135,7 +137,7 @@ def child(overlay: Path, a) -> dict:
         except Exception as e:  # noqa: BLE001 - a lazy entry naming a class the release cannot import here
             types[mt] = {"class": "?", "where": LOADER, "error": f"{type(e).__name__}: {str(e)[:200]}"}
             continue
-        types[mt] = _entry(cls, generic, overlay)
+        types[mt] = _entry(cls, generic, overlay, getattr(mod, "_maybe_remap_hf_config_attrs", None))
     bad = foreign(overlay)
     if bad:
         raise RuntimeError(f"{len(bad)} vllm modules did not come from the overlay (e.g. {bad[0]})")
