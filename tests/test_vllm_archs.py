@@ -128,7 +128,8 @@ def test_the_table_drives_each_parameter_set_once_and_answers_every_column(monke
             "B": {"architecture": "B", "window": "m.py:1", "fam": _fam("B", 128)},
             "S": {"architecture": "S", "window": "m.py:1", "fam": _fam("S", 128, sinks=True)},
             "N": {"architecture": "N", "window": "m.py:1", "not_built": "no published config: because"},
-            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E("}}}
+            "E": {"architecture": "E", "window": "m.py:1", "fam": {**_fam("E", 64), "encoder_only": "m.py:3: E(",
+                                                                "refused": "encoder-only attention (m.py:3: E(): no"}}}
     driven = []
 
     def fake_run(version, families, gpus, **k):
@@ -174,10 +175,57 @@ def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
     assert "EncoderOnlyAttention(" in src  # the second route: the model file's text
     c = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], "0.34.0", overlay)
     assert "modernbert.py" in c["fam"]["encoder_only"]
-    got = archs.encoder_refusal(overlay, c["fam"])
-    assert got["state"] == "refused" and "flashinfer.py:" in got["why"][0]
+    assert "encoder-only attention" in c["fam"]["refused"] and "flashinfer.py:" in c["fam"]["refused"]
     assert "ModernBertModel" not in archs.groups({"ModernBertModel": c})[1]
     facts = archs.discover(overlay)
     for a in ("Gemma3TextModel", "MistralModel"):  # their files pick EncoderOnlyAttention for a bidirectional config
         col = archs.column(a, facts[a], "0.34.0", overlay)  # only: a decoder at the published defaults
-        assert "fam" in col and not col["fam"].get("encoder_only"), (a, col.get("not_built"))
+        assert "fam" in col and not col["fam"].get("refused"), (a, col.get("not_built"))
+
+
+# ----------------------------------------------------------------------------- the release's own config classes
+@pytest.mark.matrix
+def test_a_column_of_the_releases_own_config_class_has_the_layers_its_init_derives():
+    """Lfm3Config's ``__init__`` derives ``layer_types`` (conv, full, sliding) from the layer count; read with
+    ``ast`` its defaults left them unset and every layer was taken as sliding. Built in a child with the
+    release's code (``release_configs``), the column has the class's own layers. The oracle: the release's
+    configs/lfm3.py executed on its own (a file, no vLLM import), its default ``layer_types``."""
+    import importlib.util
+
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    src = overlay / "vllm/transformers_utils/configs/lfm3.py"
+    spec = importlib.util.spec_from_file_location("_lfm3_oracle", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    want = mod.Lfm3Config()
+    kinds = {{"sliding_attention": "sliding", "full_attention": "full"}.get(t, "other") for t in want.layer_types}
+    facts = archs.discover(overlay)
+    c = archs.column("Lfm3ForCausalLM", facts["Lfm3ForCausalLM"], "0.34.0", overlay)
+    assert set(c["fam"]["layer_kinds"]) == kinds and {"full", "sliding", "other"} <= kinds
+    assert c["fam"]["layers"]["sliding"]["sliding_window"] == want.sliding_window
+    assert c["config"].startswith("vLLM 0.34.0's vllm/transformers_utils/configs/lfm3.py:")
+    vl = archs.column("Lfm3VlForConditionalGeneration", facts["Lfm3VlForConditionalGeneration"], "0.34.0", overlay)
+    assert set(vl["fam"]["layer_kinds"]) == kinds, vl.get("not_built")  # its text part: the sub-config it builds
+    bagel = archs.column("BagelForConditionalGeneration", facts["BagelForConditionalGeneration"], "0.34.0", overlay)
+    assert bagel["not_built"].startswith("no sliding layer at vLLM 0.34.0's vllm/transformers_utils/configs/bagel.py:")
+    assert "_CONFIG_ATTRS_MAPPING" in (overlay / "vllm/transformers_utils/config.py").read_text()  # llm_config is
+    # its text part only through the loader's rename (config.py:201 ``"llm_config": "text_config"``)
+
+
+def test_the_releases_config_class_for_an_architecture():
+    """Declared architectures first, then the one registry class the model files name, then the one in the
+    config module of the model's own name (a vision tower's class imported beside it is not the model's)."""
+    from swa_repro.vllm.release_configs import model_type_for
+
+    types = {"a": {"class": "AConfig", "where": "vllm/transformers_utils/configs/a.py:3", "architectures": ["AForX"]},
+             "lfm3": {"class": "Lfm3Config", "where": "vllm/transformers_utils/configs/lfm3.py:8"},
+             "lfm3_vl": {"class": "Lfm3VlConfig", "where": "vllm/transformers_utils/configs/lfm3_vl.py:55"},
+             "mid": {"class": "MidConfig", "where": "vllm/transformers_utils/configs/midashenglm.py:83"}}
+    assert model_type_for("AForX", "other", {"Lfm3Config"}, types) == "a"
+    assert model_type_for("Lfm3ForCausalLM", "lfm3", {"Lfm3Config"}, types) == "lfm3"
+    assert model_type_for("Lfm3VlForX", "lfm3_vl", {"Lfm3Config", "Lfm3VlConfig"}, types) == "lfm3_vl"
+    assert model_type_for("MiDashengLMModel", "midashenglm", {"DashengConfig"}, types) == "mid"
+    assert model_type_for("Other", "other", {"Lfm3Config", "Lfm3VlConfig"}, types) is None
+    assert model_type_for("Other", "other", set(), types) is None

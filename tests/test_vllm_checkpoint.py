@@ -158,6 +158,68 @@ def test_a_null_window_mistral_is_not_affected(tmp_path):
     assert doc["checkpoint"]["values"]["sliding_window"] == {"value": None, "from": "user"}
 
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "checkpoints"
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", ("0.20.0", "0.34.0"))
+def test_the_example_checkpoints_are_judged_at_their_own_windows_on_an_old_and_a_new_release(version):
+    """#41's check for vLLM on examples/checkpoints: the Gemma-2 fine-tune (``sliding_window: 1024``) asks and
+    is told window_left 1023 on every sliding path, not Gemma2Config's 4095; the Mistral whose window is null
+    drives full layers only and is not affected (exit 0). The windows are the files' own, read back as JSON."""
+    import contextlib
+    import io
+
+    from swa_repro.vllm.audit.verdict import cell
+
+    _overlay(version)
+    for name, arch in (("gemma2-window1024", "Gemma2ForCausalLM"), ("mistral-no-window", "MistralForCausalLM")):
+        folder = EXAMPLES / name
+        w = json.loads((folder / "config.json").read_text())["sliding_window"]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            rc = main(["audit", "--vllm", version, "--model", str(folder), "--json"])
+        a = json.loads(out.getvalue())["audits"]["9.0"][arch]
+        sliding = [r for r in a["rows"] if r["layer"] == "sliding"]
+        if w is None:
+            assert rc == 0 and not sliding and cell(a)["state"] == "not affected", (name, rc)
+            assert all(k["told"]["window_left"] == -1 for r in a["rows"] for k in r["kernels"])
+            continue
+        assert rc in (0, 1) and sliding and all(r["asked"]["window_left"] == w - 1 for r in sliding if r.get("asked"))
+        told = {k["told"]["window_left"] for r in sliding for k in r["kernels"]}
+        assert told == {w - 1}, (name, told)
+
+
+@pytest.mark.matrix
+@pytest.mark.parametrize("version", ("0.20.0", "0.34.0"))
+def test_an_encoder_only_checkpoint_gets_the_releases_refusal_not_a_decoders_verdict(version, tmp_path):
+    """A ModernBert config.json (transformers' ModernBertConfig: a sliding window in its layer_types) was driven
+    as a decoder and answered "layer != HF" (its ``sliding_window + 1``, bidirectional). vLLM's model file builds
+    ``EncoderOnlyAttention``, which ``FlashInferImpl`` refuses: the answer is that refusal, both lines read back
+    from the release's files, as the table's column for the same architecture says (one rule)."""
+    import contextlib
+    import io
+
+    from transformers import ModernBertConfig
+
+    from swa_repro.vllm import archs
+
+    overlay = _overlay(version)
+    values = {**ModernBertConfig().to_dict(), "architectures": ["ModernBertForSequenceClassification"]}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+        rc = main(["audit", "--vllm", version, "--model", _folder(tmp_path, "mb", values), "--json"])
+    assert rc == 0
+    a = json.loads(out.getvalue())["audits"]["9.0"]["ModernBertForSequenceClassification"]
+    assert "rows" not in a and a["refused"] == a["family"]["refused"]  # nothing driven as a decoder
+    cited = re.findall(r"(vllm/[\w/]+\.py):(\d+)", a["refused"])
+    assert [Path(rel).name for rel, _ in cited] == ["modernbert.py", "flashinfer.py"], a["refused"]
+    lines = [(overlay / rel).read_text().splitlines()[int(n) - 1] for rel, n in cited]
+    assert "EncoderOnlyAttention(" in lines[0] and "attn_type != AttentionType.DECODER" in lines[1]
+    col = archs.column("ModernBertModel", archs.discover(overlay)["ModernBertModel"], version, overlay)
+    assert col["fam"]["refused"] == a["refused"]
+
+
 # ----------------------------------------------------------------------------- bad input: one line, exit 2
 @pytest.fixture
 def fake_vllm(monkeypatch, tmp_path):
@@ -274,3 +336,20 @@ def test_a_key_the_model_file_reads_that_the_config_lacks_is_one_line_naming_it_
         (overlay / rel).read_text().splitlines()[int(line) - 1]
     got = checkpoint.resolve(_ck(tmp_path, "ok", mine), "0.34.0", overlay)
     assert got["layers"]["sliding"]["sliding_window"] == GEMMA2["sliding_window"]
+
+
+def test_a_key_missing_under_an_older_transformers_than_the_release_requires_says_so(tmp_path):
+    """A key transformers' class gained after this venv's (0.34.0 gemma4.py:600 ``per_layer_config``, 0.34.0
+    requiring transformers>=5.16.1) is named with the release's requirement, read from its METADATA."""
+    from importlib import metadata
+
+    from swa_repro.vllm.checkpoint import older_transformers
+
+    have = metadata.version("transformers")
+    meta = tmp_path / "vllm-9.9.9.dist-info" / "METADATA"
+    meta.parent.mkdir()
+    meta.write_text(f"Name: vllm\nRequires-Dist: transformers>{have}\nRequires-Dist: torch==2.9\n")
+    got = older_transformers("9.9.9", tmp_path)
+    assert f"transformers {have} here" in got and f"requires transformers>{have}" in got
+    meta.write_text(f"Name: vllm\nRequires-Dist: transformers>={have}\n")
+    assert older_transformers("9.9.9", tmp_path) == ""

@@ -34,9 +34,9 @@ def build(version: str, gpus, *, note=print, fix: str | None = None) -> dict:
                 row[a] = {"state": NOT_BUILT, "why": [c["not_built"]], "routes": [], "short": NOT_BUILT}
                 continue
             fam = c["fam"]
-            enc = archs.encoder_refusal(overlay, fam)
-            d = {"error": fam["error"]} if fam.get("error") else {} if enc else doc["audits"][arch(g)][of[a]]
-            cell = enc or vv.cell({**d, "family": fam})
+            enc = fam.get("refused")  # checkpoint.encoder_refusal: not driven, vv.cell says so
+            d = {} if enc else {"error": fam["error"]} if fam.get("error") else doc["audits"][arch(g)][of[a]]
+            cell = vv.cell({**d, "family": fam})
             if cell["state"] == "refused" and any(x["sinks"] for x in fam["layers"].values()):
                 cell["why"] = cell["why"] + [f"the model passes sinks: {fam['sources']['sinks']}", sink_line(overlay)]
             row[a] = {**cell, "short": "refused: encoder-only" if enc else vv.short(cell), "default_backend": d.get("platform", {}).get("default"),

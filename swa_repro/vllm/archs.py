@@ -11,10 +11,13 @@ model-level ``cache_config.sliding_window``: ``registry.cache_line``).
 Each column is built like a user's checkpoint (``checkpoint.resolve``) from the architecture's published
 config, at its values:
 
-* transformers' config class for the ``model_type`` whose auto mapping names the architecture (its
+* the release's own config class where its registry (``_CONFIG_REGISTRY``) names one for that
+  ``model_type`` (vLLM's loader parses such a checkpoint through it), or, for an architecture transformers
+  has no ``model_type`` for, the registry class that declares it, that its model file names, or that the
+  config module of its own name defines: built with its defaults in a child with the release's code
+  (``release_configs``: its ``__init__``'s derived ``layer_types``, its text part's sub-config);
+* else transformers' config class for the ``model_type`` whose auto mapping names the architecture (its
   defaults: what a published ``config.json`` of that type holds beside the keys it sets);
-* else the release's own config class (``vllm/transformers_utils/configs``) that its model file imports,
-  at the defaults its ``__init__`` declares (constants, read with ``ast``);
 * **not built**, saying why, where its model file reads a window but builds no vLLM ``Attention`` (0.20.0
   deepseek_v4.py: an MLA layer of its own, which FlashInfer's ``FlashInferImpl`` does not serve), where
   there is no config, where those defaults set no sliding layer (the window comes from a checkpoint:
@@ -32,8 +35,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import re
-from functools import cache
 from pathlib import Path
 
 from swa_repro.core import checkpoint_config as cc
@@ -42,7 +43,6 @@ from swa_repro.engine import families as ef
 from swa_repro.vllm import registry
 from swa_repro.vllm.families import FAMILIES
 
-CONFIGS = "vllm/transformers_utils/configs"
 # a model file that passes no per-layer window but reads one off the config (qwen2.py's use_sliding_window)
 READS = r"config\.(sliding_window|layer_types|use_sliding_window)\b|[\"'](sliding_window|layer_types|use_sliding_window)[\"']"
 NOT_BUILT = "not built"
@@ -73,42 +73,29 @@ def discover(overlay: Path) -> dict[str, dict]:
     return out
 
 
-def release_config(overlay: Path, arch: str) -> tuple[str, str, dict] | None:
-    """The release's own config class the architecture's model file imports (``from
-    vllm.transformers_utils.configs... import XConfig``) -> (model_type, ``file:line class``, its
-    ``__init__``'s constant defaults); None where it imports none with a ``model_type``."""
-    module = registry.served(overlay)[arch][0]
-    files = registry.module_files(overlay, module) + registry.attention_files(overlay, arch)
-    names = [n for f in files for m in re.finditer(r"from vllm\.transformers_utils\.configs[\w.]* import \(?([\w,\s]+)\)?",
-                                                   registry._text(f)) for n in re.split(r"[,\s]+", m.group(1)) if n]
-    for name in names:
-        got = _config_class(str(overlay / CONFIGS), name)
-        if got:
-            return got
-    return None
+def imported_names(overlay: Path, arch: str) -> set[str]:
+    """Every name the architecture's module and attention files import or use (their config class among them)."""
+    files = registry.module_files(overlay, registry.served(overlay)[arch][0]) + registry.attention_files(overlay, arch)
+    out = set()
+    for f in files:
+        tree = ast.parse(registry._text(f))
+        out |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        out |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return out
 
 
-@cache
-def _config_class(folder: str, name: str) -> tuple[str, str, dict] | None:
-    for f in sorted(Path(folder).rglob("*.py")):
-        for node in ast.parse(f.read_text(errors="replace")).body:
-            if isinstance(node, ast.ClassDef) and node.name == name:
-                mt = next((s.value.value for s in node.body if isinstance(s, ast.Assign) and isinstance(s.value, ast.Constant)
-                           and any(getattr(t, "id", "") == "model_type" for t in s.targets)), None)
-                init = next((s for s in node.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
-                if mt is None or init is None:
-                    return None
-                args = init.args.args[-len(init.args.defaults):] if init.args.defaults else []
-                pairs = list(zip(args, init.args.defaults)) + list(zip(init.args.kwonlyargs, init.args.kw_defaults))
-                defaults = {}
-                for a, d in pairs:
-                    try:
-                        defaults[a.arg] = ast.literal_eval(d) if d is not None else None
-                    except ValueError:
-                        continue
-                where = f"{CONFIGS}/{f.relative_to(folder)}:{node.lineno} {name}"
-                return mt, where, defaults
-    return None
+def release_checkpoint(arch: str, mt: str, entry: dict, version: str) -> cc.Checkpoint:
+    """The release's own class built with its defaults (``release_configs``: in a child) as a checkpoint:
+    its ``to_dict()``, its text part the sub-config object it builds (a dict in the plain config else)."""
+    where = f"{entry['where']} {entry['class']} (vLLM {version})"
+    values = {**entry["defaults"], "architectures": [arch], "model_type": mt}
+    _, cfg = cc.config_object(values, f"vLLM {version}'s {where}")
+    if entry.get("text"):
+        t = entry["text"]
+        _, text = cc.config_object({**t["defaults"], "model_type": t["model_type"]}, f"{where}'s {t['class']}")
+        cfg.text_config = text
+    return cc.Checkpoint(arch, f"vLLM {version}'s {where} defaults", values, arch, where, cfg,
+                         frozenset(entry.get("attrs", ())) | frozenset(entry["defaults"]))
 
 
 class NotBuilt(Exception):
@@ -119,23 +106,29 @@ def column_config(arch: str, version: str, overlay: Path) -> cc.Checkpoint:
     """The config a column is built from (module docstring); :class:`NotBuilt` where none."""
     import transformers
 
+    from swa_repro.vllm import release_configs
+
     mt = cc.auto_model_types().get(arch)
     how = f"--model PATH/config.json: swa-repro audit --vllm {version} --model PATH"
-    if mt is not None:
+    reg = release_configs.registry(version, overlay)
+    types = reg["types"]
+    own = mt if mt in types else release_configs.model_type_for(
+        arch, registry.served(overlay)[arch][0], imported_names(overlay, arch), types)
+    if own is not None:  # the release parses this model_type through its own class (transformers_utils/config.py)
+        if types[own].get("error"):
+            raise NotBuilt(f"no published config here: vLLM {version}'s own class for model_type {own} "
+                           f"({types[own]['where']} {types[own]['class']}) does not build from its defaults "
+                           f"({types[own]['error']}); audit its checkpoint ({how})")
+        ck = release_checkpoint(arch, own, types[own], version)
+    elif mt is not None:
         values = {"architectures": [arch], "model_type": mt}
         name, cfg = cc.config_object(values, f"transformers defaults of model_type {mt}")
         ck = cc.Checkpoint(arch, f"transformers defaults of model_type {mt}", values, arch, name, cfg)
     else:
-        got = release_config(overlay, arch)
-        if got is None:
-            raise NotBuilt(f"no published config: transformers {transformers.__version__} maps no model_type to {arch} "
-                           f"and its model file imports no config class of the release's {CONFIGS}; audit its "
-                           f"checkpoint ({how})")
-        mt, where, defaults = got
-        values = {**defaults, "architectures": [arch], "model_type": mt}
-        name, cfg = cc.config_object(values, f"vLLM {version}'s {where}")
-        ck = cc.Checkpoint(arch, f"vLLM {version}'s {where} defaults", values, arch, f"{where} (vLLM {version})", cfg,
-                           frozenset(defaults))
+        raise NotBuilt(f"no published config: transformers {transformers.__version__} maps no model_type to {arch} "
+                       "and no config class of the release's registry (transformers_utils/config.py "
+                       "_CONFIG_REGISTRY) declares it, is named by its model file or is defined beside its name"
+                       f"{'; ' + reg['error'] if reg.get('error') else ''}; audit its checkpoint ({how})")
     text = ck.text_config()
     try:
         kinds = cc.layer_kinds(text)
@@ -171,35 +164,11 @@ def column(arch: str, facts: dict, version: str, overlay: Path) -> dict:
         return {**out, "not_built": str(e)}
     except UsageError as e:
         return {**out, "not_built": f"not buildable from {out.get('config', 'its config')}: "
-                + str(e).removeprefix(f"--model {out.get('config')} ").removesuffix(": add it to the config")[:300]}
+                + str(e).removeprefix(f"--model {out.get('config')} ").removesuffix(": add it to the config")[:400]}
     except (TypeError, ValueError, AttributeError) as e:
         return {**out, "not_built": f"not buildable from {out.get('config')}: {type(e).__name__}: {str(e)[:200]}"}
     fam["how"] = f"{ck.path} + the release's model-file line per value"
-    files = registry.attention_files(overlay, arch)
-    enc = registry.line_of(overlay, files, ENCODER)
-    if enc and not any(re.search(DECODER_CALL, registry._text(f)) for f in files):  # always bidirectional:
-        fam["encoder_only"] = enc  # FlashInferImpl takes decoder attention only: refused, not driven as a decoder
-    return {**out, "fam": fam}
-
-
-# an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
-# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``);
-# only where the files build no other attention: gemma3.py / llama.py pick ``EncoderOnlyAttention`` for a
-# bidirectional config only (0.31.0 gemma3.py:181-189 ``attn_cls = ... ; self.attn = attn_cls(``)
-ENCODER = r"\bEncoderOnlyAttention\("
-DECODER_CALL = r"\b(Attention|attn_cls)\("
-DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
-
-
-def encoder_refusal(overlay: Path, fam: dict) -> dict | None:
-    """An encoder-only column's cell: refused by ``FlashInferImpl`` (its line), with the model's line."""
-    if not fam.get("encoder_only"):
-        return None
-    p = overlay / "vllm/v1/attention/backends/flashinfer.py"
-    hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
-    return {"state": "refused", "routes": [],
-            "why": [(f"encoder-only attention ({fam['encoder_only']}): FlashInferImpl takes decoder attention only "
-                     f"({hit or 'vllm/v1/attention/backends/flashinfer.py: its attn_type check not found'})")]}
+    return {**out, "fam": fam}  # an encoder-only one carries the release's refusal (checkpoint.encoder_refusal)
 
 
 def plan(version: str, overlay: Path) -> dict[str, dict]:
@@ -224,7 +193,7 @@ def groups(columns: dict[str, dict]) -> tuple[list[dict], dict[str, str]]:
     """-> (the distinct families to drive, each named ``cols-<key>``; architecture -> that name)."""
     drive, of = {}, {}
     for arch, c in columns.items():
-        if "fam" not in c or c["fam"].get("error") or c["fam"].get("encoder_only"):
+        if "fam" not in c or c["fam"].get("error") or c["fam"].get("refused"):
             continue
         name = f"cols-{key(c['fam'])}"
         drive.setdefault(name, {**c["fam"], "family": name})

@@ -22,6 +22,7 @@ cited), never a guess.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from swa_repro.core import checkpoint_config as cc
@@ -80,7 +81,29 @@ def check_reads(ck: cc.Checkpoint, version: str, overlay: Path) -> None:
     for key, where in config_reads(path, cls, VLLM_MODELS, branches=False).items():
         if key not in skip and not ck.has(key):
             raise UsageError(f"--model {ck.path} lacks {key}, which vLLM {version}'s {registry.MODELS}/{where} reads "
-                             f"and {ck.config_class.split(' ')[0]} does not default: add it to the config")
+                             f"and {ck.config_class.split(' ')[0]} does not default"
+                             f"{older_transformers(version, overlay) if ck.config_class.startswith('transformers.') else ''}"
+                             ": add it to the config")
+
+
+def older_transformers(version: str, overlay: Path) -> str:
+    """`` (transformers 5.12.1 here; vLLM 0.34.0 requires transformers<5.23.0,>=5.16.1, whose class may set
+    it)`` where the release's ``Requires-Dist`` excludes this venv's transformers, else ``""``. Why: a key
+    transformers' class gained later (0.34.0 gemma4.py:600 ``config.per_layer_config``) reads as missing
+    here although a server with the release's transformers has it; the line says which it is."""
+    from importlib import metadata
+
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    meta = "\n".join(p.read_text() for p in overlay.glob("vllm-*.dist-info/METADATA"))
+    m = re.search(r"^Requires-Dist: transformers([^;\n]*)", meta, re.MULTILINE)
+    try:
+        have, spec = metadata.version("transformers"), SpecifierSet(m.group(1).strip()) if m else None
+    except (metadata.PackageNotFoundError, InvalidSpecifier):
+        return ""
+    if spec is None or spec.contains(have, prereleases=True):
+        return ""
+    return f" (transformers {have} here; vLLM {version} requires transformers{spec}, whose class may set it)"
 
 
 def served_by(arch: str, version: str, overlay: Path) -> str:
@@ -106,6 +129,31 @@ def layer_windows(effect: str, kinds: tuple, w: int | None) -> dict[str, int | N
         return {k: every for k in (cc.SLIDING, cc.FULL) if k in kinds}
     add = 1 if effect == "+1" else 0
     return {k: (w + add if k == cc.SLIDING and w is not None else None) for k in (cc.SLIDING, cc.FULL) if k in kinds}
+
+
+# an encoder-only layer (0.34.0 modernbert.py:110 ``EncoderOnlyAttention(``): bidirectional, which the
+# backend refuses (0.34.0 flashinfer.py:2083 ``if attn_type != AttentionType.DECODER: raise NotImplementedError``);
+# only where the files build no other attention: gemma3.py / llama.py pick ``EncoderOnlyAttention`` for a
+# bidirectional config only (0.31.0 gemma3.py:181-189 ``attn_cls = ... ; self.attn = attn_cls(``)
+ENCODER = r"\bEncoderOnlyAttention\("
+DECODER_CALL = r"\b(Attention|attn_cls)\("
+DECODER_ONLY = r"if attn_type != AttentionType\.DECODER"
+BACKEND = "vllm/v1/attention/backends/flashinfer.py"
+
+
+def encoder_refusal(overlay: Path, files: list[Path]) -> tuple[str, str] | None:
+    """(the model file's encoder-only line, the release's refusal of it) where the files that build the
+    attention build only ``EncoderOnlyAttention``, else None. Why one rule for ``--model PATH`` and the
+    table's columns (``archs.column`` resolves through here): driven as a decoder, a bidirectional layer
+    reads as a window off by one against transformers' causal mask, a finding the release never reaches,
+    since ``FlashInferImpl`` takes decoder attention only."""
+    enc = registry.line_of(overlay, files, ENCODER)
+    if not enc or any(re.search(DECODER_CALL, registry._text(f)) for f in files):
+        return None
+    p = overlay / BACKEND
+    hit = registry.line_of(overlay, [p], DECODER_ONLY) if p.is_file() else None
+    return enc, (f"encoder-only attention ({enc}): FlashInferImpl takes decoder attention only "
+                 f"({hit or BACKEND + ': its attn_type check not found'})")
 
 
 def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
@@ -135,6 +183,9 @@ def resolve(ck: cc.Checkpoint, version: str, overlay: Path) -> dict:
            "hf_sliding_window": w, "hf_cap": hf_cap, "layers": layers, "sources": sources,
            "how": f"the user's config ({ck.config_class.split(' ')[0]} for the rest) + the release's model-file "
                   "line per value", "layer_kinds": sorted(set(kinds))}
+    enc = encoder_refusal(overlay, files)
+    if enc:
+        out["encoder_only"], out["refused"] = enc
     if effect == "other":
         out["error"] = (f"the window reaches the layer from another expression ({wsrc}); the audit does not "
                         "model it")

@@ -156,6 +156,10 @@ def _fmt(d: dict) -> str:
 def render(doc: dict, version: str, gpu: ef.GpuClass) -> list[str]:
     """One family on one GPU class, as text."""
     fam = doc["family"]
+    if fam.get("refused"):  # found in the release's files (an encoder-only model): nothing driven
+        return [f"vllm {version} {fam['family']} on {gpu.name}: not driven, the release refuses it",
+                f"  layer parameters: {fam['how']}", *(f"    {k}: {v}" for k, v in fam["sources"].items()),
+                *vv.answer_lines(vv.cell(doc), {}, version.split(" ")[0], gpu.name)]
     if doc.get("error"):
         return [f"vllm {version} {fam['family']} on {gpu.name}: not driven: {doc['error']}"]
     cell = vv.cell(doc)

@@ -182,8 +182,9 @@ def run(overlay: Path, a) -> dict:
     archs = [tuple(int(x) for x in s.split(".")) for s in a.archs.split(",")]
     rec = standins.Recorder()
     fb = setup(rec)
-    out = {f"{x[0]}.{x[1]}": {fam["family"]: {"family": fam, **({"error": fam["error"]} if fam.get("error") else
-                                                                 in_fork(lambda: one(fb, rec, fam, x)))}
+    out = {f"{x[0]}.{x[1]}": {fam["family"]: {"family": fam, **({"refused": fam["refused"]} if fam.get("refused") else
+                                                                 {"error": fam["error"]} if fam.get("error")
+                                                                 else in_fork(lambda: one(fb, rec, fam, x)))}
                               for fam in fams} for x in archs}
     bad = foreign(overlay)
     if bad:

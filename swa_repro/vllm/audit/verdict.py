@@ -25,6 +25,9 @@ REFUSAL = ("NotImplementedError", "ValueError")
 
 
 def cell(doc: dict) -> dict:
+    refused = (doc.get("family") or {}).get("refused")  # the release's refusal found in its files before any drive
+    if refused:  # (an encoder-only model: ``vllm.checkpoint.encoder_refusal``)
+        return {"state": "refused", "why": [refused], "routes": []}
     if doc.get("error"):
         return {"state": "not driven", "why": [doc["error"]], "routes": []}
     pl = doc.get("platform", {})
