@@ -103,3 +103,25 @@ def test_the_kits_token_slot_writes_skip_tensor_setitem_and_land_in_the_pool(mon
     want[1, :2] = torch.tensor([7, 8])
     assert torch.equal(t, want) and kit_writes == [int(want.sum())]
     assert len(setitems) == 1, f"{len(setitems)} Tensor.__setitem__ calls for 128 element writes"
+
+
+def test_large_zero_outputs_and_backend_buffers_are_not_written_whole(monkeypatch):
+    """A stand-in's zero output and a backend's ``torch.zeros(..., device="cuda")`` buffer on a CPU host
+    (``engine.standins``): zeros as ``torch.zeros`` gives them (values, shape, dtype, writable), but from
+    1 MB up not through ``torch.zeros`` (a memset of every page; calloc maps pages only where written)."""
+    from swa_repro.engine import standins
+
+    made = []
+    real = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: made.append(a) or real(*a, **k))
+    q = torch.empty(4096, 64, 256, dtype=torch.bfloat16)
+    o, lse = standins._zeros(q, 256, True)
+    big = standins.CpuTorch().zeros((4096, 1024), dtype=torch.int32, device="cuda")
+    small = standins.CpuTorch().zeros(3, 4, dtype=torch.int64, device="cuda")
+    assert made == [((3, 4),)], "a large zero tensor went through torch.zeros"
+    for t, shape, dtype in ((o, (4096, 64, 256), torch.bfloat16), (lse, (4096, 64), torch.float32),
+                            (big, (4096, 1024), torch.int32), (small, (3, 4), torch.int64)):
+        assert (tuple(t.shape), t.dtype, t.device.type) == (shape, dtype, "cpu") and not t.any()
+    o[7, 3, 5] = 2.5
+    big[-1, -1] = 9
+    assert float(o.sum()) == 2.5 and int(big.sum()) == 9 and o.is_contiguous()
