@@ -20,7 +20,6 @@ from swa_repro.kernel.signatures import (
     RaggedPrefillSignature,
 )
 
-
 LAZY_BYTES = 1 << 20  # a zero tensor this large on the CPU comes from calloc (:func:`lazy_zeros`)
 
 
