@@ -125,3 +125,34 @@ def test_large_zero_outputs_and_backend_buffers_are_not_written_whole(monkeypatc
     o[7, 3, 5] = 2.5
     big[-1, -1] = 9
     assert float(o.sum()) == 2.5 and int(big.sum()) == 9 and o.is_contiguous()
+
+
+def test_the_column_plan_is_computed_once_per_release_content_and_code(tmp_path, monkeypatch):
+    """``arch_cells.plan`` (every model file read, ~80 config classes built: ~11 CPU-s for 0.5.23) goes
+    through the result cache keyed on the release's RECORD, the code and the libraries: a second process
+    (or test file) asking for the same release reads it; another release content computes it again; a
+    stored plan and a fresh one are the same JSON types."""
+    from swa_repro.sglang.audit import arch_cache, arch_cells
+
+    assert arch_cells.plan.uncached.__module__ == arch_cells.__name__  # the table's plan is the cached one
+    monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SWA_REPRO_NO_CACHE", raising=False)
+    overlay = tmp_path / "overlay"
+    (overlay / "sglang-9.9.dist-info").mkdir(parents=True)
+    (overlay / "sglang-9.9.dist-info" / "RECORD").write_text("sglang/srt/models/a.py,sha256=aaa,10\n")
+    runs = []
+
+    def fake_plan(version, ov):
+        runs.append(version)
+        return {"A": {"small": {"config": {"layer_types": ("sliding", "full")}}}}, {"B": {"family": "B"}}
+
+    plan = arch_cache.cached_plan(fake_plan)
+    first = plan("9.9", overlay)
+    assert plan("9.9", overlay) == first and runs == ["9.9"]
+    assert first[0]["A"]["small"]["config"]["layer_types"] == ["sliding", "full"]  # as stored: JSON's list
+    (overlay / "sglang-9.9.dist-info" / "RECORD").write_text("sglang/srt/models/a.py,sha256=bbb,10\n")
+    plan("9.9", overlay)
+    assert runs == ["9.9", "9.9"]
+    monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
+    plan("9.9", overlay)
+    assert len(runs) == 3
