@@ -156,3 +156,27 @@ def test_the_column_plan_is_computed_once_per_release_content_and_code(tmp_path,
     monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
     plan("9.9", overlay)
     assert len(runs) == 3
+
+
+def test_the_benchmark_counts_the_cpu_of_a_process_its_child_left_behind(tmp_path):
+    """``benchmarks.family_audit.timed`` counts every process's CPU: an orphan of the CLI's tree (a fork
+    server it did not wait for) is adopted by the benchmark (a subreaper) and reaped, not lost to init."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "m.py"
+    script.write_text(
+        "import os, resource, subprocess, sys\n"
+        "from benchmarks.family_audit import reap_orphans, subreaper\n"
+        "assert subreaper()\n"
+        "burn = 'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass'\n"
+        "subprocess.run(['sh', '-c', f'{sys.executable} -c \"{burn}\" &'])\n"  # the shell exits at once
+        "reap_orphans()\n"
+        "r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(r.ru_utime + r.ru_stime)\n")
+    from benchmarks.family_audit import ROOT
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) >= 0.5, f"the orphan's 0.6 CPU-s not counted: {out.stdout}"
