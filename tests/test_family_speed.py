@@ -180,3 +180,19 @@ def test_the_benchmark_counts_the_cpu_of_a_process_its_child_left_behind(tmp_pat
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert float(out.stdout) >= 0.5, f"the orphan's 0.6 CPU-s not counted: {out.stdout}"
+
+
+def test_a_plan_call_is_decoded_and_bound_once_for_its_arguments_and_the_names_it_passed(monkeypatch):
+    """``audit.calls.bound``: a recorded plan's bound arguments (defaults applied) and the names it
+    passed come from one decode and one bind (``pairs`` and ``core.plan_texts`` asked ``bind`` and
+    ``given`` apart: every plan call was decoded and bound twice)."""
+    from swa_repro.sglang.audit import calls
+    from swa_repro.sglang.audit.env import RAGGED
+
+    binds = []
+    real = inspect.Signature.bind
+    monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: binds.append(1) or real(self, *a, **k))
+    for i in range(10):
+        b, passed = calls.bound(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True})
+        assert (b["q"], b["pos_encoding_mode"]) == (i, "NONE") and passed == {"q", "k", "v", "causal"}
+    assert len(binds) == 10

@@ -25,18 +25,24 @@ def signature(cls_name: str, method: str) -> inspect.Signature:
     return inspect.signature(getattr(STAND_INS[cls_name], "plan" if method in PLAN_METHODS else method))
 
 
-def bind(cls_name: str, method: str, args, kwargs) -> dict:
-    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
+def bound(cls_name: str, method: str, args, kwargs) -> tuple[dict, set]:
+    """``(bind(...), given(...))`` of one recorded call from one decode and one bind (a plan needs both)."""
     b = signature(cls_name, method).bind(None, *decode(args), **decode(kwargs))
+    passed = set(b.arguments) - {"self"}
     b.apply_defaults()
     out = dict(b.arguments)
     out.pop("self", None)
-    return out
+    return out, passed
+
+
+def bind(cls_name: str, method: str, args, kwargs) -> dict:
+    """Recorded args/kwargs bound to the flashinfer signature (defaults applied), decoded."""
+    return bound(cls_name, method, args, kwargs)[0]
 
 
 def given(cls_name: str, method: str, args, kwargs) -> set:
     """The parameter names a recorded call passed explicitly (the rest took their defaults)."""
-    return set(signature(cls_name, method).bind(None, *decode(args), **decode(kwargs)).arguments) - {"self"}
+    return bound(cls_name, method, args, kwargs)[1]
 
 
 @dataclass
@@ -67,7 +73,8 @@ def pairs(run) -> list[Pair]:
             continue
         cls, backend = ctor[c.wrapper]
         if c.method in PLAN_METHODS:
-            plans[c.wrapper] = (i, bind(cls, c.method, c.args, c.kwargs), (c.method, given(cls, c.method, c.args, c.kwargs)))
+            b, passed = bound(cls, c.method, c.args, c.kwargs)
+            plans[c.wrapper] = (i, b, (c.method, passed))
             if run.graph_stage.get(i) == "replay" and c.wrapper in last_fwd:
                 pending[c.wrapper] = len(out)
                 out.append(Pair("replay", cls, backend, c.wrapper, plans[c.wrapper], last_fwd[c.wrapper],
