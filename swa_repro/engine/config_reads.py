@@ -29,8 +29,9 @@ def model_tree(path: Path) -> ast.Module:
     return ast.parse(Path(path).read_text(encoding="utf-8-sig"))
 
 
+@cache
 def _defs(path: Path) -> dict:
-    """Top-level classes and functions of a model file by name."""
+    """Top-level classes and functions of a model file by name (once per file: ``_reachable`` asks per name)."""
     return {n.name: n for n in model_tree(path).body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
 
 
@@ -40,9 +41,10 @@ SGLANG_MODELS = ("sglang.srt.models.",)
 VLLM_MODELS = ("vllm.model_executor.models.", ".")
 
 
+@cache
 def model_imports(path: Path, packages: tuple = SGLANG_MODELS) -> dict:
     """name -> the model file it is imported from (``from sglang.srt.models.llama import X``; with
-    ``VLLM_MODELS``, vLLM's ``from .llama import X`` too)."""
+    ``VLLM_MODELS``, vLLM's ``from .llama import X`` too). Once per file (callers only read it)."""
     out = {}
     for n in model_tree(path).body:
         if not isinstance(n, ast.ImportFrom):
@@ -132,9 +134,15 @@ def config_reads(model_file: Path, class_name: str, packages: tuple = SGLANG_MOD
     """``{key: "file.py:line"}`` (first read) of the keys ``class_name`` reads off its config unguarded
     (``packages``: whose model-file imports are followed, :func:`model_imports`; ``branches=False``:
     only the reads every config reaches, :func:`_unconditional`; ``build_only``: only what building
-    the model runs, :func:`build_parts`)."""
+    the model runs, :func:`build_parts`). A pure function of the files: walked once per process
+    (``arch_cells.filled_config`` asks again after each key it fills), a fresh dict each call."""
+    return dict(_config_reads(Path(model_file), class_name, packages, branches, build_only))
+
+
+@cache
+def _config_reads(model_file: Path, class_name: str, packages: tuple, branches: bool, build_only: bool) -> dict:
     reads, guarded = {}, set()
-    for p, node in _reachable(Path(model_file), class_name, packages, build_only):
+    for p, node in _reachable(model_file, class_name, packages, build_only):
         for x in (ast.walk(node) if branches else _unconditional(node)):
             if isinstance(x, ast.Attribute) and _is_config(x.value) and x.attr != _CONFIG:
                 if isinstance(x.ctx, ast.Store):

@@ -20,11 +20,31 @@ from swa_repro.kernel.signatures import (
     RaggedPrefillSignature,
 )
 
+LAZY_BYTES = 1 << 20  # a zero tensor this large on the CPU comes from calloc (:func:`lazy_zeros`)
+
+
+def lazy_zeros(shape, dtype, device=None) -> torch.Tensor:
+    """``torch.zeros(shape, dtype=dtype, device=device)``, the same values, writable; on the CPU and from
+    :data:`LAZY_BYTES` up, memory from numpy's calloc: the OS maps zero pages only where something
+    writes. Why: a stand-in's zero output (a 4096-token prefill of 64 heads x 256: 128 MB) and a
+    backend's ``device="cuda"`` buffers were written whole by ``torch.zeros`` and most never read
+    (cProfile of 0.5.23's table child: ~15 s of memset in ~5k calls)."""
+    shape = tuple(int(n) for n in shape)
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device or "cpu").type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import numpy as np
+
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)
+
 
 def _zeros(q, head_dim, return_lse):
     """A zero output ``(tokens, heads, head_dim)`` in q's dtype (+ a zero LSE ``(tokens, heads)``)."""
-    o = torch.zeros(q.shape[0], q.shape[1], head_dim, dtype=q.dtype, device=q.device)
-    return (o, torch.zeros(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)) if return_lse else o
+    o = lazy_zeros((q.shape[0], q.shape[1], head_dim), q.dtype, q.device)
+    return (o, lazy_zeros((q.shape[0], q.shape[1]), torch.float32, q.device)) if return_lse else o
 
 
 class PagedStandIn(PagedPrefillSignature):
@@ -102,6 +122,10 @@ class CpuTorch(types.ModuleType):
             def on_cpu(*a, **kw):
                 if str(kw.get("device", "")).startswith("cuda"):
                     kw["device"] = "cpu"
+                if name == "zeros" and set(kw) <= {"dtype", "device"} and a:  # a plain zeros(shape, dtype=)
+                    shape = a[0] if len(a) == 1 and isinstance(a[0], (tuple, list, torch.Size)) else a
+                    if all(isinstance(d, int) for d in shape):
+                        return lazy_zeros(shape, kw.get("dtype") or torch.get_default_dtype(), kw.get("device"))
                 return attr(*a, **kw)
             return on_cpu
         return attr

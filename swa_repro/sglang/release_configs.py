@@ -45,7 +45,9 @@ def registry(version: str, overlay: Path) -> dict:
 
 def class_names(model_file: Path) -> set:
     """Every name a model file uses or imports (its imports and annotations name its config class)."""
-    tree = ast.parse(Path(model_file).read_text(encoding="utf-8-sig"))
+    from swa_repro.engine.config_reads import model_tree
+
+    tree = model_tree(Path(model_file))  # the parse swa_archs and config_reads share
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
 

@@ -46,6 +46,62 @@ def kit_case(kit, case, mode):
                                   sliding_window_size=case.window_left if case.window_left >= 0 else None)
 
 
+def forward_batch(case, runner, mode, max_ctx: int, device: str):
+    """The kit's ``_make_forward_batch`` for ``case`` in ``mode``, run as shipped, its token-slot writes
+    fast (:func:`fast_slot_writes`)."""
+    kit = kit_module()
+    with fast_slot_writes(runner):
+        return kit._make_forward_batch(kit_case(kit, case, mode), runner, max_context_len=max_ctx, device=device)
+
+
+class _Slots:
+    """A CPU ``req_to_token`` while the kit fills it: an ``[int, int] = int`` write goes to a numpy view of
+    the same memory (~0.1 us; ``Tensor.__setitem__`` ~8 us), anything else to the tensor itself."""
+
+    def __init__(self, t: torch.Tensor):
+        self._t, self._np = t, t.numpy()
+
+    def __setitem__(self, key, value):
+        if isinstance(key, tuple) and all(isinstance(k, int) for k in key) and isinstance(value, int):
+            self._np[key] = value
+        else:
+            self._t[key] = value
+
+    def __getitem__(self, key):
+        return self._t[key]
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        un = lambda x: x._t if isinstance(x, cls) else x
+        return func(*map(un, args), **{k: un(v) for k, v in (kwargs or {}).items()})
+
+
+@contextlib.contextmanager
+def fast_slot_writes(runner):
+    """Why: the kit's ``_make_forward_batch`` fills ``req_to_token`` one element at a time (0.5.23
+    dense_attention.py:741-742 ``runner.req_to_token_pool.req_to_token[req_idx, pos] = loc_fn(...)``):
+    ~3.4M tensor writes for one release's table row, its child's largest cost (cProfile: 27 s of ~80).
+    On a CPU pool they go through :class:`_Slots` (the same memory, the same values); the tensor is put
+    back before the batch is used. A GPU pool (``--live`` on a device) is left as it is."""
+    pool = getattr(runner, "req_to_token_pool", None)
+    t = getattr(pool, "req_to_token", None)
+    if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.requires_grad:
+        yield
+        return
+    try:
+        pool.req_to_token = _Slots(t)
+    except (TypeError, RuntimeError, AttributeError):  # a dtype numpy lacks, a pool that fixes its fields
+        yield
+        return
+    try:
+        yield
+    finally:
+        pool.req_to_token = t
+
+
 # ----------------------------------------------------------------------------- runner
 def model_runner(case, *, dtype, deterministic: bool, max_context_len: int, device: str = "cpu"):
     """The runner ``FlashInferAttnBackend.__init__`` reads, for this release."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from swa_repro.engine.config_reads import model_imports
+from swa_repro.engine.config_reads import model_imports, model_tree
 
 NO_WINDOW = (-1, None, 0)
 WINDOW_WORD = "sliding_window_size"
@@ -50,9 +50,10 @@ class SwaArch:
     extra: dict = field(default_factory=dict)
 
 
-@cache
 def _tree(path: Path) -> ast.Module:
-    return ast.parse(_text(path))
+    """The file's one parse in this process, shared with ``config_reads`` and ``config_routes``
+    (``arch_cells.plan`` reads the same model files through all three: each parsed its own copy)."""
+    return model_tree(Path(path))
 
 
 @cache

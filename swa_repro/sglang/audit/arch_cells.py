@@ -39,7 +39,7 @@ from swa_repro.core.checkpoint_config import auto_model_types
 from swa_repro.core.errors import UsageError
 from swa_repro.engine.families import MODELS
 from swa_repro.sglang import config_routes, swa_archs
-from swa_repro.sglang.audit import arch_fill
+from swa_repro.sglang.audit import arch_cache, arch_fill
 
 CRASH = "crashes on FlashInfer"
 FALLBACK = "Transformers fallback"  # the column of models/transformers.py's entry classes
@@ -53,6 +53,7 @@ def model_type_of(arch: str) -> str | None:
     return auto_model_types().get(arch)
 
 
+@arch_cache.cached_plan
 def plan(version: str, overlay: Path) -> tuple[dict, dict]:
     """``(smalls, static)``: ``{arch: SmallConfig as a dict}`` for the child to drive, and ``{arch:
     family document}`` for the cells decided here (not built / crash / the fallback)."""

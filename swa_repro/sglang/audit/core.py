@@ -36,7 +36,7 @@ from swa_repro.sglang.audit import calls as ac
 from swa_repro.sglang.audit import keys as ak
 from swa_repro.sglang.audit import paths as ap
 from swa_repro.sglang.audit.attended import plan_case
-from swa_repro.sglang.audit.calls import bind, geometry, given
+from swa_repro.sglang.audit.calls import bound, geometry
 from swa_repro.sglang.audit.env import DECODE, PAGED
 from swa_repro.sglang.trace import PLAN_METHODS
 
@@ -85,7 +85,7 @@ def plan_texts(run: ap.PathRun) -> list[str]:
     out = []
     for c in run.trace.calls:
         if c.method in PLAN_METHODS and not c.error:
-            b, g = bind(c.cls, c.method, c.args, c.kwargs), given(c.cls, c.method, c.args, c.kwargs)
+            b, g = bound(c.cls, c.method, c.args, c.kwargs)
             out.append(f"{c.cls}.{c.method}({_param(b, g, 'window_left')}, {_param(b, g, 'logits_soft_cap')})")
     return sorted(set(out))
 

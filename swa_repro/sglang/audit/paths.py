@@ -197,9 +197,8 @@ def _run_layer(backend, layer, batch, n_tokens: int, case: Case, cfg: LayerConfi
 
 
 def _kit_batch(case: Case, runner, mode, max_ctx: int, device: str):
-    kit = releases_kit.kit_module()
-    return hybrid_pool.after_batch(runner, kit._make_forward_batch(  # a hybrid pool's scheduler steps before it
-        releases_kit.kit_case(kit, case, mode), runner, max_context_len=max_ctx, device=device))
+    # a hybrid pool's scheduler steps before it
+    return hybrid_pool.after_batch(runner, releases_kit.forward_batch(case, runner, mode, max_ctx, device))
 
 
 # ----------------------------------------------------------------------------- the paths

@@ -1,0 +1,198 @@
+"""Issue #41's speed targets: each mechanism that makes one release's table row cheaper, held by a count
+(parses, signature builds, tensor writes), so a change that brings the cost back fails here, not only in
+``benchmarks.family_audit``'s timing."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import torch
+
+from swa_repro.engine import config_reads as cr
+from swa_repro.sglang import release_configs, releases_kit, swa_archs
+
+
+def _files(tmp_path):
+    """A release's ``srt/`` with two model files, one importing the other (``test_swa_archs``' shape)."""
+    srt = tmp_path / "sglang" / "srt"
+    (srt / "models").mkdir(parents=True)
+    (srt / "models" / "base.py").write_text(
+        "class Attn:\n    def __init__(self, config):\n        self.w = config.sliding_window\n"
+        "        self.attn = RadixAttention(1, sliding_window_size=self.w - 1)\n")
+    (srt / "models" / "a.py").write_text(
+        "from sglang.srt.models.base import Attn\n"
+        "class WinModel:\n    def __init__(self, config):\n        self.h = config.hidden_size\n        self.l = Attn(config)\n"
+        "EntryClass = [WinModel]\n")
+    return srt
+
+
+def test_a_model_file_is_parsed_once_for_discovery_config_reads_and_class_names(tmp_path, monkeypatch):
+    """``swa_archs.discover``, ``config_reads`` (asked again after each key ``arch_cells.filled_config``
+    fills) and ``release_configs.class_names`` read the same files: one parse each in a process
+    (before: swa_archs and class_names each kept their own parse beside ``config_reads.model_tree``)."""
+    srt = _files(tmp_path)
+    parsed = []
+    real = ast.parse
+    monkeypatch.setattr(ast, "parse", lambda src, *a, **k: parsed.append(1) or real(src, *a, **k))
+    cr.model_tree.cache_clear()
+    found = swa_archs.discover(srt)
+    assert [a.architecture for a in found] == ["WinModel"] and found[0].windows == ("base.py:4",)
+    walks = []
+    real_reachable = cr._reachable
+    monkeypatch.setattr(cr, "_reachable", lambda *a, **k: walks.append(1) or real_reachable(*a, **k))
+    for _ in range(3):
+        reads = cr.config_reads(srt / "models" / "a.py", "WinModel", branches=False, build_only=True)
+        assert reads == {"hidden_size": "a.py:4", "sliding_window": "base.py:3"}
+        reads["mutated"] = "by a caller"  # each call's dict is its own
+    assert "WinModel" in release_configs.class_names(srt / "models" / "a.py")
+    assert len(parsed) == 2, f"{len(parsed)} parses of 2 model files"
+    assert len(walks) == 1, "config_reads walked the same class again"
+
+
+def test_a_stand_in_signature_is_built_once_for_every_call_bound(monkeypatch):
+    """A release row binds ~26k recorded calls to the stand-ins' signatures (``audit.calls.bind`` /
+    ``given``): the signature of each (class, method) is built once, not per call."""
+    from swa_repro.sglang.audit import calls
+    from swa_repro.sglang.audit.env import RAGGED
+
+    built = []
+    real = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda fn, *a, **k: built.append(fn) or real(fn, *a, **k))
+    calls.signature.cache_clear()
+    for i in range(20):
+        b = calls.bind(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True})
+        assert (b["q"], b["causal"], b["pos_encoding_mode"]) == (i, True, "NONE")
+        assert calls.given(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True}) == {"q", "k", "v", "causal"}
+    assert len(built) == 1
+
+
+class _Pool:
+    def __init__(self, rows, cols):
+        self.req_to_token = torch.zeros(rows, cols, dtype=torch.int32)
+
+
+def test_the_kits_token_slot_writes_skip_tensor_setitem_and_land_in_the_pool(monkeypatch):
+    """The kit's ``_make_forward_batch`` writes ``req_to_token`` one element at a time (0.5.23
+    dense_attention.py:741-742); on a CPU pool each write goes to a numpy view of the same memory:
+    the same values, no ``Tensor.__setitem__`` per element, and the tensor itself back afterwards."""
+    runner = type("R", (), {})()
+    runner.req_to_token_pool = _Pool(2, 64)
+    t = runner.req_to_token_pool.req_to_token
+    kit_writes = []
+
+    def make_forward_batch(case, runner, *, max_context_len, device, loc_fn=None):  # the kit's loop, as shipped
+        rt = runner.req_to_token_pool.req_to_token
+        for r in range(2):
+            for p in range(max_context_len):
+                rt[r, p] = 1000 * r + p
+        rt[1, :2] = torch.tensor([7, 8], dtype=torch.int32)  # a slice: the tensor's own write
+        kit_writes.append(int(torch.sum(rt)))  # a torch function on it sees the tensor
+        return "batch"
+
+    kit = type("K", (), {"_make_forward_batch": staticmethod(make_forward_batch)})
+    monkeypatch.setattr(releases_kit, "kit_module", lambda: kit)
+    monkeypatch.setattr(releases_kit, "kit_case", lambda kit, case, mode: case)
+    setitems = []
+    real = torch.Tensor.__setitem__
+    monkeypatch.setattr(torch.Tensor, "__setitem__", lambda self, k, v: (self is t and setitems.append(k))
+                        or real(self, k, v))
+    assert releases_kit.forward_batch("case", runner, "extend", 64, "cpu") == "batch"
+    assert runner.req_to_token_pool.req_to_token is t
+    want = torch.tensor([[1000 * r + p for p in range(64)] for r in range(2)], dtype=torch.int32)
+    want[1, :2] = torch.tensor([7, 8])
+    assert torch.equal(t, want) and kit_writes == [int(want.sum())]
+    assert len(setitems) == 1, f"{len(setitems)} Tensor.__setitem__ calls for 128 element writes"
+
+
+def test_large_zero_outputs_and_backend_buffers_are_not_written_whole(monkeypatch):
+    """A stand-in's zero output and a backend's ``torch.zeros(..., device="cuda")`` buffer on a CPU host
+    (``engine.standins``): zeros as ``torch.zeros`` gives them (values, shape, dtype, writable), but from
+    1 MB up not through ``torch.zeros`` (a memset of every page; calloc maps pages only where written)."""
+    from swa_repro.engine import standins
+
+    made = []
+    real = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: made.append(a) or real(*a, **k))
+    q = torch.empty(4096, 64, 256, dtype=torch.bfloat16)
+    o, lse = standins._zeros(q, 256, True)
+    big = standins.CpuTorch().zeros((4096, 1024), dtype=torch.int32, device="cuda")
+    small = standins.CpuTorch().zeros(3, 4, dtype=torch.int64, device="cuda")
+    assert made == [((3, 4),)], "a large zero tensor went through torch.zeros"
+    for t, shape, dtype in ((o, (4096, 64, 256), torch.bfloat16), (lse, (4096, 64), torch.float32),
+                            (big, (4096, 1024), torch.int32), (small, (3, 4), torch.int64)):
+        assert (tuple(t.shape), t.dtype, t.device.type) == (shape, dtype, "cpu") and not t.any()
+    o[7, 3, 5] = 2.5
+    big[-1, -1] = 9
+    assert float(o.sum()) == 2.5 and int(big.sum()) == 9 and o.is_contiguous()
+
+
+def test_the_column_plan_is_computed_once_per_release_content_and_code(tmp_path, monkeypatch):
+    """``arch_cells.plan`` (every model file read, ~80 config classes built: ~11 CPU-s for 0.5.23) goes
+    through the result cache keyed on the release's RECORD, the code and the libraries: a second process
+    (or test file) asking for the same release reads it; another release content computes it again; a
+    stored plan and a fresh one are the same JSON types."""
+    from swa_repro.sglang.audit import arch_cache, arch_cells
+
+    assert arch_cells.plan.uncached.__module__ == arch_cells.__name__  # the table's plan is the cached one
+    monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SWA_REPRO_NO_CACHE", raising=False)
+    overlay = tmp_path / "overlay"
+    (overlay / "sglang-9.9.dist-info").mkdir(parents=True)
+    (overlay / "sglang-9.9.dist-info" / "RECORD").write_text("sglang/srt/models/a.py,sha256=aaa,10\n")
+    runs = []
+
+    def fake_plan(version, ov):
+        runs.append(version)
+        return {"A": {"small": {"config": {"layer_types": ("sliding", "full")}}}}, {"B": {"family": "B"}}
+
+    plan = arch_cache.cached_plan(fake_plan)
+    first = plan("9.9", overlay)
+    assert plan("9.9", overlay) == first and runs == ["9.9"]
+    assert first[0]["A"]["small"]["config"]["layer_types"] == ["sliding", "full"]  # as stored: JSON's list
+    (overlay / "sglang-9.9.dist-info" / "RECORD").write_text("sglang/srt/models/a.py,sha256=bbb,10\n")
+    plan("9.9", overlay)
+    assert runs == ["9.9", "9.9"]
+    monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
+    plan("9.9", overlay)
+    assert len(runs) == 3
+
+
+def test_the_benchmark_counts_the_cpu_of_a_process_its_child_left_behind(tmp_path):
+    """``benchmarks.family_audit.timed`` counts every process's CPU: an orphan of the CLI's tree (a fork
+    server it did not wait for) is adopted by the benchmark (a subreaper) and reaped, not lost to init."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "m.py"
+    script.write_text(
+        "import os, resource, subprocess, sys\n"
+        "from benchmarks.family_audit import reap_orphans, subreaper\n"
+        "assert subreaper()\n"
+        "burn = 'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.6: pass'\n"
+        "subprocess.run(['sh', '-c', f'{sys.executable} -c \"{burn}\" &'])\n"  # the shell exits at once
+        "reap_orphans()\n"
+        "r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(r.ru_utime + r.ru_stime)\n")
+    from benchmarks.family_audit import ROOT
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout) >= 0.5, f"the orphan's 0.6 CPU-s not counted: {out.stdout}"
+
+
+def test_a_plan_call_is_decoded_and_bound_once_for_its_arguments_and_the_names_it_passed(monkeypatch):
+    """``audit.calls.bound``: a recorded plan's bound arguments (defaults applied) and the names it
+    passed come from one decode and one bind (``pairs`` and ``core.plan_texts`` asked ``bind`` and
+    ``given`` apart: every plan call was decoded and bound twice)."""
+    from swa_repro.sglang.audit import calls
+    from swa_repro.sglang.audit.env import RAGGED
+
+    binds = []
+    real = inspect.Signature.bind
+    monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: binds.append(1) or real(self, *a, **k))
+    for i in range(10):
+        b, passed = calls.bound(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True})
+        assert (b["q"], b["pos_encoding_mode"]) == (i, "NONE") and passed == {"q", "k", "v", "causal"}
+    assert len(binds) == 10
