@@ -135,6 +135,7 @@ def cwm(tmp_path_factory):
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(["audit", "--sglang", "0.5.23", "--model", str(d), "--gpu", "sm90", "--json"])
+    assert out.getvalue(), (rc, err.getvalue()[-400:])  # before #41 item 2: "not in sglang 0.5.23's models/", exit 2
     (f,) = json.loads(out.getvalue())["families"]
     return rc, f
 
