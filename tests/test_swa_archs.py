@@ -123,9 +123,10 @@ def test_discovery_follows_constants_imports_and_the_hybrid_set(tmp_path):
 
 def test_every_sliding_window_architecture_of_0523_has_a_cell():
     """The table's columns for 0.5.23: the 8 families and a planned cell (driven or decided) for every
-    other architecture discovery finds; the Transformers fallback's classes one column."""
+    other architecture discovery finds; the Transformers fallback's classes none (each architecture only
+    the fallback serves is a column of its own: tests/test_fallback_cells.py)."""
     from swa_repro.engine.families import MODELS
-    from swa_repro.sglang.audit import arch_cells
+    from swa_repro.sglang.audit import arch_cells, fallback_cells
 
     srt = _srt("0.5.23")
     smalls, static = arch_cells.plan("0.5.23", srt.parent.parent)
@@ -133,9 +134,10 @@ def test_every_sliding_window_architecture_of_0523_has_a_cell():
     found = swa_archs.discover(srt)
     for a in found:
         if a.fallback:
-            assert a.architecture in static[arch_cells.FALLBACK]["classes"]
+            assert a.architecture not in smalls and a.architecture not in static
         else:
             assert a.architecture in fams | set(smalls) | set(static), a.architecture
+    assert set(fallback_cells.fallback_only(srt)) <= set(smalls) | set(static)
     assert not set(smalls) & set(static)
     assert static["GraniteForCausalLM"]["crash"].startswith("the release crashes on FlashInfer: models/granite.py")
     for a, x in smalls.items():  # driven at the class's own defaults, as transformers publishes them
@@ -180,11 +182,12 @@ def test_the_table_groups_architecture_columns_by_what_is_wrong():
 
 def test_the_fallback_column_names_what_only_the_fallback_serves():
     """Olmo3 (issue #41's `--model olmo3`): a window in transformers' Olmo3Config, no model file of 0.5.23
-    names it, so a 0.5.23 server runs it through models/transformers.py; Gemma2 has its own file."""
-    from swa_repro.sglang.audit import arch_cells
+    names it (the release's own configs/olmo3.py:59-64 renames it Olmo2ForCausalLM, which the audit's
+    build then finds: ``fallback_cells.served_as``); Gemma2 has its own file."""
+    from swa_repro.sglang.audit import fallback_cells
 
     srt = _srt("0.5.23")
-    only = arch_cells.fallback_only(srt)
+    only = fallback_cells.fallback_only(srt)
     assert "Olmo3ForCausalLM" in only and "Gemma2ForCausalLM" not in only and "MistralForCausalLM" not in only
     text = "\n".join(p.read_text(encoding="utf-8-sig") for p in (srt / "models").glob("*.py"))
     assert not [a for a in only if a in text]

@@ -7,7 +7,8 @@ reads it, without weights and without network:
 
 * ``architectures[0]`` names the model class; the release serves it when one of its
   ``srt/models/*.py`` lists it in ``EntryClass`` (sglang's ``ModelRegistry`` rule, read with ``ast``:
-  ``model_configs.model_file_in``);
+  ``model_configs.model_file_in``), else through its Transformers fallback where transformers has a
+  class of that name (:func:`fallback_serves`; the audit's child builds it as the release's loader picks);
 * the values are the user's; keys the file lacks are what transformers' config class for its
   ``model_type`` sets (a class default, or computed from the user's values: ``layer_types`` from
   ``sliding_window_pattern`` / ``max_window_layers``), each labelled ``"user"`` or ``"default"``. A
@@ -35,6 +36,7 @@ from swa_repro.core.errors import UsageError
 from swa_repro.engine.families import FAMILIES, MODELS, SmallConfig
 from swa_repro.sglang import families as fam
 from swa_repro.sglang import model_configs as mc
+from swa_repro.sglang.swa_archs import FALLBACK_FILE
 
 
 class Checkpoint(cc.Checkpoint):
@@ -69,14 +71,28 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
 
     models = overlay / "sglang" / "srt" / "models"
     path = mc.model_file_in(models, ck.architecture)
+    if path is None and fallback_serves(ck.architecture, models):
+        return models / FALLBACK_FILE  # the release builds transformers' own class: its config class reads the keys
     if path is None:
         raise UsageError(f"--model {ck.path}: {ck.architecture} is not in sglang {version}'s models/ (no EntryClass "
-                         f"lists it){served_by(ck.architecture, version, overlay)}")
+                         f"lists it) and transformers has no class of that name for its Transformers fallback"
+                         f"{served_by(ck.architecture, version, overlay)}")
     for key, where in config_reads(path, ck.architecture, branches=False, build_only=True).items():
         if not ck.has(key):
             raise UsageError(f"--model {ck.path} lacks {key}, which sglang {version}'s {where} reads and "
                              f"{ck.config_class.split(' ')[0]} does not default: add it to the config")
     return path
+
+
+def fallback_serves(arch: str, models: Path) -> bool:
+    """Whether a server of the release runs ``arch`` through its Transformers fallback: no ``EntryClass``
+    lists it, the release has ``models/transformers.py`` and transformers has a class of that name (the
+    release's rule: 0.5.23 model_loader/utils.py:230-231 ``not is_native_supported`` ->
+    ``resolve_transformers_arch``, :143 ``getattr(transformers, arch, None)``; a class transformers marks
+    not backend-compatible is refused there, :181-188, which the audit's build then says)."""
+    import transformers
+
+    return (models / FALLBACK_FILE).is_file() and getattr(transformers, arch, None) is not None
 
 
 def served_by(arch: str, version: str, overlay: Path) -> str:

@@ -110,8 +110,23 @@ def explain_error(e: BaseException) -> tuple[str, str]:
     f = frames[-1]
     if f.filename.startswith(root):
         rel = Path(f.filename).relative_to(Path(root).parent)
-        return "sglang raised", f"{msg} (raised in the release's own {rel}:{f.lineno})"
+        return "sglang raised", f"{msg} (raised in the release's own {rel}:{f.lineno}{_in_transformers(e)})"
     return "harness", f"{msg} (at {Path(f.filename).name}:{f.lineno})"
+
+
+def _in_transformers(e: BaseException) -> str:
+    """``, in transformers' models/x/modeling_x.py:12``: the innermost frame of transformers' below the
+    release's last (the Transformers fallback builds transformers' model inside the release's call), else ``""``."""
+    import transformers
+
+    root = Path(transformers.__file__).parent
+    tb = traceback.extract_tb(e.__traceback__)
+    ours = [i for i, f in enumerate(tb) if "/sglang/" in f.filename]
+    deeper = [f for f in tb[ours[-1] + 1 if ours else 0:] if f.filename.startswith(str(root))]
+    if not deeper:
+        return ""
+    f = deeper[-1]
+    return f", in transformers {transformers.__version__}'s {Path(f.filename).relative_to(root)}:{f.lineno}"
 
 
 # ----------------------------------------------------------------------------- what a release reads

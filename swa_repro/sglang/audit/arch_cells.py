@@ -18,9 +18,8 @@ that hand a window to their attention or run on the hybrid SWA pool (0.5.23). Ea
   audit one (``--model`` its ``config.json``);
 * an architecture whose attention passes ``sinks=`` to a FlashInfer backend that takes none:
   ``crashes on FlashInfer`` with both lines (``swa_archs.crash_on_flashinfer``), not driven;
-* the Transformers fallback's classes (``models/transformers.py``): one cell, served for any
-  architecture without an ``EntryClass``; not driven (the fallback wraps transformers' own modeling
-  code, which the audit does not build), said as such with the line that hands it the window.
+* the Transformers fallback's classes (``models/transformers.py``) are no column themselves: each
+  architecture only the fallback serves is one, built and driven through the fallback (``fallback_cells``).
 """
 
 from __future__ import annotations
@@ -32,18 +31,16 @@ import re
 import tempfile
 import types
 from dataclasses import asdict
-from functools import cache
 from pathlib import Path
 
 from swa_repro.core.checkpoint_config import auto_model_types
 from swa_repro.core.errors import UsageError
 from swa_repro.engine.families import MODELS
 from swa_repro.sglang import config_routes, swa_archs
-from swa_repro.sglang.audit import arch_cache, arch_fill
+from swa_repro.sglang.audit import arch_cache, arch_fill, fallback_cells
 
 CRASH = "crashes on FlashInfer"
-FALLBACK = "Transformers fallback"  # the column of models/transformers.py's entry classes
-FALLBACK_STATE = "fallback: not audited"
+FALLBACK = "Transformers fallback"  # the one column of models/transformers.py's entry classes (tables before #41)
 
 
 
@@ -56,7 +53,7 @@ def model_type_of(arch: str) -> str | None:
 @arch_cache.cached_plan
 def plan(version: str, overlay: Path) -> tuple[dict, dict]:
     """``(smalls, static)``: ``{arch: SmallConfig as a dict}`` for the child to drive, and ``{arch:
-    family document}`` for the cells decided here (not built / crash / the fallback)."""
+    family document}`` for the cells decided here (not built / crash); the fallback's columns too."""
 
     from swa_repro.sglang import checkpoint as ckpt
 
@@ -68,12 +65,7 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
             continue
         facts = {"architecture": a.architecture, "model_file": a.model_file, "window_sites": list(a.windows),
                  "hybrid_swa": a.hybrid, "sinks": list(a.sinks)}
-        if a.fallback:
-            if FALLBACK not in static:
-                serves = fallback_only(srt)
-                static[FALLBACK] = {"family": FALLBACK, "fallback": _fallback_text(a, serves), "discovered": facts,
-                                    "classes": [], "serves": serves}
-            static[FALLBACK]["classes"].append(a.architecture)
+        if a.fallback:  # its entry classes: each architecture only it serves is a column (fallback_cells)
             continue
         crash = swa_archs.crash_on_flashinfer(srt, a)
         if crash:
@@ -99,7 +91,8 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
                          "--model PATH/config.json")
             static[a.architecture] = {"family": a.architecture, "discovered": facts,
                                       "error": f"not buildable from {label}: {text}"}
-    return smalls, static
+    more = fallback_cells.plan(version, overlay, column_config, NoConfig)
+    return {**smalls, **more[0]}, {**static, **more[1]}
 
 
 def filled_config(a, version: str, overlay: Path, rounds: int = 32):
@@ -310,38 +303,6 @@ def published_keys(model_type: str) -> dict:
 
     cls = CONFIG_MAPPING_NAMES.get(model_type)
     return next((fam.CHECKPOINT_KEYS.get(f, {}) for f, (c, _, _) in MODELS.items() if c == cls), {})
-
-
-@cache
-def _windowed_config_classes() -> frozenset:
-    """transformers' config classes whose file mentions ``sliding_window``."""
-    import importlib.util
-
-    out = set()
-    for f in (Path(importlib.util.find_spec("transformers").origin).parent / "models").glob("*/configuration_*.py"):
-        text = f.read_text(encoding="utf-8")
-        if "sliding_window" in text:
-            out.update(re.findall(r"^class (\w+)\(", text, re.MULTILINE))
-    return frozenset(out)
-
-
-def fallback_only(srt: Path) -> list[str]:
-    """Causal-LM / conditional-generation architectures whose transformers config class has a
-    ``sliding_window`` and that no file of the release's ``models/`` names: what a server of this
-    release runs through the Transformers fallback (text only: transformers' ``configuration_*.py``)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    windowed = _windowed_config_classes()
-    release = "\n".join(p.read_text(encoding="utf-8-sig") for p in sorted((srt / "models").glob("*.py")))
-    return sorted(a for a, mt in auto_model_types().items() if CONFIG_MAPPING_NAMES.get(mt) in windowed
-                  and a.endswith(("ForCausalLM", "ForConditionalGeneration")) and a not in release)
-
-
-def _fallback_text(a, serves) -> str:
-    return (f"served through sglang's Transformers fallback (models/{a.model_file}; the window per layer at "
-            f"models/{', models/'.join(a.windows)}) for any architecture no EntryClass lists ({len(serves)} with a "
-            f"window in transformers' config: {', '.join(serves)}): the fallback wraps transformers' own modeling "
-            "code, which this audit does not build; not audited")
 
 
 def digest(small: dict) -> str:

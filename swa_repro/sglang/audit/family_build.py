@@ -212,8 +212,31 @@ def build_model(mc):
     from sglang.srt.model_loader import loader
 
     loader.get_model_architecture(mc)
-    with torch.device("meta"), no_fused_mlp_gemm():
+    with torch.device("meta"), no_fused_mlp_gemm(), fallback_stays_on_meta():
         return loader._initialize_model(mc, LoadConfig())
+
+
+@contextlib.contextmanager
+def fallback_stays_on_meta():
+    """The Transformers fallback builds transformers' model on the meta device itself (0.5.23
+    models/transformers.py:624-630), then ``_init_parameters`` (:669-681) moves every parameter to the
+    accelerator: ``get_device()`` (0.5.23, raises on a host without one) or ``"cuda"`` (0.5.10 :660-672).
+    The audit builds every model on meta and reads only its attention layers, made before that step
+    (:642 ``_create_attention_instances``): the parameters stay on meta. Releases without the file untouched."""
+    try:
+        base = importlib.import_module("sglang.srt.models.transformers").TransformersBase
+    except (ImportError, AttributeError):
+        yield
+        return
+    orig = base.__dict__.get("_init_parameters")
+    base._init_parameters = lambda self, module: None
+    try:
+        yield
+    finally:
+        if orig is None:
+            del base._init_parameters
+        else:
+            base._init_parameters = orig
 
 
 @contextlib.contextmanager
@@ -239,6 +262,7 @@ def no_fused_mlp_gemm():
 def attention_layers(model) -> tuple:
     """The model's ``RadixAttention`` modules in layer order."""
     found = [m for m in model.modules() if type(m).__name__ == "RadixAttention"]
+    found += [m for m in (getattr(model, "attention_instances", None) or {}).values() if m not in found]
     return tuple(sorted(found, key=lambda m: m.layer_id))
 
 
@@ -291,6 +315,7 @@ def build(small: SmallConfig, context_length: int) -> Built:
     facts["model_class"] = cls.__name__
     if pinned and getattr(getattr(mc, "hf_config", None), "model_type", None) in _gemma4_types():
         facts["pinned_transformers_api"] = pinned
+    facts["fallback"] = fallback_route(cls)
     return Built(small, mc, attention_layers(model), window, rule, where, facts)
 
 
@@ -300,6 +325,19 @@ def _gemma4_types() -> tuple:
         return tuple(importlib.import_module("sglang.srt.utils.hf_transformers.config")._GEMMA4_MODEL_TYPES)
     except (ImportError, AttributeError):
         return ()
+
+
+def fallback_route(cls) -> dict | None:
+    """What the release's Transformers fallback does with a window (``fallback_cells.route``), where the
+    loader built ``cls`` from it (0.5.23 model_loader/utils.py:230-231: no ``EntryClass`` lists the
+    architecture); None for a model file of its own."""
+    from pathlib import Path
+
+    from swa_repro.sglang.audit.fallback_cells import route
+    from swa_repro.sglang.swa_archs import FALLBACK_FILE
+
+    path = Path(inspect.getsourcefile(cls))
+    return route(path.parents[1]) if path.name == FALLBACK_FILE and path.parent.name == "models" else None
 
 
 def _plain(x):

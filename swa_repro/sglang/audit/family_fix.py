@@ -51,6 +51,11 @@ def remedy(family: str, cell: dict, gpu: str, release: str | None = None) -> dic
         return {"fix": None, "instead": "no fix in swa-repro: the model hands FlashInfer's backend an argument it "
                 f"does not take ({'; '.join(cell['why'])}); serve it with "
                 + _other_backend(cell, gpu, "a backend that takes attention sinks, e.g. triton")}
+    if state in AFFECTED and (cell.get("note") or "").startswith("served through sglang's Transformers fallback"):
+        return {"fix": None, "instead": "no fix in swa-repro: sglang's Transformers fallback (models/transformers.py) "
+                "is not what its fixes edit, and its window does not reach FlashInfer as the model asks (the note says "
+                f"where); serve it with --context-length {cell.get('window_hf') or 'WINDOW'} or less (sliding and full "
+                "attention agree there), or with a release whose models/ has a file for it"}
     lw = cell.get("layer_window") or {}
     if cell.get("window_hf") and lw.get("sliding", -1) == -1 and "sliding" in lw:
         w = cell["window_hf"]

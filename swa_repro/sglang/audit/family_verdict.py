@@ -52,6 +52,11 @@ def pooled_answer(f: dict, gpu: str) -> dict:
     back to positions): the same states, said so in the note. Where the pool could not be driven it is
     :data:`HYBRID`, with why."""
     a = _answer(f, gpu)
+    if (f.get("discovered") or {}).get("fallback") or ((f.get("build") or {}).get("model_config") or {}).get("fallback"):
+        # built by the Transformers fallback, or a column only it was thought to serve (fallback_cells)
+        from swa_repro.sglang.audit.fallback_cells import note
+
+        a["note"] = "; ".join(filter(None, [note(f), a.get("note")])) or None
     hybrid = ((f.get("build") or {}).get("model_config") or {}).get("is_hybrid_swa")
     if not hybrid or a["state"] in ("not built", "flashinfer refused"):
         return a
@@ -91,9 +96,12 @@ def layer_off(f: dict) -> list[str]:
     """Each layer kind whose own window is not transformers' mask (the model file's choice, as vLLM's
     verdict words it: ``vllm.audit.verdict.judge``), where a driven run's keys show it."""
     shown = {r["kind"] for r in f.get("paths") or [] if r.get("status") == "driven" and r["verdict"] != "exact"}
+    cap = float((f.get("config") or {}).get("cap") or 0.0)
     return [f"{kind} layer asks window_left {k['layer_window']}, transformers' mask {k['intended_window']}"
             for kind, k in sorted((f.get("kinds") or {}).items())
-            if kind in shown and k.get("layer_window") != k.get("intended_window")]
+            if kind in shown and k.get("layer_window") != k.get("intended_window")] + \
+        [f"{kind} layer carries cap {k.get('cap') or 0:g}, the config's attn_logit_softcapping {cap:g}"
+         for kind, k in sorted((f.get("kinds") or {}).items()) if cap > 0 and float(k.get("cap") or 0.0) != cap]
 
 
 def _answer(f: dict, gpu: str) -> dict:
