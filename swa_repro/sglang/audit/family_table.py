@@ -117,10 +117,14 @@ def grouped(table: dict) -> list[str]:
     """Markdown: the architecture columns by what is wrong (their worst state over every row)."""
     out = ["## Every sliding-window architecture, grouped by what is wrong", "",
            ("Each release's `srt/models/` read for the architectures that hand a window to their attention "
-           "or run on the hybrid SWA pool (`swa_repro.sglang.swa_archs`); each is audited at its published "
-           "defaults (transformers' config class for it), reported for what it is where it cannot be "
-           "(a model passing `sinks=` FlashInfer's backend does not take, a remote-code config, the "
-           "Transformers fallback). A column's group is its worst cell over every release and GPU class."), ""]
+           "or run on the hybrid SWA pool (`swa_repro.sglang.swa_archs`), and those only its Transformers "
+           "fallback serves (`models/transformers.py`, audited through the fallback: "
+           "`swa_repro.sglang.audit.fallback_cells`); each is audited at its published defaults (transformers' "
+           "config class for it, or the release's own), reported for what it is where it cannot be (a model "
+           "passing `sinks=` FlashInfer's backend does not take, a config only a checkpoint has). Where the "
+           "release's defaults set no window, the column is audited at a window the audit sets and says so "
+           f"(\"{AUDIT_WINDOW.strip()}\": `--model PATH` answers at yours). A column's group is its worst cell "
+           "over every release and GPU class."), ""]
     cols = _families(table)
     for i, g in enumerate(GROUPS):
         mine = [c for c in cols if group_of(table, c) == i]
