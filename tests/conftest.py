@@ -100,6 +100,17 @@ def pytest_collection_modifyitems(config, items):
         it.add_marker(pytest.mark.skip(reason=why))
 
 
+def release_srt(version: str):
+    """The provisioned overlay's ``sglang/srt`` of an sglang release, or skip: a test that reads the
+    release's own files by a second route needs them on this machine (the audits provision them)."""
+    from swa_repro.core.cache import cache_root
+
+    srt = cache_root() / "sglang" / version / "sglang" / "srt"
+    if not (srt / "models").is_dir():
+        pytest.skip(f"sglang {version}'s overlay is not on this machine")
+    return srt
+
+
 def skip_module_unless(*names: str, reason: str = "") -> None:
     """Skip the calling test module, at collection, when a package is not installed, without
     importing it: ``pytest.importorskip`` at module level imports in every xdist worker's collection

@@ -23,14 +23,11 @@ from conftest import skip_module_unless
 
 skip_module_unless("transformers")
 
-from swa_repro.core.cache import cache_root
+from conftest import release_srt
 
 
-def _overlay(version: str) -> Path:
-    ov = cache_root() / "sglang" / version
-    if not (ov / "sglang" / "srt" / "models").is_dir():
-        pytest.skip(f"sglang {version}'s overlay is not on this machine")
-    return ov
+def _overlay(version: str):
+    return release_srt(version).parents[1]
 
 
 @pytest.fixture(scope="module")

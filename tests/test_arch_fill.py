@@ -16,21 +16,15 @@ the ``ast`` walk the code under test uses.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-from conftest import skip_module_unless
+from conftest import release_srt, skip_module_unless
 
 skip_module_unless("transformers")
 
-from swa_repro.core.cache import cache_root
 
-
-def _models(version: str = "0.5.23") -> Path:
-    m = cache_root() / "sglang" / version / "sglang" / "srt" / "models"
-    if not m.is_dir():
-        pytest.skip(f"sglang {version}'s overlay is not on this machine")
-    return m
+def _models(version: str = "0.5.23"):
+    return release_srt(version) / "models"
 
 
 def _model_type_of_class(name: str) -> str:

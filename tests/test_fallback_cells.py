@@ -21,16 +21,9 @@ from conftest import skip_module_unless
 
 skip_module_unless("transformers")
 
-from swa_repro.core.cache import cache_root
+from conftest import release_srt as _srt
 
 RELEASES = ("0.5.10", "0.5.15.post1", "0.5.23")
-
-
-def _srt(version: str):
-    srt = cache_root() / "sglang" / version / "sglang" / "srt"
-    if not (srt / "models").is_dir():
-        pytest.skip(f"sglang {version}'s overlay is not on this machine")
-    return srt
 
 
 def _fallback_rule(srt) -> dict:

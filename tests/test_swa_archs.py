@@ -8,16 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import release_srt as _srt
 
-from swa_repro.core.cache import cache_root
 from swa_repro.sglang import swa_archs
-
-
-def _srt(version: str) -> Path:
-    srt = cache_root() / "sglang" / version / "sglang" / "srt"
-    if not (srt / "models").is_dir():
-        pytest.skip(f"sglang {version}'s overlay is not on this machine")
-    return srt
 
 
 def oracle(srt: Path) -> tuple[set, set]:
