@@ -13,6 +13,7 @@ from conftest import REPO
 README = REPO / "README.md"
 PAGES = sorted((REPO / "docs").glob("*.md"))
 FAMILIES = REPO / "docs" / "audit" / "families.md"
+FAMILIES_JSON = FAMILIES.with_suffix(".json")
 FIRST_SCREEN = 60  # lines
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -182,3 +183,17 @@ def test_glossary_defines_the_words_a_newcomer_meets():
     words = ["CTA", "split-KV", "fa2 / fa3", "XQA", "trtllm-gen", "NVFP4", "DCP", "overlay", "kit",
              "paged vs ragged", "window_left", "soft cap", "EAGLE / NGRAM verify", "CUDA graph capture / replay"]
     assert not [w for w in words if not any(e.startswith(w) for e in entries)]
+
+
+def test_the_front_pages_count_of_architecture_columns_is_the_tables():
+    """The README's count of the other sliding-window architectures in the newest release is the number of
+    non-family columns the committed table has for it (any GPU class: the columns are the same)."""
+    import json
+
+    from swa_repro.engine.families import FAMILIES
+
+    t = json.loads(FAMILIES_JSON.read_text())
+    newest = t["rows"][-1]["sglang"]
+    counts = {len([f for f in r["cells"] if f not in FAMILIES]) for r in t["rows"] if r["sglang"] == newest}
+    said = re.search(r"fallback: (\d+) in (\S+?)\)", " ".join(README.read_text().split()))
+    assert said and said.group(2) == newest and {int(said.group(1))} == counts, (said and said.groups(), counts)
