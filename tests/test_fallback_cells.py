@@ -101,10 +101,66 @@ def test_every_fallback_architecture_is_its_own_column_not_one_unaudited_cell():
         small = smalls[arch]["small"]
         published = CONFIG_MAPPING[small["config"]["model_type"]]()
         published = published.get_text_config() if hasattr(published, "get_text_config") else published
-        assert small["sliding_window"] == published.sliding_window, arch
+        if smalls[arch]["discovered"].get("window_from") != "audit":
+            assert small["sliding_window"] == published.sliding_window, arch
         assert small["config"]["architectures"] == [arch] and "sliding" in small["kinds"], arch
     assert {"CwmForCausalLM", "MinistralForCausalLM", "VaultGemmaForCausalLM"} <= set(smalls)
-    assert "no sliding layer at" in static["SmolLM3ForCausalLM"]["error"]
+
+
+# transformers' defaults of these have no layer the fallback would hand a window (0.5.23 sm90's table before)
+NO_DEFAULT_WINDOW = ("SmolLM3ForCausalLM", "PhimoeForCausalLM", "Dots1ForCausalLM", "MiniMaxForCausalLM",
+                     "DogeForCausalLM", "DeepseekOcr2ForConditionalGeneration", "GotOcr2ForConditionalGeneration",
+                     "LightOnOcrForConditionalGeneration", "MoonshineStreamingForConditionalGeneration",
+                     "Phi4MultimodalForCausalLM", "Qwen2_5OmniForConditionalGeneration",
+                     "Qwen2_5OmniThinkerForConditionalGeneration")
+
+
+def _published_text(arch: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from swa_repro.core.checkpoint_config import auto_model_types
+
+    published = CONFIG_MAPPING[auto_model_types()[arch]]()
+    return published.get_text_config() if hasattr(published, "get_text_config") else published
+
+
+def test_a_fallback_column_with_no_default_window_is_built_at_the_audit_window_and_a_checkpoint_is_not(tmp_path):
+    """Fails on the old code (each was ``not built: no sliding layer at transformers defaults``): a column
+    whose defaults give the fallback no sliding layer (the text route's rule on transformers' defaults:
+    every layer -1) is built at ``arch_fill.AUDIT_WINDOW`` with a pattern whose cut holds a sliding and a full
+    layer (the text route then hands the window to the sliding one only), each set key in ``set_by_audit``,
+    ``window_from: audit``. A user's ``config.json`` of the same architecture with ``sliding_window`` null
+    is cut with no window and no sliding layer: the user's file decides."""
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.audit import arch_cells, arch_fill
+
+    srt = _srt("0.5.23")
+    rule = _fallback_rule(srt)
+    smalls, static = arch_cells.plan("0.5.23", srt.parent.parent)
+    for arch in NO_DEFAULT_WINDOW:
+        text = _published_text(arch)
+        values = {"layer_types": getattr(text, "layer_types", None), "sliding_window": text.sliding_window
+                  if hasattr(text, "sliding_window") else None, "num_hidden_layers": text.num_hidden_layers}
+        assert set(_oracle_windows(values, rule)) == {-1}, arch
+        assert arch in smalls and arch not in static, (arch, static.get(arch))
+        col = smalls[arch]
+        small, found = col["small"], col["discovered"]
+        assert found["window_from"] == "audit" and small["sliding_window"] == arch_fill.AUDIT_WINDOW, arch
+        assert {"sliding", "full"} <= set(small["kinds"]), (arch, small["kinds"])
+        keys = {k.rpartition(".")[2] for k in found["set_by_audit"]}
+        assert {"sliding_window", "layer_types"} <= keys, (arch, found["set_by_audit"])
+        assert all(w.startswith(arch_fill.SET_WINDOW) for w in found["set_by_audit"].values()), arch
+    smol = smalls["SmolLM3ForCausalLM"]["small"]["config"]
+    assert _oracle_windows(smol, rule) == [arch_fill.AUDIT_WINDOW, -1]
+    assert smalls["MiniMaxForCausalLM"]["small"]["config"]["layer_types"][:3] == [
+        "sliding_attention", "linear_attention", "full_attention"]  # its linear layers kept
+    # a checkpoint: the same architecture, its file's sliding_window null: no window is set for it
+    user = {**arch_cells.transformers_defaults("smollm3"), "architectures": ["SmolLM3ForCausalLM"],
+            "sliding_window": None}
+    (tmp_path / "config.json").write_text(json.dumps(user))
+    cut = ckpt.small_config(ckpt.read(str(tmp_path)))
+    assert cut.sliding_window is None and "sliding" not in cut.kinds
+    assert set(_oracle_windows({**user, **cut.config}, rule)) == {-1}
 
 
 CWM = {"architectures": ["CwmForCausalLM"], "model_type": "cwm", "num_hidden_layers": 4, "hidden_size": 1024,

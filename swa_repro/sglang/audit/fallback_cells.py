@@ -15,7 +15,10 @@ table said "fallback: not audited" for ~24 such architectures. Each is now a col
   layers; the runner's window derived by the release's ``resolve_sliding_window_size``; then driven
   down every path like any column (``family.audit_family``). A fallback that cannot build is the
   cell's ``not built``, with the line in the release or in transformers (``releases.explain_error``);
-* defaults with no sliding layer at all (the window left to a checkpoint): ``not built``, saying so;
+* defaults with no sliding layer at all (the window left to a checkpoint: ``SmolLM3Config()``): built at a
+  window the audit sets (:func:`audit_pattern`, ``arch_fill.AUDIT_WINDOW``, each key in ``set_by_audit``,
+  ``window_from: "audit"``: a conditional verdict, as a native column's); ``not built`` where even that
+  cannot build, saying why; never for a user's checkpoint (its file decides);
 * what the fallback's source does with the window, read with ``ast`` (:func:`route`): the lines the
   cell's note cites (:func:`note`), and where a release's fallback hands no window, that finding.
 
@@ -102,15 +105,86 @@ def plan(version: str, overlay: Path, column_config, no_config) -> tuple[dict, d
             static[arch] = {"family": arch, "discovered": facts, "error": f"not buildable from transformers' "
                             f"defaults: {str(e)[:300]}"}
             continue
+        found, said = {**facts, "config": ck.path}, ""
         if SLIDING not in kinds:
+            extra, why = audit_pattern(ck)
             lt = getattr(text, "layer_types", None)
-            static[arch] = {"family": arch, "discovered": facts, "error": (
-                f"no sliding layer at {ck.path} (sliding_window={getattr(text, 'sliding_window', None)!r}, "
-                f"layer_types={_short(lt)}): the window comes from a checkpoint; "
-                f"audit one (through the fallback): swa-repro audit --sglang {version} --model PATH/config.json")}
-            continue
-        smalls[arch] = {"small": asdict(ckpt.small_config(ck)), "discovered": {**facts, "config": ck.path}}
+            said = (f"no sliding layer at {ck.path} (sliding_window={getattr(text, 'sliding_window', None)!r}, "
+                    f"layer_types={_short(lt)}): the window comes from a checkpoint")
+            try:
+                ck = column_config(a, version, overlay, extra, why) if extra else ck
+                kinds = layer_kinds(ck.text_config()) if extra else kinds
+            except (no_config, UsageError, TypeError, ValueError, AttributeError) as e:
+                said += f"; at a window the audit set the class refuses it: {str(e)[:200]}"
+                kinds = ()
+            if SLIDING not in kinds:
+                static[arch] = {"family": arch, "discovered": facts, "error": (
+                    f"{said}{'' if extra else '; the audit cannot set one (no layer count)'}; audit one (through "
+                    f"the fallback): swa-repro audit --sglang {version} --model PATH/config.json")}
+                continue
+            found.update(set_by_audit=why, window_from="audit")  # the verdict holds at the audit's window
+        smalls[arch] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
     return smalls, static
+
+
+def audit_pattern(ck) -> tuple[dict, dict]:
+    """``(values to set, {key: why})`` for a column whose transformers defaults have no sliding layer
+    (``SmolLM3Config()``: ``sliding_window=None``, every layer full): the fallback hands ``sliding_window``
+    unchanged only to the layers whose ``layer_types[i] == "sliding_attention"`` (0.5.23 transformers.py:
+    936-951), so the column is built at ``arch_fill.AUDIT_WINDOW`` with every other full layer made sliding
+    (a linear or other layer kept: MiniMax), and ``use_sliding_window`` on where the class gates the window
+    with it (Qwen2's ``sliding_window if use_sliding_window else None``); set in the text part where the
+    config nests one. A column only (``plan``): a user's checkpoint keeps its own window, or none.
+    Empty when the text part cannot be found or has fewer than 2 full layers."""
+    from swa_repro.sglang.audit.arch_fill import AUDIT_WINDOW, SET_WINDOW
+
+    text = ck.text_config()
+    path, n = _text_path(ck.config, text), getattr(text, "num_hidden_layers", None)
+    lt = list(getattr(text, "layer_types", None) or ["full_attention"] * (n if isinstance(n, int) else 0))
+    full = [i for i, t in enumerate(lt) if t == "full_attention"]
+    if path is None or len(full) < 2:
+        return {}, {}
+    for i in full[::2]:
+        lt[i] = "sliding_attention"
+    new = {"sliding_window": AUDIT_WINDOW, "layer_types": lt}
+    why = {"sliding_window": f"{SET_WINDOW}: {AUDIT_WINDOW}; the class defaults set none (a checkpoint's window: "
+                             "audit it with --model PATH)",
+           "layer_types": f"{SET_WINDOW}: every other full layer 'sliding_attention' (transformers.py:936-951 hands "
+                          f"the window only to those), {len(lt)} layers"}
+    if getattr(text, "use_sliding_window", None) is False:
+        new["use_sliding_window"] = True
+        why["use_sliding_window"] = f"{SET_WINDOW}: True, the class keeps sliding_window only with it on"
+    prefix = ".".join(path) + "." if path else ""
+    why = {prefix + k: w for k, w in why.items()}
+    if not path:
+        return new, why
+    top = _plain(getattr(ck.config, path[0]).to_dict())
+    leaf = top
+    for k in path[1:]:
+        leaf = leaf[k]
+    leaf.update(new)
+    return {path[0]: top}, why
+
+
+def _text_path(config, text, depth: int = 3) -> tuple | None:
+    """The attribute path from ``config`` to its text part (``()``: itself; ``("thinker_config",
+    "text_config")``: Qwen2_5OmniConfig's), or None."""
+    if text is config:
+        return ()
+    for k, v in vars(config).items():
+        if v is text:
+            return (k,)
+        if depth and k.endswith("_config") and hasattr(v, "to_dict"):
+            p = _text_path(v, text, depth - 1)
+            if p is not None:
+                return (k, *p)
+    return None
+
+
+def _plain(d: dict) -> dict:
+    """A sub-config's ``to_dict()`` as a ``config.json`` holds it (no private or version keys)."""
+    return {k: _plain(v) if isinstance(v, dict) else v for k, v in d.items()
+            if not str(k).startswith("_") and k not in ("transformers_version", "dtype", "torch_dtype")}
 
 
 @cache
