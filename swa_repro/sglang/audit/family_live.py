@@ -69,7 +69,7 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
                 window = job.small.intended_window if layer.kind == SLIDING else -1
                 job.memo[k] = live_of_run(run, ex, window=window, cap=float(job.small.cap or 0.0), deadline=deadline,
                                           ref_device=None if device == "cpu" else device,
-                                          skip=unwarmed(warmed, ex.backend) if warmed else None)
+                                          skip=unwarmed(warmed, ex.backend))
             rec["live"] = job.memo[k]
     return {"warmup": warmed, "warmup_seconds": warm_s}
 
