@@ -76,8 +76,10 @@ def _wrappers(cls, graph: bool, shared: bool = True):
 
 
 def _plan(w, mask, window=-1):
-    w.plan(torch.tensor([0, QO]), torch.tensor([0, KV]), torch.arange(KV), torch.tensor([1]), 1, 1, 4, 1,
-           custom_mask=mask, window_left=window)
+    """int32 indices, as sglang plans them over its int32 buffers (graph_buffers.check_index_dtypes)."""
+    i32 = torch.int32
+    w.plan(torch.tensor([0, QO], dtype=i32), torch.tensor([0, KV], dtype=i32), torch.arange(KV, dtype=i32),
+           torch.tensor([1], dtype=i32), 1, 1, 4, 1, custom_mask=mask, window_left=window)
 
 
 @pytest.mark.parametrize("graph, shared, reads_own", [(False, True, True), (True, False, True), (True, True, False)])

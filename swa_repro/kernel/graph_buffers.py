@@ -34,6 +34,14 @@ the mask it had): 0.6.12 :2766, :3019-3020 graph, :3021-3030 eager, :3457 run; 0
 belongs to the caller (shared with the captured graph)" (:2182-2184), eager it may pad its own
 copy (:2194-2196).
 
+The index buffers' dtype is the module's ``IdType``: plan picks the module from the dtype of the
+indptr it is GIVEN (0.7.2 prefill.py:2985 ``paged_kv_indptr.dtype``, ragged :4871 ``kv_indptr.dtype``)
+and copies its arguments into the buffers with ``copy_`` (:2799-2807, a silent cast), and the kernel
+casts each buffer's pointer to ``IdType*`` unchecked (csrc/batch_prefill_paged.cuh:76-84,
+batch_prefill.cu:162-163). A graph wrapper planned with int64 indices over sglang's int32 buffers
+reads each pair of int32 as one int64: on the H100 of 2026-12-06 an illegal memory access
+(:func:`check_index_dtypes` refuses it instead).
+
 sglang builds every CUDA-graph verify wrapper on ONE ``custom_mask_buf`` (0.5.23
 flashinfer_backend.py:1134-1138 allocates ``cuda_graph_custom_mask``, :1182-1186 hands it to
 each wrapper of :1174-1204), with a ``mask_indptr_buf`` per wrapper.
@@ -48,6 +56,27 @@ import torch
 
 PAGED_BUFFERS = ("qo_indptr", "paged_kv_indptr", "paged_kv_last_page_len")  # copied whole
 RAGGED_BUFFERS = ("qo_indptr", "kv_indptr")
+# the plan argument whose dtype picks the module's IdType, and the buffers its kernel reads as IdType
+ID_BUFFERS = {"paged": ("paged_kv_indptr", ("_qo_indptr_buf", "_paged_kv_indptr_buf", "_paged_kv_indices_buf",
+                                            "_paged_kv_last_page_len_buf", "_mask_indptr_buf")),
+              "ragged": ("kv_indptr", ("_qo_indptr_buf", "_kv_indptr_buf", "_mask_indptr_buf"))}
+
+
+def check_index_dtypes(w, kind: str, plan: dict) -> None:
+    """A CUDA-graph wrapper (``kind``: paged / ragged) about to be planned with ``plan``'s arguments:
+    a ValueError where a buffer it was given has another dtype than the indptr that picks the
+    module's ``IdType`` (see the module docstring: FlashInfer checks nothing, and its kernel reads
+    the buffer as ``IdType`` out of bounds). Eager wrappers rebind their buffers: nothing to check."""
+    name, attrs = ID_BUFFERS[kind]
+    idtype = getattr(plan.get(name), "dtype", None)
+    if not getattr(w, "_use_cuda_graph", False) or idtype is None:
+        return
+    for attr in attrs:
+        buf = getattr(w, attr, None)
+        if torch.is_tensor(buf) and buf.dtype != idtype:
+            raise ValueError(f"CUDA-graph plan with {name} of {idtype} over the {buf.dtype} {attr[1:]}: the kernel "
+                             f"built for {idtype} indices would read the buffer as {idtype} (flashinfer 0.7.2 "
+                             "prefill.py:2985, csrc/batch_prefill_paged.cuh:76-84), an illegal memory access on a GPU")
 
 
 def pack_segments(bits: torch.Tensor, indptr) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +142,7 @@ def packed_mask(a, qo_lens, kv_lens_):
 def plan_paged(w, a) -> None:
     """A paged plan's index and mask buffers, under the rules above."""
     graph = w._use_cuda_graph
+    check_index_dtypes(w, "paged", vars(a))
     qo_lens = (a.qo_indptr[1:] - a.qo_indptr[:-1]).tolist()
     packed, mask_indptr = packed_mask(a, qo_lens, kv_lens(a.paged_kv_indptr, a.paged_kv_last_page_len, a.page_size))
     w._page_size = int(a.page_size)
@@ -132,6 +162,7 @@ def plan_paged(w, a) -> None:
 def plan_ragged(w, a) -> None:
     """A ragged plan's index and mask buffers (page size 1: ``kv_indptr`` is the lengths')."""
     graph = w._use_cuda_graph
+    check_index_dtypes(w, "ragged", vars(a))
     qo_lens = (a.qo_indptr[1:] - a.qo_indptr[:-1]).tolist()
     packed, mask_indptr = packed_mask(a, qo_lens, (a.kv_indptr[1:] - a.kv_indptr[:-1]).tolist())
     for n in RAGGED_BUFFERS:
