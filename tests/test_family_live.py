@@ -75,6 +75,37 @@ def test_a_class_the_card_cannot_run_is_said_and_nothing_runs(card):
     assert "do not run on this card (NVIDIA H200, sm90)" in recs[0]["live"]["not_run"] and "live" not in recs[1]
 
 
+def test_a_build_step_warms_every_module_at_most_n_at_once_and_judges_nothing(card, monkeypatch):
+    """scripts/gpu_family.sh's build step (SWA_REPRO_WARM_ONLY, SWA_REPRO_BUILD_WORKERS): the warm-up
+    alone, its concurrent builds capped, every driven call said not run; without them, no cap."""
+    from swa_repro.sglang.audit import live
+
+    card("H200")
+    seen = []
+    monkeypatch.setattr(live, "warm_calls", lambda todo, *, workers=None, deadline=None:
+                        seen.append((len(todo), workers)) or {"sig": 1.5})
+    monkeypatch.setattr(fl, "_key", lambda run, layer, ex: ("live", id(run)))
+    monkeypatch.setenv(fl.WARM_ONLY_ENV, "1")
+    monkeypatch.setenv(fl.BUILD_WORKERS_ENV, "3")
+
+    def judged(*a, **k):
+        raise AssertionError("a call was judged in a build step")
+    monkeypatch.setattr(live, "live_of_run", judged)
+    recs = [{"status": "driven"}, {"status": "driven"}]
+    job = fl.Job(recs, [(object(), None), (object(), None)], None, GPU_CLASSES["sm90"], {})
+    got = fl.run_jobs([job], Executor(object, "cuda"))
+    assert got["warmup"] == {"sig": 1.5} and got["warm_only"] is True and seen == [(2, 3)]
+    assert all("build step" in r["live"]["not_run"] for r in recs) and job.memo == {}
+    monkeypatch.delenv(fl.WARM_ONLY_ENV)
+    monkeypatch.delenv(fl.BUILD_WORKERS_ENV)
+    monkeypatch.setattr(live, "live_of_run", lambda *a, **k: {"calls": 0})
+    monkeypatch.setattr(fl, "SLIDING", "never")
+    job = fl.Job([{"status": "driven"}], [(object(), types.SimpleNamespace(kind="full"))],
+                 types.SimpleNamespace(cap=None), GPU_CLASSES["sm90"], {})
+    assert "warm_only" not in fl.run_jobs([job], Executor(object, "cuda")) and seen[-1] == (1, None)
+    assert job.recs[0]["live"] == {"calls": 0}
+
+
 # ----------------------------------------------------------------------------- building on a GPU box
 def test_the_fused_mlp_gemm_is_not_picked_while_a_model_is_built(monkeypatch):
     """On CUDA the release's MLP imports nvidia-cutlass-dsl to pick a fused GEMM (0.5.23

@@ -8,6 +8,7 @@ Used by ``audit.family.audit_family``; the GPU step is ``scripts/gpu_family.sh``
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import torch
@@ -32,6 +33,11 @@ class Job:
 
     def driven(self):
         return [(rec, run, layer) for rec, (run, layer) in zip(self.recs, self.runs) if rec.get("status") == "driven"]
+
+
+# scripts/gpu_family.sh's build step: the warm-up alone (every module JIT-built, flashinfer's cache keeps
+# them for the next call on a warm machine), at most this many builds at once (default: one per module)
+WARM_ONLY_ENV, BUILD_WORKERS_ENV = "SWA_REPRO_WARM_ONLY", "SWA_REPRO_BUILD_WORKERS"
 
 
 def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
@@ -60,8 +66,14 @@ def run_jobs(jobs: list, executor, deadline: float | None = None) -> dict:
         plans.append((job, ex))
         todo += [(run, ex) for _, run, layer in job.driven() if _key(run, layer, ex) not in job.memo]
     t = time.monotonic()
-    warmed = warm_calls(todo, deadline=deadline) if todo and device != "cpu" else {}
+    workers = int(os.environ.get(BUILD_WORKERS_ENV) or 0) or None
+    warmed = warm_calls(todo, workers=workers, deadline=deadline) if todo and device != "cpu" else {}
     warm_s = round(time.monotonic() - t, 1)
+    if os.environ.get(WARM_ONLY_ENV):
+        for job, _ in plans:
+            for rec, _, _ in job.driven():
+                rec["live"] = {"not_run": f"a build step ({WARM_ONLY_ENV}): the warm-up alone, no call judged"}
+        return {"warmup": warmed, "warmup_seconds": warm_s, "warm_only": True}
     for job, ex in plans:
         for rec, run, layer in job.driven():
             k = _key(run, layer, ex)
