@@ -2,7 +2,11 @@
 # Issue #25's GPU step: model families at their real window, their layers built by sglang's own model
 # code, each driven call run on this GPU's FlashInfer and judged against the float64 reference at the
 # window and cap the family's config intends, as shipped and with `swa-repro patch --fix all`.
-#   bash scripts/gpu_family.sh [STEPS]   STEPS: all (default) = install,patch,family; or a subset
+#   bash scripts/gpu_family.sh [STEPS]   STEPS: all (default) = install,patch,family; or a subset, and
+#   build (before family): the same children with SWA_REPRO_WARM_ONLY=1, the warm-up alone (every module the
+#   judged pass needs JIT-built, at most BUILD_WORKERS at once per site; both sites at once share flashinfer's
+#   per-module locks, so no module is built twice; its cache keeps them for the next call on a warm machine)
+#   -> family-build-*.json; with family after it in one call it gets BUILD_SHARE_PCT of the time.
 # Bundles carried in .bundle/ (as for scripts/gpu_fix.sh):
 #   swa-repro bundle --flashinfer 0.7.2 --out .bundle/fi-0.7.2
 #   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
@@ -14,6 +18,11 @@
 # family: python -m swa_repro.sglang.audit.family_run --overlay SITE --families $FAMILIES --gpus $GPU
 #   --live cuda [--paths $PATHS] on both sites at once (they wait on the same JIT locks), each with a
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
+# ISOLATE_GRAPH=1 (default): the CUDA-graph paths (cuda_graph_*, of PATHS or, PATHS empty, of every audit
+#   path) run in their own children after the others' (GRAPH_SHARE_PCT of the step's time when both run),
+#   with CUDA_LAUNCH_BLOCKING=1 and SWA_REPRO_ANNOUNCE_CALLS=1 (audit.live.announce: a line on stderr before
+#   each call's launch): an illegal memory access is reported at the faulting call, its .err (returned) names
+#   it, and it cannot poison the other paths' process (the H100 call of 2026-12-06) -> family-live-*-graph.json.
 # CHECKPOINTS (issue #41): comma-separated users' checkpoints (a config.json or its folder) audited
 #   instead of FAMILIES: before the family step, python -m swa_repro.sglang.audit.checkpoint_smalls reads
 #   each on $SITE as `audit --model PATH` does and writes smalls.json (each cut to a few layers, the
@@ -22,7 +31,8 @@
 # the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
 # (gemma2,gemma3), GPU (sm80,sm90: both run on an H100 or H200), PATHS (empty: every path), PYTHON
 # (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
-# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), DRY_RUN=1: print each command instead.
+# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), ISOLATE_GRAPH (1),
+# GRAPH_SHARE_PCT (50), BUILD_WORKERS (8), BUILD_SHARE_PCT (50), BUILD_MARGIN_S (20), DRY_RUN=1: print each command instead.
 set -uo pipefail
 STEPS="${1:-all}"
 [ "$STEPS" = all ] && STEPS=install,patch,family
@@ -36,6 +46,11 @@ RESERVE_S="${RESERVE_S:-30}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_STEP_S="${MIN_STEP_S:-30}"
 LIVE_MARGIN_S="${LIVE_MARGIN_S:-120}"  # no call starts live after timeout - this: the rest builds, drives, writes
+ISOLATE_GRAPH="${ISOLATE_GRAPH:-1}"
+GRAPH_SHARE_PCT="${GRAPH_SHARE_PCT:-50}"
+BUILD_WORKERS="${BUILD_WORKERS:-8}"
+BUILD_SHARE_PCT="${BUILD_SHARE_PCT:-50}"
+BUILD_MARGIN_S="${BUILD_MARGIN_S:-20}"  # a build child's warm-up may run until its timeout less this: it only writes after
 FAMILY_FIXES="${FAMILY_FIXES-commandr_window_hook}"  # tests/test_gpu_family_script.py holds it to FAMILY_FIX
 . "$(dirname "${BASH_SOURCE[0]}")/lib_gpu.sh"  # START, ROOT (the working directory), PY, BUNDLE_DIR, FI_BUNDLE; has, run, ...
 SG_BUNDLE="$BUNDLE_DIR/sglang-$SGLANG_VERSION"
@@ -49,16 +64,68 @@ LOG="$ART/gpu_family-$STAMP.log"
 CMD_LOG="$ART/commands-$STAMP.txt"
 : > "$CMD_LOG"
 SMALLS="$ART/smalls.json"
-rm -f "$ART"/family-live-*.json "$ART/steps.tsv" "$SMALLS"
+rm -f "$ART"/family-*.json "$ART"/family-*.err "$ART/steps.tsv" "$SMALLS"
 
-family() {  # NAME PATH TIMEOUT: the family child on PATH (sites) -> family-live-NAME.json (.err)
-  local t0 site="${2%%:*}" out="$ART/family-live-$1.json"; t0=$(elapsed)
+family() {  # KIND NAME PATH TIMEOUT PATHS [VAR=VALUE...]: the family child on PATH (sites) for PATHS (empty:
+  # every path), the variables in its environment -> family-KIND-NAME.json (.err); KIND live or build
+  local kind=$1 name=$2 sp=$3 t=$4 paths=$5 t0 out; shift 5
+  out="$ART/family-$kind-$name.json"; t0=$(elapsed)
   [ -n "${DRY_RUN:-}" ] && out=/dev/null
-  run env PYTHONPATH="$ROOT:$2" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$3" "$PY" -m \
-    swa_repro.sglang.audit.family_run --overlay "$site" --out "$out" --families "$FAMILIES" --gpus "$GPU" \
-    --live cuda --live-budget-s "$(( $3 - LIVE_MARGIN_S ))" ${PATHS:+--paths "$PATHS"} \
-    ${CHECKPOINTS:+--smalls-file "$SMALLS"} 2> "$ART/family-live-$1.err"
-  local rc=$?; step "family_$1" "$t0" "$rc"; return "$rc"
+  run env PYTHONPATH="$ROOT:$sp" "$@" timeout --signal=INT --kill-after="$KILL_AFTER_S" "$t" "$PY" -m \
+    swa_repro.sglang.audit.family_run --overlay "${sp%%:*}" --out "$out" --families "$FAMILIES" --gpus "$GPU" \
+    --live cuda --live-budget-s "$(( t - $([ "$kind" = live ] && echo "$LIVE_MARGIN_S" || echo "$BUILD_MARGIN_S") ))" \
+    ${paths:+--paths "$paths"} \
+    ${CHECKPOINTS:+--smalls-file "$SMALLS"} 2> "$ART/family-$kind-$name.err"
+  local rc=$?; step "$([ "$kind" = live ] && echo family || echo build)_$name" "$t0" "$rc"; return "$rc"
+}
+
+sites() {  # KIND SUFFIX TIMEOUT PATHS [VAR=VALUE...]: both sites' children at once; status 1 if either failed
+  local kind=$1 sfx=$2 t=$3 paths=$4 pid s f which; shift 4
+  family "$kind" "shipped$sfx" "$SITE" "$t" "$paths" "$@" & pid=$!
+  family "$kind" "fixed$sfx" "$SITE_FIXED:$SITE" "$t" "$paths" "$@"; f=$?
+  wait "$pid"; s=$?
+  for which in shipped fixed; do echo "== $kind $which$sfx:"; tail -n 5 "$ART/family-$kind-$which$sfx.err" 2>/dev/null; done
+  echo "== $kind$sfx: exit status shipped $s, fixed $f"
+  [ "$s" -eq 0 ] && [ "$f" -eq 0 ]
+}
+
+split_paths() {  # PATHS_MAIN, PATHS_GRAPH: $PATHS (empty: every audit path) with cuda_graph_* apart (ISOLATE_GRAPH=1)
+  PATHS_MAIN="$PATHS" PATHS_GRAPH=""
+  [ "$ISOLATE_GRAPH" = 1 ] || return 0
+  local all="$PATHS" p ps
+  [ -n "$all" ] || all=$(PYTHONPATH="$ROOT:$SITE" "$PY" -c \
+    'from swa_repro.sglang.audit.paths import PATHS; print(",".join(PATHS))') || return 1
+  PATHS_MAIN=""; IFS=, read -r -a ps <<< "$all"
+  for p in "${ps[@]}"; do
+    case "$p" in cuda_graph_*) PATHS_GRAPH+="${PATHS_GRAPH:+,}$p" ;; *) PATHS_MAIN+="${PATHS_MAIN:+,}$p" ;; esac
+  done
+}
+
+passes() {  # KIND TIMEOUT [VAR=VALUE...]: the other paths' children, then the CUDA-graph paths' in their own
+  # (CUDA_LAUNCH_BLOCKING=1, each call said before its launch), all within TIMEOUT; status 1 if any failed
+  local kind=$1 t=$2 end rc=0 tg; shift 2
+  end=$(( $(elapsed) + t ))
+  if [ "$ISOLATE_GRAPH" != 1 ] || [ -n "$PATHS_MAIN" ]; then
+    [ -n "$PATHS_GRAPH" ] && t=$(( t * (100 - GRAPH_SHARE_PCT) / 100 ))
+    echo "== $kind: shipped and fixed at once (timeout ${t}s each; paths ${PATHS_MAIN:-all}) > family-$kind-{shipped,fixed}.json"
+    sites "$kind" "" "$t" "$PATHS_MAIN" "$@" || rc=1
+  fi
+  if [ -n "$PATHS_GRAPH" ]; then
+    tg=$(( end - $(elapsed) ))
+    if [ "$tg" -lt "$MIN_STEP_S" ] || [ "$tg" -le "$LIVE_MARGIN_S" ]; then
+      echo "== $kind graph: skipped, ${tg}s left"; return 1
+    fi
+    echo "== $kind graph: shipped and fixed at once, CUDA_LAUNCH_BLOCKING=1 (timeout ${tg}s each; paths $PATHS_GRAPH) > family-$kind-{shipped,fixed}-graph.json"
+    sites "$kind" "-graph" "$tg" "$PATHS_GRAPH" "$@" CUDA_LAUNCH_BLOCKING=1 SWA_REPRO_ANNOUNCE_CALLS=1 || rc=1
+  fi
+  return "$rc"
+}
+
+timed() {  # KIND TIMEOUT [VAR=VALUE...]: passes, or skipped and said when TIMEOUT leaves no time to run a call live
+  if [ "$2" -lt "$MIN_STEP_S" ] || [ "$2" -le "$LIVE_MARGIN_S" ]; then
+    echo "== $([ "$1" = live ] && echo family || echo "$1"): skipped, $(left)s left"; return 1
+  fi
+  passes "$@"
 }
 
 checkpoints() {  # CHECKPOINTS read on the shipped site as `audit --model PATH` reads each -> $SMALLS; prints
@@ -102,25 +169,21 @@ labels() {  # CHECKPOINTS' folder names, as checkpoint_smalls.label_of names the
     if FAMILIES="$(checkpoints)"; then echo "== checkpoints read: $FAMILIES"
     else echo "== checkpoints: not read (above); family skipped"; RC=1; STEPS="${STEPS/family/}"; fi
   fi
+  if has build || has family; then
+    split_paths || { echo "== paths: the audit's paths not listed (above)"; RC=1; STEPS="${STEPS/build/}"; STEPS="${STEPS/family/}"; }
+  fi
+  if has build; then
+    T=$(( $(left) - RESERVE_S )); has family && T=$(( T * BUILD_SHARE_PCT / 100 ))
+    timed build "$T" SWA_REPRO_WARM_ONLY=1 SWA_REPRO_BUILD_WORKERS="$BUILD_WORKERS" || RC=1
+  fi
   if has family; then
-    T=$(( $(left) - RESERVE_S ))
-    if [ "$T" -lt "$MIN_STEP_S" ] || [ "$T" -le "$LIVE_MARGIN_S" ]; then
-      echo "== family: skipped, $(left)s left"; RC=1
-    else
-      echo "== family: shipped and fixed at once (timeout ${T}s each) > family-live-{shipped,fixed}.json"
-      family shipped "$SITE" "$T" & PID=$!
-      family fixed "$SITE_FIXED:$SITE" "$T"; F=$?
-      wait "$PID"; S=$?
-      for which in shipped fixed; do echo "== family $which:"; tail -n 5 "$ART/family-live-$which.err" 2>/dev/null; done
-      echo "== family: exit status shipped $S, fixed $F"
-      [ "$S" -ne 0 ] || [ "$F" -ne 0 ] && RC=1
-    fi
+    timed live "$(( $(left) - RESERVE_S ))" || RC=1
   fi
   steps_done "$RC"
   exit "$RC"
 } 2>&1 | tee "$LOG"
 RC=${PIPESTATUS[0]}
 [ -n "${CHECKPOINTS:-}" ] && FAMILIES="$(labels)"  # set in the pipeline's subshell above: again here
-write_out "steps: $STEPS; families $FAMILIES${CHECKPOINTS:+ (checkpoints $CHECKPOINTS)}; gpu $GPU; paths ${PATHS:-all}; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC" \
-  "$ART/family-live-shipped.json" "$ART/family-live-fixed.json" "$SMALLS"
+write_out "steps: $STEPS; families $FAMILIES${CHECKPOINTS:+ (checkpoints $CHECKPOINTS)}; gpu $GPU; paths ${PATHS:-all}; isolate graph $ISOLATE_GRAPH; flashinfer $FI_VERSION, sglang $SGLANG_VERSION; exit status $RC" \
+  "$ART"/family-*.json "$ART"/family-*-graph.err "$SMALLS"
 exit "$RC"

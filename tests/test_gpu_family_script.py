@@ -15,11 +15,13 @@ MOCK_PY = r"""#!/usr/bin/env bash
 ev() { echo "$* $(date +%s.%N)" >> "$EVENTS"; }
 case "$1" in
   -) cat >/dev/null; echo "  stand-in verify";;
-  -c) echo "2.11.0+stand-in cuda 13.0";;
+  -c) case "$2" in *audit.paths*) ev "list-paths"; echo "decode,extend_paged,cuda_graph_decode,cuda_graph_verify";;
+        *) echo "2.11.0+stand-in cuda 13.0";; esac;;
   -m)
     mod=$2; shift 2
     if [ "$mod" = swa_repro.sglang.audit.family_run ]; then
-      ev "family-start PYTHONPATH=$PYTHONPATH $*"; sleep 1
+      ev "family-start PYTHONPATH=$PYTHONPATH WARM=${SWA_REPRO_WARM_ONLY:-} WORKERS=${SWA_REPRO_BUILD_WORKERS:-} BLOCKING=${CUDA_LAUNCH_BLOCKING:-} ANNOUNCE=${SWA_REPRO_ANNOUNCE_CALLS:-} $*"
+      echo "live: launching stand-in" >&2; sleep 1
       out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); echo '{"live": {"executor": "cuda"}}' > "$out"
       ev "family-end $*"; exit 0
     fi
@@ -48,7 +50,7 @@ def _at(events, prefix):
 
 
 def test_install_patch_then_both_sites_live_at_once(rig):
-    r, out, ev = rig()
+    r, out, ev = rig(ISOLATE_GRAPH="0")
     assert r.returncode == 0, r.stdout + r.stderr
     shipped, fixed = rig.sites["shipped"], rig.sites["fixed"]
     assert (fixed / "sglang").is_dir()  # the fixed site: a copy of the sglang package alone
@@ -102,7 +104,7 @@ def test_checkpoints_are_read_on_the_shipped_site_then_audited_by_their_labels(r
     assert f"--overlay {shipped} --sglang 0.5.23 --out " in smalls and smalls.split()[1].endswith(f":{shipped}")
     assert " ck/a ck/b/config.json " in smalls
     starts = [e for e in ev if e.startswith("family-start")]
-    assert len(starts) == 2 and all("--families a,b " in e and "--smalls-file " in e for e in starts)
+    assert len(starts) == 4 and all("--families a,b " in e and "--smalls-file " in e for e in starts)  # graph apart
     assert float(smalls.split()[-1]) < min(float(e.split()[-1]) for e in starts)
     assert json.loads(lzma.decompress((out / "smalls.json.xz").read_bytes())) == {"a": {}, "b": {}}
     assert "families a,b (checkpoints ck/a,ck/b/config.json);" in (out / "gpu.txt").read_text()
@@ -112,3 +114,68 @@ def test_checkpoints_it_cannot_read_skip_the_family_step_and_exit_1(rig):
     r, _, ev = rig(CHECKPOINTS="ck/a", SMALLS_FAIL=1)
     assert r.returncode == 1 and "== checkpoints: not read" in r.stdout
     assert not [e for e in ev if e.startswith("family-start")]
+
+
+def _paths(e):
+    return e.split("--paths ")[1].split()[0] if "--paths " in e else None
+
+
+def _budget(e):
+    return int(e.split("--live-budget-s ")[1].split()[0])
+
+
+def test_graph_paths_run_in_their_own_blocking_children_after_the_others(rig):
+    """PATHS empty: every audit path, listed by the package; the cuda_graph_* ones apart, after the others
+    ended, with CUDA_LAUNCH_BLOCKING=1 and each call said before its launch, their .err returned."""
+    r, out, ev = rig()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert any(e.startswith("list-paths") for e in ev)
+    starts = [e for e in ev if e.startswith("family-start")]
+    main = [e for e in starts if _paths(e) == "decode,extend_paged"]
+    graph = [e for e in starts if _paths(e) == "cuda_graph_decode,cuda_graph_verify"]
+    assert len(main) == len(graph) == 2 and len(starts) == 4
+    assert all("BLOCKING= ANNOUNCE= " in e for e in main) and all("BLOCKING=1 ANNOUNCE=1 " in e for e in graph)
+    assert all("WARM= " in e for e in starts)  # no build step asked for
+    ends = [float(e.split()[-1]) for e in ev if e.startswith("family-end") and "cuda_graph" not in e]
+    assert max(ends) < min(float(e.split()[-1]) for e in graph)  # after the others, never beside them
+    assert all(_budget(e) <= (575 - 30) // 2 - 120 for e in main)  # GRAPH_SHARE_PCT of the time kept for the graph
+    got = {p.name for p in out.iterdir()}
+    assert {"family-live-shipped.json.xz", "family-live-fixed-graph.json.xz", "family-live-shipped-graph.err.xz"} <= got
+    assert b"live: launching" in lzma.decompress((out / "family-live-fixed-graph.err.xz").read_bytes())
+    gpu = (out / "gpu.txt").read_text()
+    assert "family_shipped-graph" in gpu and "isolate graph 1;" in gpu
+
+
+@pytest.mark.parametrize("paths, main, graph", [("extend_ragged_no_prefix,cuda_graph_verify", "extend_ragged_no_prefix",
+                                                 "cuda_graph_verify"),
+                                                ("cuda_graph_verify", None, "cuda_graph_verify"),
+                                                ("extend_ragged_no_prefix,extend_ragged_prefix",
+                                                 "extend_ragged_no_prefix,extend_ragged_prefix", None)])
+def test_paths_given_are_split_without_listing(rig, paths, main, graph):
+    r, _, ev = rig(PATHS=paths)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not any(e.startswith("list-paths") for e in ev)
+    starts = [e for e in ev if e.startswith("family-start")]
+    assert [_paths(e) for e in starts if "BLOCKING= " in e] == [main] * 2 * (main is not None)
+    assert [_paths(e) for e in starts if "BLOCKING=1 " in e] == [graph] * 2 * (graph is not None)
+    if main is None:  # the graph children alone: the whole step's time
+        assert all(_budget(e) > (575 - 30) // 2 for e in starts)
+
+
+def test_a_build_step_warms_both_sites_first_then_the_judged_pass(rig):
+    r, out, ev = rig("install,patch,build,family", PATHS="extend_ragged_no_prefix,extend_ragged_prefix",
+                     BUILD_WORKERS="3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    starts = [e for e in ev if e.startswith("family-start")]
+    build = [e for e in starts if "WARM=1 WORKERS=3 " in e]
+    judged = [e for e in starts if "WARM= WORKERS= " in e]
+    assert len(build) == len(judged) == 2 and len(starts) == 4
+    assert {e.split("--overlay ")[1].split()[0] for e in build} == {str(s) for s in rig.sites.values()}
+    # BUILD_SHARE_PCT: the rest is the judged pass's; the warm-up may run to BUILD_MARGIN_S before the timeout
+    assert all((575 - 30) // 2 - 20 - 5 <= _budget(e) <= (575 - 30) // 2 - 20 for e in build)
+    build_ends = [float(e.split()[-1]) for e in ev if e.startswith("family-end")][:2]
+    assert max(build_ends) < min(float(e.split()[-1]) for e in judged)
+    got = {p.name for p in out.iterdir()}
+    assert {"family-build-shipped.json.xz", "family-build-fixed.json.xz", "family-live-shipped.json.xz"} <= got
+    gpu = (out / "gpu.txt").read_text()
+    assert "build_shipped" in gpu and "family_fixed" in gpu and "steps: install,patch,build,family;" in gpu
