@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from swa_repro.kernel import graph_buffers
+from swa_repro.kernel.wrappers import unpack_paged_kv_cache
 from swa_repro.sglang.audit.env import PAGED
 
 INDEX = ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len")
@@ -87,6 +88,15 @@ def test_the_reissued_graph_plan_has_the_dtypes_sglang_planned_and_its_buffers_h
             assert kw[name].dtype == recorded[name].dtype == torch.int32, name
             assert getattr(w, f"_{name}_buf").dtype == torch.int32
         assert kw["paged_kv_indices"].tolist() == p.plan[1]["paged_kv_indices"].tolist()  # what the run read, kept
+        # the other bounds the kernel relies on hold (the candidates ruled out): batch size, index and mask
+        # buffers long enough, every page read inside the cache given at forward, q's rows = qo_indptr[-1]
+        qo, ip, last = kw["qo_indptr"], kw["paged_kv_indptr"], kw["paged_kv_last_page_len"]
+        assert len(qo) == len(w._qo_indptr_buf) and len(kw["paged_kv_indices"]) <= len(w._paged_kv_indices_buf)
+        k_cache, _ = unpack_paged_kv_cache(p.fwd[1]["paged_kv_cache"])
+        assert int(kw["paged_kv_indices"][: int(ip[-1])].max()) < k_cache.shape[0]
+        assert p.fwd[1]["q"].shape[0] == int(qo[-1])
+        sizes = [q * k for q, k in zip((qo[1:] - qo[:-1]).tolist(), graph_buffers.kv_lens(ip, last, kw["page_size"]))]
+        assert len(kw["custom_mask"]) == sum(sizes) and sum(-(-n // 8) for n in sizes) <= len(w._custom_mask_buf)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("live: launching ")]
     assert len(lines) == len(graph) and all("cuda_graph_verify" in ln and PAGED in ln for ln in lines)
     assert [int(ln.split("forward=#")[1].split()[0]) for ln in lines] == [p.fwd[0] for p in graph]
@@ -110,3 +120,28 @@ def test_the_graph_buffers_rule_names_every_buffer_the_kernel_reads_as_idtype():
     name, attrs = graph_buffers.ID_BUFFERS["paged"]
     assert name == "paged_kv_indptr" and {a.removeprefix("_").removesuffix("_buf") for a in attrs} == {
         *INDEX, "mask_indptr"}
+
+
+def test_the_h100_calls_built_the_graph_verify_signature_as_a_module_of_its_own():
+    """The evidence, read from the returned files: in the cold sm90 call the CUDA-graph verify signatures were
+    still building when their eager twins (the same FlashInfer module key but for the index dtype: the
+    mask and use_cuda_graph pick no module, prefill.py:2975-2990) were built, with the plain module of
+    their head_dim; in the warm call right after, their warm-up raised the illegal memory access."""
+    import ast
+    import json
+    import lzma
+
+    from conftest import REPO
+
+    base = REPO / "recordings/family-live/0.5.23"
+    warm = {}
+    for call in ("call-20261206T1644-h100-checkpoints-sm90", "call-20261206T1653-h100-checkpoints-sm90-warm"):
+        doc = json.loads(lzma.decompress((base / call / "family-live-shipped.json.xz").read_bytes()))
+        warm[call[:18]] = {ast.literal_eval(k): v for k, v in doc["live"]["warmup"].items()}
+    cold, hot = warm["call-20261206T1644"], warm["call-20261206T1653"]
+    for hd in (128, 256):
+        graph, eager, plain = ((PAGED, "fa2", False, False, m, g, False, hd) for m, g in ((True, True), (True, False),
+                                                                                           (False, False)))
+        assert cold[graph].startswith("still building") and abs(cold[eager] - cold[plain]) < 1  # one module, one build
+        assert isinstance(cold[eager], float)
+        assert "illegal memory access" in hot[graph] or "BatchPrefillWithPagedKVCache failed" in hot[graph]
