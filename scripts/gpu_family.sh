@@ -20,8 +20,8 @@
 #   timeout of the time left less RESERVE_S -> family-live-shipped.json, family-live-fixed.json.
 # ISOLATE_GRAPH=1 (default): the CUDA-graph paths (cuda_graph_*, of PATHS or, PATHS empty, of every audit
 #   path) run in their own children after the others' (GRAPH_SHARE_PCT of the step's time when both run),
-#   with CUDA_LAUNCH_BLOCKING=1 and SWA_REPRO_ANNOUNCE_CALLS=1 (audit.live.announce: a line on stderr before
-#   each call's launch): an illegal memory access is reported at the faulting call, its .err (returned) names
+#   with CUDA_LAUNCH_BLOCKING=1 and SWA_REPRO_ANNOUNCE_CALLS=1 (audit.live.announce: a line on stderr as
+#   each call launches and returns): an illegal memory access is reported at the faulting call, its .err (returned) names
 #   it, and it cannot poison the other paths' process (the H100 call of 2026-12-06) -> family-live-*-graph.json.
 # CHECKPOINTS (issue #41): comma-separated users' checkpoints (a config.json or its folder) audited
 #   instead of FAMILIES: before the family step, python -m swa_repro.sglang.audit.checkpoint_smalls reads

@@ -97,9 +97,10 @@ def test_the_reissued_graph_plan_has_the_dtypes_sglang_planned_and_its_buffers_h
         assert p.fwd[1]["q"].shape[0] == int(qo[-1])
         sizes = [q * k for q, k in zip((qo[1:] - qo[:-1]).tolist(), graph_buffers.kv_lens(ip, last, kw["page_size"]))]
         assert len(kw["custom_mask"]) == sum(sizes) and sum(-(-n // 8) for n in sizes) <= len(w._custom_mask_buf)
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("live: launching ")]
-    assert len(lines) == len(graph) and all("cuda_graph_verify" in ln and PAGED in ln for ln in lines)
-    assert [int(ln.split("forward=#")[1].split()[0]) for ln in lines] == [p.fwd[0] for p in graph]
+    lines = [ln.split()[1:] for ln in capsys.readouterr().err.splitlines() if ln.startswith("live: ")]
+    assert [ln[0] for ln in lines] == ["launching", "returned"] * len(graph)
+    assert all(ln[1] == "cuda_graph_verify" and PAGED in ln for ln in lines)
+    assert [int(ln[-2].removeprefix("forward=#")) for ln in lines] == [p.fwd[0] for p in graph for _ in (0, 1)]
 
 
 def test_no_launch_line_unless_asked(monkeypatch, capsys):
@@ -109,10 +110,10 @@ def test_no_launch_line_unless_asked(monkeypatch, capsys):
 
     monkeypatch.delenv(live.ANNOUNCE_ENV, raising=False)
     p = types.SimpleNamespace(stage="capture", cls=PAGED, wrapper=7, plan=(1,), fwd=(2,), backend="fa2")
-    live.announce(types.SimpleNamespace(meta={"path": "x"}), p)
+    live.announce(types.SimpleNamespace(meta={"path": "x"}), p, "launching")
     assert capsys.readouterr().err == ""
     monkeypatch.setenv(live.ANNOUNCE_ENV, "1")
-    live.announce(types.SimpleNamespace(meta={"path": "x"}), p)
+    live.announce(types.SimpleNamespace(meta={"path": "x"}), p, "launching")
     assert capsys.readouterr().err.startswith("live: launching x ")
 
 

@@ -71,10 +71,12 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) 
         kwargs.update({k: p.capture_plan[1][k] for k in ("window_left", "logits_soft_cap")})
     if p.cls in (PAGED, RAGGED):  # a clear error, never a kernel fault that poisons the process's context
         check_index_dtypes(w, "paged" if p.cls == PAGED else "ragged", kwargs)
-    announce(trace, p)
+    announce(trace, p, "launching")
     getattr(w, method)(*args, **kwargs)
     method, args, kwargs = _call(trace, p.fwd[0], device, workspaces)
-    return _first_tensor(getattr(w, method)(*args, **kwargs)), getattr(w, "_backend", None)
+    out = _first_tensor(getattr(w, method)(*args, **kwargs))
+    announce(trace, p, "returned")
+    return out, getattr(w, "_backend", None)
 
 
 def _bound_plan(trace, p: Pair, device: str) -> dict:
@@ -98,13 +100,14 @@ def _bound_plan(trace, p: Pair, device: str) -> dict:
 ANNOUNCE_ENV = "SWA_REPRO_ANNOUNCE_CALLS"  # set (scripts/gpu_family.sh's graph child): one stderr line per launch
 
 
-def announce(trace, p: Pair) -> None:
-    """Where :data:`ANNOUNCE_ENV` is set, the call about to be planned and launched, on stderr, flushed: with
-    ``CUDA_LAUNCH_BLOCKING=1`` a kernel fault is reported at its launch, and the log's last such line
-    names it even if the process dies before its JSON is written."""
+def announce(trace, p: Pair, what: str) -> None:
+    """Where :data:`ANNOUNCE_ENV` is set, a call about to be planned and launched (``launching``) or
+    returned from its launch (``returned``), on stderr, flushed: with ``CUDA_LAUNCH_BLOCKING=1`` a kernel
+    fault is reported at its launch, and the call launched and never returned (the warm-up runs calls in
+    parallel threads) is named in the log even if the process dies before its JSON is written."""
     if os.environ.get(ANNOUNCE_ENV):
         meta = trace.meta or {}
-        print(f"live: launching {meta.get('path')} layer={meta.get('layer')} {p.stage} {p.cls} "
+        print(f"live: {what} {meta.get('path')} layer={meta.get('layer')} {p.stage} {p.cls} "
               f"wrapper={p.wrapper} plan=#{p.plan[0]} forward=#{p.fwd[0]} backend={p.backend}",
               file=sys.stderr, flush=True)
 
