@@ -227,3 +227,26 @@ def test_doctor_model_answers_for_the_users_checkpoint(mistral, installed_0_5_23
     r = json.loads(capfd.readouterr().out)["family"]
     assert r["model"].endswith("config.json") and r["answer"]["state"] == f["answer"]["state"] == "not affected"
     assert {v["kind"] for v in r["verdicts"]} == {"full"}  # the user's null window: no sliding layer
+
+
+# ----------------------------------------------------------------------------- a key nested in sub-configs
+def test_a_key_set_in_a_sub_config_of_a_sub_config_counts_as_set():
+    """transformers' ``ColModernVBertConfig`` nests its vision tower two levels down (``vlm_config`` ->
+    ``vision_config``, a ``SiglipVisionConfig``): vLLM 0.34.0 colmodernvbert.py:268-269 hands that config to
+    ``SiglipVisionModel``, whose siglip.py:621 reads ``config.layer_norm_eps`` off it. The key counts as set
+    (before: only the config, its text part and its direct sub-configs were asked: "lacks layer_norm_eps");
+    a key no config sets still does not. The same for a plain config (a ``model_type`` transformers lacks),
+    whose nested ``*_config`` stay dicts. Oracle: the class's own ``to_dict()``, walked as plain JSON."""
+    from swa_repro.core.checkpoint_config import Checkpoint, config_object
+
+    values = {"architectures": ["ColModernVBertForRetrieval"], "model_type": "colmodernvbert"}
+    ck = Checkpoint("-", "-", values, values["architectures"][0], *config_object(values, "-"))
+    nested = ck.config.to_dict()["vlm_config"]
+    assert "layer_norm_eps" not in nested and "layer_norm_eps" in nested["vision_config"]  # two levels down
+    assert ck.has("layer_norm_eps") and not ck.has("no_such_key_anywhere")
+    assert {type(c).__name__ for c in ck.sub_configs()} >= {"ModernVBertConfig", "SiglipVisionConfig"}
+    plain = {"architectures": ["MyVlm"], "model_type": "my_vlm_remote", "vlm_config": {"vision_config": {
+        "layer_norm_eps": 1e-6}, "text_config": {"hidden_size": 8}}, "id2label": {"0": "a"}}
+    pk = Checkpoint("-", "-", plain, "MyVlm", *config_object(plain, "-"))
+    assert pk.config_class.startswith("PretrainedConfig (plain") and pk.has("layer_norm_eps") and pk.has("hidden_size")
+    assert not pk.has("no_such_key_anywhere") and not pk.has("0")  # a dict that is no sub-config is not one

@@ -183,6 +183,34 @@ def test_an_encoder_only_column_is_refused_not_driven_as_a_decoder():
         assert "fam" in col and not col["fam"].get("refused"), (a, col.get("not_built"))
 
 
+@pytest.mark.matrix
+def test_a_column_whose_vision_tower_sits_two_sub_configs_down_is_built():
+    """ColModernVBert (0.34.0): transformers' ``ColModernVBertConfig`` nests the vision tower's config under
+    ``vlm_config.vision_config``; the release hands that tower's config to ``SiglipVisionModel``
+    (colmodernvbert.py:268-269), whose siglip.py:621 reads ``config.layer_norm_eps``. Before, the column was
+    "not built: lacks layer_norm_eps" (``Checkpoint.has`` asked one level of sub-configs); now it is built and
+    gets the refusal its ModernBert layers earn, the same as ModernVBertModel's (one model file). Oracle: the
+    release's files read as text (the line reads the key, its class takes a ``SiglipVisionConfig``) and the
+    class's ``to_dict()`` as plain JSON (a ``siglip_vision_model`` two levels down that sets the key)."""
+    from transformers import CONFIG_MAPPING
+
+    from swa_repro.vllm import archs
+
+    overlay = _overlay("0.34.0")
+    facts = archs.discover(overlay)
+    col = archs.column("ColModernVBertForRetrieval", facts["ColModernVBertForRetrieval"], "0.34.0", overlay)
+    assert "fam" in col, col.get("not_built")
+    other = archs.column("ModernVBertModel", facts["ModernVBertModel"], "0.34.0", overlay)
+    assert col["fam"]["refused"] == other["fam"]["refused"] and "encoder-only" in col["fam"]["refused"]
+    models = overlay / "vllm/model_executor/models"
+    siglip = (models / "siglip.py").read_text().splitlines()
+    head = next(i for i in range(620, 0, -1) if siglip[i].startswith("class "))
+    assert "config.layer_norm_eps" in siglip[620] and "config: SiglipVisionConfig," in "\n".join(siglip[head:620])
+    assert re.search(r"SiglipVisionModel\(\s*config\.vision_config,", (models / "colmodernvbert.py").read_text())
+    vision = CONFIG_MAPPING["colmodernvbert"]().to_dict()["vlm_config"]["vision_config"]
+    assert vision["model_type"] == "siglip_vision_model" and "layer_norm_eps" in vision
+
+
 # ----------------------------------------------------------------------------- the release's own config classes
 @pytest.mark.matrix
 def test_a_column_of_the_releases_own_config_class_has_the_layers_its_init_derives():

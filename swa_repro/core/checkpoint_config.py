@@ -47,20 +47,39 @@ class Checkpoint:
         return get() if get else self.config
 
     def sub_configs(self) -> list:
-        """The config's own sub-configs (a multimodal model's ``vision_config`` / ``audio_config``):
-        the model file's vision tower reads ``config.layer_norm_eps`` off its own (0.5.23 siglip.py:265)."""
-        return [v for v in getattr(self.config, "__dict__", {}).values()
-                if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+        """The config's sub-configs at any depth (a multimodal model's ``vision_config`` /
+        ``audio_config``, and theirs): the model file's vision tower reads ``config.layer_norm_eps`` off
+        its own (0.5.23 siglip.py:265), and a sub-config may nest it one level further (transformers'
+        ``ColModernVBertConfig``: ``vlm_config.vision_config``, the ``SiglipVisionConfig`` that vLLM
+        0.34.0 colmodernvbert.py:268-269 hands ``SiglipVisionModel``, whose siglip.py:621 reads
+        ``config.layer_norm_eps``)."""
+        out, todo, seen = [], [self.config], {id(self.config)}
+        while todo:
+            for v in getattr(todo.pop(), "__dict__", {}).values():
+                if hasattr(v, "to_dict") and hasattr(v, "model_type") and id(v) not in seen:
+                    seen.add(id(v))
+                    out.append(v)
+                    todo.append(v)
+        return out
 
     def has(self, key: str) -> bool:
-        """The file gives ``key``, or the config class (the config, its text part, a sub-config) sets it."""
+        """The file gives ``key`` (at its top, its text part, or in a ``*_config`` it nests at any depth: a
+        plain config keeps those as dicts), or the config class (the config, its text part, a sub-config at
+        any depth) sets it."""
         return key in self.values or key in self.raw_text() or key in self.provides or \
+            any(key in d for d in _nested_dicts(self.values)) or \
             any(hasattr(c, key) for c in (self.config, self.text_config(), *self.sub_configs()))
 
     def raw_text(self) -> dict:
         """The file's own values of the text config (its ``text_config`` object, else the file)."""
         sub = self.values.get("text_config")
         return sub if isinstance(sub, dict) else self.values
+
+
+def _nested_dicts(values: dict) -> list[dict]:
+    """The ``*_config`` dicts a file nests, at any depth (``vlm_config`` -> ``vision_config``)."""
+    out = [v for k, v in values.items() if k.endswith("_config") and isinstance(v, dict)]
+    return out + [d for v in out for d in _nested_dicts(v)]
 
 
 def looks_like_path(text: str) -> bool:

@@ -13,7 +13,9 @@ defaults. Cached per release content (``overlay_run.run_child``).
 Per ``model_type``: the class and its file:line, its default values (``to_dict()``), the attribute names
 an instance has beyond ``PretrainedConfig``'s (methods a model file calls on its config:
 ``get_nemotron_h_config_for_layer``), and the ``architectures`` it declares (0.5.23 configs/step3p5.py:8);
-or, for a class whose defaults do not build, the error it raised.
+or, for a class whose defaults do not build, the error it raised. Both the entries and which type serves
+an architecture are ``engine.config_classes``' (vLLM's registry the same); this module says where sglang's
+registry lives and which model file names the class.
 """
 
 from __future__ import annotations
@@ -45,59 +47,25 @@ def registry(version: str, overlay: Path) -> dict:
 
 def class_names(model_file: Path) -> set:
     """Every name a model file uses or imports (its imports and annotations name its config class)."""
+    from swa_repro.engine.config_classes import names_in
     from swa_repro.engine.config_reads import model_tree
 
-    tree = model_tree(Path(model_file))  # the parse swa_archs and config_reads share
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
-        {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    return names_in([model_tree(Path(model_file))])  # the parse swa_archs and config_reads share
 
 
 def model_type_for(arch: str, model_file: Path, types: dict) -> tuple[str | None, str]:
-    """``(model_type, how)``: the release's registry type serving ``arch``: the one whose class declares
-    it in ``architectures``, else the one class of the registry its model file names (an import or an
-    annotation: 0.5.23 jet_nemotron.py ``config: JetNemotronConfig``); None when none or several do."""
-    declared = [mt for mt, e in types.items() if arch in (e.get("architectures") or [])]
-    if len(declared) == 1:
-        return declared[0], f"{types[declared[0]]['class']} declares architectures={[arch]} ({types[declared[0]]['where']})"
-    names = class_names(model_file)
-    named = sorted({mt for mt, e in types.items() if e["class"] in names})
-    if len(named) == 1:
-        return named[0], f"models/{model_file.name} names {types[named[0]]['class']} ({types[named[0]]['where']})"
-    if len(named) > 1:
-        return None, (f"models/{model_file.name} names {len(named)} of the release's config classes "
-                      f"({', '.join(types[m]['class'] for m in named)}) and none declares {arch}")
-    return None, f"no config class of the release's registry declares {arch} or is named by models/{model_file.name}"
+    """``(model_type, how)``: the release's registry type serving ``arch`` (``config_classes.model_type_for``:
+    the class declaring it, else the one class its model file names); None when none or several do."""
+    from swa_repro.engine import config_classes
+
+    return config_classes.model_type_for(arch, types, class_names(model_file), f"models/{model_file.name}")
 
 
 # ----------------------------------------------------------------------------- child
-def _where(obj) -> str:
-    from swa_repro.sglang.families import def_line
-
-    try:
-        return def_line(obj)
-    except (OSError, TypeError):
-        return getattr(obj, "__module__", "?")
-
-
-def _entry(cls, generic: set) -> dict:
-    out = {"class": cls.__name__, "where": _where(cls)}
-    try:
-        inst = cls()
-        out["defaults"] = inst.to_dict()
-        out["attrs"] = sorted(a for a in set(dir(inst)) - generic if not a.startswith("_"))
-        declared = getattr(cls, "architectures", None)  # a class attribute (PretrainedConfig's own init sets None)
-        out["architectures"] = list(declared if isinstance(declared, (list, tuple)) else
-                                    getattr(inst, "architectures", None) or [])
-    except Exception as e:  # noqa: BLE001 - a class whose defaults do not build: said, not skipped
-        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    return out
-
-
 def child(overlay: Path) -> dict:
     import importlib
 
-    from transformers import PretrainedConfig
-
+    from swa_repro.engine.config_classes import entries, where
     from swa_repro.sglang.overlay_run import check_no_foreign, import_release
 
     import_release(overlay)
@@ -110,10 +78,10 @@ def child(overlay: Path) -> dict:
             break
     else:
         return {"module": None, "types": {}}
-    generic = set(dir(PretrainedConfig()))
-    types = {mt: _entry(cls, generic) for mt, cls in dict(mod._CONFIG_REGISTRY).items()}
+    at = where(mod, overlay).split(":")[0]
+    types = entries(mod._CONFIG_REGISTRY, overlay, at)
     check_no_foreign(overlay)
-    return {"module": _where(mod).split(":")[0] + f":{_registry_line(mod)}", "types": types}
+    return {"module": f"{at}:{_registry_line(mod)}", "types": types}
 
 
 def _registry_line(mod) -> int:

@@ -75,13 +75,10 @@ def discover(overlay: Path) -> dict[str, dict]:
 
 def imported_names(overlay: Path, arch: str) -> set[str]:
     """Every name the architecture's module and attention files import or use (their config class among them)."""
+    from swa_repro.engine.config_classes import names_in
+
     files = registry.module_files(overlay, registry.served(overlay)[arch][0]) + registry.attention_files(overlay, arch)
-    out = set()
-    for f in files:
-        tree = ast.parse(registry._text(f))
-        out |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-        out |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    return out
+    return names_in(ast.parse(registry._text(f)) for f in files)
 
 
 def release_checkpoint(arch: str, mt: str, entry: dict, version: str) -> cc.Checkpoint:

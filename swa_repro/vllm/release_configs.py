@@ -14,7 +14,9 @@ published config the column stands for.
 Per ``model_type``: the class and its file:line, its ``to_dict()``, its text part's (``get_text_config()``,
 with its ``model_type``) where it is a sub-config, the attribute names an instance has beyond
 ``PretrainedConfig``'s (properties a model file reads: configs/ultravox.py:116 ``text_config``), and
-the ``architectures`` it declares; or the error its defaults raise (said, never guessed around).
+the ``architectures`` it declares; or the error its defaults raise (said, never guessed around). The entries
+and the rule for which type serves an architecture are ``engine.config_classes``' (sglang's the same); this
+module passes vLLM's loader renames, the text part and the config module of the model's own name.
 """
 
 from __future__ import annotations
@@ -61,65 +63,25 @@ def _run(overlay: Path, version: str) -> dict:
 
 
 def model_type_for(arch: str, module: str, names: set, types: dict) -> str | None:
-    """The registry's ``model_type`` serving ``arch``: the one whose class declares it in ``architectures``,
-    else the one class of the registry its model files import (``names``), else the one defined in the
-    release's config module of the model's own name (0.34.0 models/midashenglm.py imports only its audio
-    tower's ``DashengConfig``; configs/midashenglm.py:83 ``MiDashengLMConfig`` is the registry's
-    ``midashenglm``); several named: the one of them in that module. None when none or several."""
-    declared = [mt for mt, e in types.items() if arch in (e.get("architectures") or [])]
-    if len(declared) == 1:
-        return declared[0]
+    """The registry's ``model_type`` serving ``arch`` (``config_classes.model_type_for``): the class declaring
+    it, else the one class its model files import (``names``), else the one in the release's config module
+    of the model's own name (0.34.0 models/midashenglm.py imports only its audio tower's ``DashengConfig``;
+    configs/midashenglm.py:83 ``MiDashengLMConfig`` is the registry's ``midashenglm``); None when none or
+    several."""
+    from swa_repro.engine import config_classes
+
     own = {mt for mt, e in types.items() if Path(e["where"].split(":")[0]).stem == module}
-    named = {mt for mt, e in types.items() if e["class"] in names}
-    for pick in (named, named & own, own):
-        if len({types[m]["class"] for m in pick}) == 1:
-            return min(pick)
-    return None
+    return config_classes.model_type_for(arch, types, names, f"models/{module}.py", own)[0]
 
 
 # ----------------------------------------------------------------------------- child
-def _plain(v):
-    return json.loads(json.dumps(v, default=str))
-
-
-def _entry(cls, generic: set, overlay: Path, remap=None) -> dict:
-    import inspect
-
-    from transformers import PretrainedConfig
-
-    try:
-        f = Path(inspect.getsourcefile(cls) or "?").resolve()
-        where = f"{f.relative_to(overlay) if f.is_relative_to(overlay) else f}:{inspect.getsourcelines(cls)[1]}"
-    except (OSError, TypeError):
-        where = getattr(cls, "__module__", "?")
-    out = {"class": cls.__name__, "where": where}
-    try:
-        inst = cls()
-        if remap is not None:  # the loader's renames (0.34.0 config.py:823: ``llm_config`` -> ``text_config``)
-            inst = remap(inst)
-        out["defaults"] = _plain(inst.to_dict())
-        text = inst.get_text_config()
-        if text is not inst:
-            out["text"] = {"class": type(text).__name__, "model_type": getattr(text, "model_type", None),
-                           "defaults": _plain(text.to_dict())}
-        subs = [v for v in vars(inst).values() if isinstance(v, PretrainedConfig)]  # a vision tower's reads too
-        out["attrs"] = sorted(a for a in set(dir(inst)).union(*(v.to_dict() for v in subs)) - generic
-                              if not a.startswith("_"))
-        declared = getattr(cls, "architectures", None)
-        out["architectures"] = list(declared if isinstance(declared, (list, tuple)) else
-                                    getattr(inst, "architectures", None) or [])
-    except Exception as e:  # noqa: BLE001 - a class whose defaults do not build: said, not skipped
-        out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    return out
-
-
 def child(overlay: Path, a) -> dict:
     import importlib
     import warnings
 
-    from transformers import PretrainedConfig
     from transformers.utils import logging as tl
 
+    from swa_repro.engine.config_classes import entries
     from swa_repro.vllm.audit.drive import foreign, use_deps
 
     use_deps(a.deps)
@@ -129,15 +91,10 @@ def child(overlay: Path, a) -> dict:
     reg = getattr(mod, "_CONFIG_REGISTRY", None)
     if reg is None:
         return {"types": {}, "error": f"{LOADER} has no _CONFIG_REGISTRY"}
-    generic = set(dir(PretrainedConfig()))
-    types = {}
-    for mt in list(reg):
-        try:
-            cls = reg[mt]
-        except Exception as e:  # noqa: BLE001 - a lazy entry naming a class the release cannot import here
-            types[mt] = {"class": "?", "where": LOADER, "error": f"{type(e).__name__}: {str(e)[:200]}"}
-            continue
-        types[mt] = _entry(cls, generic, overlay, getattr(mod, "_maybe_remap_hf_config_attrs", None))
+    # the loader's renames (0.34.0 config.py:823 ``llm_config`` -> ``text_config``); a composite class's
+    # text part (configs/lfm3_vl.py:80) and its vision tower's keys (configs/ultravox.py:116) read too
+    types = entries(reg, overlay, LOADER, getattr(mod, "_maybe_remap_hf_config_attrs", None), text_part=True,
+                    sub_attrs=True)
     bad = foreign(overlay)
     if bad:
         raise RuntimeError(f"{len(bad)} vllm modules did not come from the overlay (e.g. {bad[0]})")

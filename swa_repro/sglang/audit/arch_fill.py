@@ -194,6 +194,19 @@ SET_WINDOW = "a window the audit sets"  # how a set_by_audit line starts when th
 TEXT_PARTS = ("text_config", "llm_config")
 
 
+def set_window(where: str = "") -> str:
+    """The ``set_by_audit`` line of a window key the audit sets (:func:`audit_window`; the fallback's
+    columns: ``fallback_cells.audit_pattern``): its value, where the release reads it, and that a checkpoint's
+    own window is audited with ``--model PATH``."""
+    return (f"{SET_WINDOW}: {AUDIT_WINDOW}{', ' + where if where else ''}; the class defaults set none (a checkpoint's "
+            "window: audit it with --model PATH)")
+
+
+def set_pattern(what: str, n: int) -> str:
+    """The ``set_by_audit`` line of the ``layer_types`` the audit writes out: ``every other`` ``what``, ``n`` layers."""
+    return f"{SET_WINDOW}: every other {what}, {n} layers"
+
+
 def audit_window(values: dict, model_file: Path, arch: str, sites=()) -> tuple[dict, dict]:
     """``(values to set, {key: why})`` where a release class's defaults give no window at all (0.5.23
     configs/step3p5.py:29-30 ``layer_types=None, sliding_window=None``): only a checkpoint has one, so the
@@ -215,8 +228,7 @@ def audit_window(values: dict, model_file: Path, arch: str, sites=()) -> tuple[d
     if not wins:
         return {}, {}
     new = {k: AUDIT_WINDOW for k in wins}
-    why = {k: f"{SET_WINDOW}: {AUDIT_WINDOW}, read at {reads[k]}; the class defaults set none (a checkpoint's window: "
-              "audit it with --model PATH)" for k in wins}
+    why = {k: set_window(f"read at {reads[k]}") for k in wins}
     if "layer_types" in reads and not d.get("layer_types"):
         file, _, _ = reads["layer_types"].rpartition(":")
         consts = pattern_constants(model_file.parent / file)
@@ -226,8 +238,8 @@ def audit_window(values: dict, model_file: Path, arch: str, sites=()) -> tuple[d
             return {}, {}
         full = next((c for c in consts if "full" in c), "full_attention")
         new["layer_types"] = [(slide, full)[i % 2] for i in range(n)]
-        why["layer_types"] = (f"{SET_WINDOW}: every other layer {slide!r} ({file} compares layer_types[i] with it), "
-                              f"the others {full!r}, {n} layers")
+        why["layer_types"] = set_pattern(f"layer {slide!r} ({file} compares layer_types[i] with it), the others "
+                                         f"{full!r}", n)
     if part:
         return {part: {**d, **new}}, {f"{part}.{k}": w for k, w in why.items()}
     return new, why

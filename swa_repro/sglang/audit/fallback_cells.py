@@ -136,7 +136,12 @@ def audit_pattern(ck) -> tuple[dict, dict]:
     with it (Qwen2's ``sliding_window if use_sliding_window else None``); set in the text part where the
     config nests one. A column only (``plan``): a user's checkpoint keeps its own window, or none.
     Empty when the text part cannot be found or has fewer than 2 full layers."""
-    from swa_repro.sglang.audit.arch_fill import AUDIT_WINDOW, SET_WINDOW
+    from swa_repro.sglang.audit.arch_fill import (
+        AUDIT_WINDOW,
+        SET_WINDOW,
+        set_pattern,
+        set_window,
+    )
 
     text = ck.text_config()
     path, n = _text_path(ck.config, text), getattr(text, "num_hidden_layers", None)
@@ -147,10 +152,9 @@ def audit_pattern(ck) -> tuple[dict, dict]:
     for i in full[::2]:
         lt[i] = "sliding_attention"
     new = {"sliding_window": AUDIT_WINDOW, "layer_types": lt}
-    why = {"sliding_window": f"{SET_WINDOW}: {AUDIT_WINDOW}; the class defaults set none (a checkpoint's window: "
-                             "audit it with --model PATH)",
-           "layer_types": f"{SET_WINDOW}: every other full layer 'sliding_attention' (transformers.py:936-951 hands "
-                          f"the window only to those), {len(lt)} layers"}
+    why = {"sliding_window": set_window(),
+           "layer_types": set_pattern("full layer 'sliding_attention' (transformers.py:936-951 hands the window only "
+                                      "to those)", len(lt))}
     if getattr(text, "use_sliding_window", None) is False:
         new["use_sliding_window"] = True
         why["use_sliding_window"] = f"{SET_WINDOW}: True, the class keeps sliding_window only with it on"
