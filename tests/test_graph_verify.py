@@ -6,7 +6,7 @@ the capture and replay metadata calls, the captured forward and the graph's repl
 stand-ins keeping FlashInfer's graph-mode buffer rules (``kernel.graph_buffers``), and judged by the key
 oracle (``audit.keys``: each draft token's window on its tree position, from the parent links alone).
 One child audit per fix state: as shipped and the fix (the release's whole audits, which notebook 04
-and ``test_audit_spec.py`` read too), and the fix before #40 (``prior_eagle_shared_mask_buf``) on the
+makes too), and the fix before #40 (``prior_eagle_shared_mask_buf``) on the
 CUDA-graph verify paths and their eager twins.
 """
 
@@ -40,8 +40,9 @@ def audits():
     from swa_repro.sglang.fix.fixes import ORDER
 
     release_overlay("0.5.23")
-    # as shipped and fixed: the whole audits (every path, these among them) notebook 04 and test_audit_spec
-    # make, one cache key each, read here, not a child more on a subset; the prior fix is this file's alone
+    # as shipped and fixed: the whole audits (every path, these among them), one cache key each, read here,
+    # not a child more on a subset: notebook 04 makes both (its fixes=all is ORDER), test_audit_spec the
+    # shipped one too; the prior fix's audit is this file's alone
     whole = {k: audit_release("0.5.23", fixes=f, note=lambda *a: None) for k, f in (("shipped", None), ("fixed", ORDER))}
     prior = audit_release("0.5.23", paths=GRAPH + list(EAGER.values()), fixes=(*ORDER, "prior_eagle_shared_mask_buf"),
                           note=lambda *a: None)
