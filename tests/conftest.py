@@ -133,6 +133,18 @@ def release_overlay(version: str):
         pytest.skip(f"cannot provision sglang=={version}: {e}")
 
 
+def release_families(version: str, fixes=None) -> dict:
+    """``{gpu: document}`` of every family x GPU class of ``version`` (shipped, or with ``fixes``): the
+    sweep's audit (``test_remedy.py``). The tests that read a few of its cells ask for all of them, so
+    the suite runs one family child per release and fix set, not one per test's subset (each cell is its
+    own cache entry: a subset asked first cost a child, and the sweep's then a second for the rest)."""
+    from swa_repro.engine.families import GPU_CLASSES
+    from swa_repro.sglang.audit.family_run import audit_release
+
+    release_overlay(version)
+    return audit_release(version, "all", list(GPU_CLASSES), fixes=fixes, note=lambda s: None)
+
+
 def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m swa_repro.cli ARGS` in a subprocess of this interpreter (the venv's python)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
