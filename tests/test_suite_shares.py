@@ -42,3 +42,15 @@ def test_every_heavy_first_file_exists():
     """A renamed or removed file in ``HEAVY_FIRST`` would silently lose its early start."""
     assert len(set(conftest.HEAVY_FIRST)) == len(conftest.HEAVY_FIRST)
     assert [n for n in conftest.HEAVY_FIRST if not (TESTS / n).is_file()] == []
+
+
+def test_the_kit_site_runs_every_kit_file_in_one_child():
+    """test_upstream_kit's kit runs and test_kit_swa_cases_cpu's are one cache key per site (the same
+    overlay and test files): the second file reads the first's child instead of running its own."""
+    from test_kit_swa_cases_cpu import CASES
+    from test_upstream_kit import KIT_CASES, KIT_FILES, TEST_FILE
+
+    assert set(KIT_FILES) == {TEST_FILE, KIT_CASES, CASES} and all(f.is_file() for f in KIT_FILES)
+    for name in ("test_upstream_kit.py", "test_kit_swa_cases_cpu.py"):
+        text = (TESTS / name).read_text()
+        assert "_run(kit_copy.kit_overlay(b" in text and "list(KIT_FILES)" in text, name
