@@ -52,8 +52,9 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 # 95 s) after 60 lighter files. Seconds: each file's share of `make test --durations=80` from nothing at
 # 0c10340 (load ~8 on the 2 cores, 1629 s in all), less what #hT moved to the matrix or shared. A
 # file that reads what another computes (the same cache key: the second waits on the lock and reads)
-# comes after it: test_family_fixes and test_audit_family read test_remedy's sweep; test_fallback_cells
-# and test_hybrid_pool's Beam test read test_arch_configs' plan of 0.5.23's columns.
+# comes after it: test_family_fixes and test_audit_family read test_remedy's sweep, test_kit_swa_cases_cpu
+# test_upstream_kit's kit runs; test_fallback_cells and test_hybrid_pool's Beam test read test_arch_configs'
+# plan of 0.5.23's columns.
 HEAVY_FIRST = (
     "test_remedy.py",  # 320 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
     "test_hybrid_pool.py",  # 300 s: the pool probes of 0.5.23 and 0.5.12 (one child each), Beam's family child
@@ -62,15 +63,15 @@ HEAVY_FIRST = (
     "test_server_run.py",  # 170 s: ServerArgs children of 0.5.10 and 0.5.23, a checkpoint's
     "test_audit_spec.py",  # 155 s: 0.5.23's whole audits, shipped and with --fix all
     "test_cap_safety.py",  # 133 s: the cap check of 0.5.23, shipped and fixed
-    "test_upstream_kit.py",  # 129 s: five upstream_cpu runs on 0.5.23
+    "test_upstream_kit.py",  # 129 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)
     "test_alternatives.py",  # 129 s: 0.5.23 with the alternatives
     "test_checkpoint_config.py",  # 109 s: two checkpoint audits of 0.5.23 (a child each)
     "test_sglang_check.py",  # 108 s: notebooks 03 and 04 (0.5.23's whole audits)
-    "test_kit_swa_cases_cpu.py",  # 91 s
     "test_bundle.py",  # 81 s
     "test_family_answer.py",  # 80 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
     "test_story.py",  # 80 s: notebooks 00, 01, 02 (twice)
     "test_graph_verify.py",  # 0.5.23's prior-fix audit; shipped and fixed: test_sglang_check's
+    "test_kit_swa_cases_cpu.py",  # test_upstream_kit's kit runs (91 s when it ran its own)
     "test_lab.py",  # 57 s
     "test_cli_errors.py",  # 56 s
     "test_artifact_sets.py",  # 53 s: notebook 00 twice
