@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import release_overlay, skip_module_unless
@@ -146,8 +149,26 @@ def test_a_cell_driven_on_the_hybrid_pool_gets_an_ordinary_verdict():
 
 
 # ----------------------------------------------------------------------------- 0.5.23, the real model
+def _content_file(doc: dict) -> Path:
+    """``doc`` as JSON in a file named by its content: the child's arguments are its cache key, so a path
+    that changes every run (pytest's tmp_path) made a warm suite run the child again."""
+    text = json.dumps(doc, default=str, sort_keys=True)
+    path = Path(tempfile.gettempdir()) / f"swa-repro-smalls-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def test_the_smalls_file_is_named_by_its_content():
+    """The Beam child's ``--smalls-file`` path is part of its cache key: the same content, the same path
+    (a warm suite reads the child's result), another content another path (never a stale result)."""
+    a, b = {"BeamForCausalLM": {"sliding_window": 8}}, {"BeamForCausalLM": {"sliding_window": 16}}
+    assert _content_file(a) == _content_file(dict(a)) != _content_file(b)
+    assert json.loads(_content_file(a).read_text()) == a and json.loads(_content_file(b).read_text()) == b
+
+
 @pytest.mark.slow
-def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict(tmp_path):
+def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict():
     """BeamForCausalLM (0.5.23 ``is_hybrid_swa_model``) through the family child at its published
     window: every sliding run is driven on the hybrid pool; decode (the window trimmed to W + 1 keys)
     is exact after the release freed the out-of-window slots; the EAGLE verify reads every committed
@@ -161,10 +182,9 @@ def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict(tmp_path):
 
     overlay = release_overlay("0.5.23")
     smalls, _ = arch_cells.plan("0.5.23", overlay)
-    (tmp_path / "s.json").write_text(json.dumps({"BeamForCausalLM": smalls["BeamForCausalLM"]["small"]},
-                                                default=str))
+    smalls_file = _content_file({"BeamForCausalLM": smalls["BeamForCausalLM"]["small"]})
     doc, _, _ = run_child(MODULE, overlay, ["--families", "BeamForCausalLM", "--gpus", "sm90", "--paths",
-                                            "decode,target_verify_eagle", "--smalls-file", str(tmp_path / "s.json")],
+                                            "decode,target_verify_eagle", "--smalls-file", str(smalls_file)],
                           "hybrid family audit")
     (f,) = doc["by_gpu"]["sm90"]
     assert f["build"]["model_config"]["is_hybrid_swa"] is True
