@@ -46,39 +46,44 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 
 
 # The files that take longest from nothing (an empty swa-repro cache: each computes its release's
-# audits / kit runs / notebooks), heaviest first; seconds from `make test --durations` from nothing on 2 cores
-# (issue #24, with the fork server). Three heavy files were missing and started near the end: in
-# `make test`'s command with `--durations=0` from an empty result cache (2026-12-06, load ~15 on the 2
-# cores: 2009 s in all), test_checkpoint_config.py and test_graph_verify.py were still in their module
-# fixtures at 1822 s; their seconds are from that run.
-# `make test` (--dist loadfile --no-loadscope-reorder) hands whole files to its two workers in
-# collection order, so these start first and no long file is left to start last; xdist's own order
-# (most tests first) had started test_upstream_kit.py (11 tests, 95 s) after 60 lighter files.
+# audits / kit runs / notebooks), heaviest first. `make test` (--dist loadfile --no-loadscope-reorder)
+# hands whole files to its three workers in collection order, so these start first and no long file is
+# left to start last; xdist's own order (most tests first) had started test_upstream_kit.py (11 tests,
+# 95 s) after 60 lighter files. Seconds: each file's share of `make test --durations=80` from nothing at
+# 0c10340 (load ~8 on the 2 cores, 1629 s in all), less what #hT moved to the matrix or shared. A
+# file that reads what another computes (the same cache key: the second waits on the lock and reads)
+# comes after it: test_family_fixes and test_audit_family read test_remedy's sweep, test_kit_swa_cases_cpu
+# test_upstream_kit's kit runs; test_fallback_cells and test_hybrid_pool's Beam test read test_arch_configs'
+# plan of 0.5.23's columns.
 HEAVY_FIRST = (
-    "test_sglang_check.py",  # 64 s: notebooks 03 and 04 (0.5.23's audits)
-    "test_family_fixes.py",  # 56 s: 0.5.23's families with every fix, sm100
-    "test_story.py",  # 55 s: notebooks 00, 01, 02 (twice)
-    "test_audit_family.py",  # 51 s: 0.5.23's gemma2 at window 4096
-    "test_family_answer.py",  # 50 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
-    "test_remedy.py",  # 0.5.23's families x GPU classes, shipped and fixed; 0.5.20's cohere2; notebook 07
-    "test_checkpoint_config.py",  # 461 s at load ~15: two checkpoint audits of 0.5.23 (a child each)
-    "test_sglang_kit.py",  # 21 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
+    "test_remedy.py",  # 320 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
+    "test_hybrid_pool.py",  # 300 s: the pool probes of 0.5.23 and 0.5.12 (one child each), Beam's family child
+    "test_arch_configs.py",  # 186 s: 0.5.23's architecture columns (release_configs child, the plan)
+    "test_fallback_cells.py",  # 243 s: a Cwm checkpoint audit through the fallback; the plan's columns
+    "test_server_run.py",  # 170 s: ServerArgs children of 0.5.10 and 0.5.23, a checkpoint's
+    "test_audit_spec.py",  # 155 s: 0.5.23's whole audits, shipped and with --fix all
+    "test_cap_safety.py",  # 133 s: the cap check of 0.5.23, shipped and fixed
+    "test_upstream_kit.py",  # 129 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)
+    "test_alternatives.py",  # 129 s: 0.5.23 with the alternatives
+    "test_checkpoint_config.py",  # 109 s: two checkpoint audits of 0.5.23 (a child each)
+    "test_sglang_check.py",  # 108 s: notebooks 03 and 04 (0.5.23's whole audits)
+    "test_bundle.py",  # 81 s
+    "test_family_answer.py",  # 80 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
+    "test_story.py",  # 80 s: notebooks 00, 01, 02 (twice)
+    "test_graph_verify.py",  # 0.5.23's prior-fix audit; shipped and fixed: test_sglang_check's
+    "test_kit_swa_cases_cpu.py",  # test_upstream_kit's kit runs (91 s when it ran its own)
+    "test_lab.py",  # 57 s
+    "test_cli_errors.py",  # 56 s
+    "test_artifact_sets.py",  # 53 s: notebook 00 twice
+    "test_family_fixes.py",  # 50 s: 0.5.23's fixed cells (test_remedy's)
+    "test_audit_family.py",  # 46 s: 0.5.23's cells (test_remedy's); gemma3's child
+    "test_fuzz.py",  # 43 s
+    "test_sglang_kit.py",  # 29 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
     "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
-    "test_upstream_kit.py",  # 29 s: four upstream_cpu runs on 0.5.23 (one warm server)
-    "test_graph_verify.py",  # 245 s at load ~15: three audits of 0.5.23's verify paths
-    "test_kit_swa_cases_cpu.py",  # 122 s at load ~15
-    "test_audit_spec.py",  # 22 s
     "test_gpu_fuzz_script.py",  # 22 s, mostly its stand-in's sleeps
-    "test_cap_safety.py",  # 20 s
-    "test_lab.py",  # 20 s
-    "test_alternatives.py",  # 17 s
-    "test_bundle.py",  # 12 s
-    "test_artifact_sets.py",  # 11 s: notebook 00 twice
-    "test_fuzz.py",  # 9 s
-    "test_sglang_fix.py",  # 9 s
-    "test_gpu_fix_script.py",  # 8 s
-    "test_cli_errors.py",  # 8 s
-    "test_notebook_runner.py",  # 7 s
+    "test_sglang_fix.py",  # 15 s
+    "test_gpu_fix_script.py",  # 9 s
+    "test_notebook_runner.py",  # 8 s
 )
 
 
@@ -131,6 +136,18 @@ def release_overlay(version: str):
         return provision(version, any_release=True)[0]
     except Exception as e:  # noqa: BLE001 - no cached overlay and no package index
         pytest.skip(f"cannot provision sglang=={version}: {e}")
+
+
+def release_families(version: str, fixes=None) -> dict:
+    """``{gpu: document}`` of every family x GPU class of ``version`` (shipped, or with ``fixes``): the
+    sweep's audit (``test_remedy.py``). The tests that read a few of its cells ask for all of them, so
+    the suite runs one family child per release and fix set, not one per test's subset (each cell is its
+    own cache entry: a subset asked first cost a child, and the sweep's then a second for the rest)."""
+    from swa_repro.engine.families import GPU_CLASSES
+    from swa_repro.sglang.audit.family_run import audit_release
+
+    release_overlay(version)
+    return audit_release(version, "all", list(GPU_CLASSES), fixes=fixes, note=lambda s: None)
 
 
 def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -146,11 +146,12 @@ def _overlay_0_5_23():
 
 @pytest.fixture(scope="module")
 def doc_0_5_23():
+    """sm90's document of 0.5.23's family audit; the tests read gemma2, cohere2 and mistral of it (the
+    whole sweep's child, shared: ``conftest.release_families``)."""
     pytest.importorskip("sglang")
-    _overlay_0_5_23()
-    from swa_repro.sglang.audit import family_run
+    from conftest import release_families
 
-    return family_run.audit_families("0.5.23", "gemma2,cohere2,mistral", "sm90", note=lambda s: None)
+    return release_families("0.5.23")["sm90"]
 
 
 def _run(doc, family, path, kind):

@@ -282,11 +282,12 @@ def test_every_cell_says_what_to_do(gpu, family, cell):
 # ----------------------------------------------------------------------------- the audit with the fixes
 @pytest.fixture(scope="module")
 def fixed_sm100():
-    from swa_repro.sglang.audit.family_run import audit_families
+    from conftest import release_families
 
     _text("0.5.23", fix.BACKEND)
-    # the families the tests read: one the fixes make exact, one sglang has no fix for, one it refuses
-    doc = audit_families("0.5.23", "cohere2,mistral,gpt-oss", "sm100", fixes=fix.parse_names("all"), note=lambda s: None)
+    # the families the tests read: one the fixes make exact, one sglang has no fix for, one it refuses; of
+    # the whole audit with the fixes (the sweep's child, shared: conftest.release_families)
+    doc = release_families("0.5.23", fix.parse_names("all"))["sm100"]
     return {f["family"]: f for f in doc["families"]}
 
 

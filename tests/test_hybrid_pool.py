@@ -15,8 +15,12 @@ pool)" cells), against oracles outside ``audit.hybrid_pool``:
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
 import json
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import release_overlay, skip_module_unless
@@ -66,28 +70,55 @@ def _hand_view(overlay, seqs, window: int, decode: bool) -> list[list[int]]:
     return out
 
 
-def _probe(version: str, mode: str) -> dict:
+MODES = ("decode", "extend")
+
+
+@functools.cache
+def _probes(version: str) -> dict:
+    """``{mode: probe}``: one child per release for both modes (its cost is importing the release's
+    pools; cached by content, so a second process reads it)."""
     from swa_repro.sglang.overlay_run import run_child
 
     doc, _, _ = run_child("swa_repro.sglang.audit.hybrid_pool", release_overlay(version),
-                          ["--seqs", ",".join(map(str, SEQS)), "--window", str(WINDOW), "--mode", mode],
+                          ["--seqs", ",".join(map(str, SEQS)), "--window", str(WINDOW), "--modes", ",".join(MODES)],
                           "hybrid pool probe")
-    return doc
+    return doc["by_mode"]
 
 
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.14", "0.5.12"])
-@pytest.mark.parametrize("mode", ["decode", "extend"])
+# 0.5.14 is in the release matrix: its pool and eviction are 0.5.23's classes and function (its threshold a page
+# lower, read by the same _threshold_rule branch); 0.5.12 stays, the other route (ScheduleBatch._evict_swa,
+# the allocator in swa_memory_pool.py).
+@pytest.mark.parametrize("version", ["0.5.23", pytest.param("0.5.14", marks=pytest.mark.matrix), "0.5.12"])
+@pytest.mark.parametrize("mode", MODES)
 def test_a_two_request_batch_reads_the_swa_slots_the_releases_rules_give(version, mode):
     """The release's SWAKVPool and allocator (0.5.23; 0.5.14, whose threshold is a page lower; 0.5.12,
     whose allocator and eviction live elsewhere) around two requests: each position's SWA slot as the release translates it equals the hand count;
     a decode frees the first request's out-of-window slots (read as slot 0), an extend frees none."""
     overlay = release_overlay(version)
-    doc = _probe(version, mode)
+    doc = _probes(version)[mode]
     assert doc["facts"]["pool"] == "SWAKVPool" and doc["facts"]["allocator"] == "SWATokenToKVPoolAllocator"
     want = _hand_view(overlay, SEQS, WINDOW, mode == "decode")
     assert doc["view"] == want
     assert doc["facts"]["freed"] == sum(row.count(0) for row in want)
     assert (doc["facts"]["freed"] > 0) == (mode == "decode")
+
+
+def test_one_child_probes_every_mode(monkeypatch, tmp_path):
+    """The probe's child takes every mode at once (one import of the release's pools for both, not a child
+    per mode): each mode's document is the single-mode probe's, and a bad mode is refused by the parser."""
+    from swa_repro.sglang.audit import hybrid_pool
+
+    monkeypatch.setattr(hybrid_pool, "probe", lambda seqs, window, mode: {"mode": mode, "seqs": seqs, "window": window})
+    monkeypatch.setattr("swa_repro.sglang.audit.family_build.vllm_placeholder", lambda: None)
+    monkeypatch.setattr("swa_repro.sglang.releases.ensure_sgl_kernel", lambda: None)
+    monkeypatch.setattr("swa_repro.engine.bytecode.share", lambda overlay: None)
+    monkeypatch.setattr("sys.path", list(__import__("sys").path))
+    out = tmp_path / "out.json"
+    args = ["--overlay", str(tmp_path), "--out", str(out), "--seqs", "3,2", "--window", "4"]
+    assert hybrid_pool.main([*args, "--modes", "decode,extend"]) == 0
+    assert json.loads(out.read_text()) == {"by_mode": {m: {"mode": m, "seqs": [3, 2], "window": 4} for m in MODES}}
+    with pytest.raises(SystemExit):
+        hybrid_pool.main([*args, "--modes", "decode,prefill"])
 
 
 # ----------------------------------------------------------------------------- the verdict
@@ -118,8 +149,26 @@ def test_a_cell_driven_on_the_hybrid_pool_gets_an_ordinary_verdict():
 
 
 # ----------------------------------------------------------------------------- 0.5.23, the real model
+def _content_file(doc: dict) -> Path:
+    """``doc`` as JSON in a file named by its content: the child's arguments are its cache key, so a path
+    that changes every run (pytest's tmp_path) made a warm suite run the child again."""
+    text = json.dumps(doc, default=str, sort_keys=True)
+    path = Path(tempfile.gettempdir()) / f"swa-repro-smalls-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+def test_the_smalls_file_is_named_by_its_content():
+    """The Beam child's ``--smalls-file`` path is part of its cache key: the same content, the same path
+    (a warm suite reads the child's result), another content another path (never a stale result)."""
+    a, b = {"BeamForCausalLM": {"sliding_window": 8}}, {"BeamForCausalLM": {"sliding_window": 16}}
+    assert _content_file(a) == _content_file(dict(a)) != _content_file(b)
+    assert json.loads(_content_file(a).read_text()) == a and json.loads(_content_file(b).read_text()) == b
+
+
 @pytest.mark.slow
-def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict(tmp_path):
+def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict():
     """BeamForCausalLM (0.5.23 ``is_hybrid_swa_model``) through the family child at its published
     window: every sliding run is driven on the hybrid pool; decode (the window trimmed to W + 1 keys)
     is exact after the release freed the out-of-window slots; the EAGLE verify reads every committed
@@ -133,10 +182,9 @@ def test_0_5_23_beam_on_the_hybrid_pool_gets_a_verdict(tmp_path):
 
     overlay = release_overlay("0.5.23")
     smalls, _ = arch_cells.plan("0.5.23", overlay)
-    (tmp_path / "s.json").write_text(json.dumps({"BeamForCausalLM": smalls["BeamForCausalLM"]["small"]},
-                                                default=str))
+    smalls_file = _content_file({"BeamForCausalLM": smalls["BeamForCausalLM"]["small"]})
     doc, _, _ = run_child(MODULE, overlay, ["--families", "BeamForCausalLM", "--gpus", "sm90", "--paths",
-                                            "decode,target_verify_eagle", "--smalls-file", str(tmp_path / "s.json")],
+                                            "decode,target_verify_eagle", "--smalls-file", str(smalls_file)],
                           "hybrid family audit")
     (f,) = doc["by_gpu"]["sm90"]
     assert f["build"]["model_config"]["is_hybrid_swa"] is True

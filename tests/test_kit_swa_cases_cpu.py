@@ -22,14 +22,16 @@ DECODE_GRAPH = {f"test_runner_mode_cuda_graph_decode_cases[case=runner_cuda_grap
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from conftest import release_overlay
-    from test_upstream_kit import _run
+    from test_upstream_kit import KIT_FILES, _run
 
     from swa_repro.sglang.fix.overlay import fixed_overlay
 
     overlay = release_overlay(VERSION)
     tmp = tmp_path_factory.mktemp("kit-swa-cpu")
     fixed = fixed_overlay(VERSION, ORDER, overlay)[0]
-    return {s: _run(kit_copy.kit_overlay(b), [CASES], tmp)[CASES.name] for s, b in (("shipped", overlay), ("fixed", fixed))}
+    # test_upstream_kit.py's kit runs (the same files: one child per site for both files)
+    return {s: _run(kit_copy.kit_overlay(b), list(KIT_FILES), tmp)[CASES.name] for s, b in (("shipped", overlay),
+                                                                                         ("fixed", fixed))}
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ affected; the vLLM audit's answer in short lines with what to do; ``--fix all,NA
 The sweep reads the committed family table (``docs/audit/families.json``: every family x GPU class x
 release, and 0.5.23 with ``--fix all``) and, for 0.5.20 and 0.5.23, the audits of one child per release
 (shipped, and with the remedy's fixes), content-cached: never one audit per cell. 0.5.20's sweep is in the
-release matrix (``make test-matrix``); ``make test`` audits its cohere2 cell on sm100 only."""
+release matrix (``make test-matrix``), and so are doctor's and notebook 07's cohere2/sm100 on it: ``make test``
+asks them of 0.5.23, whose cells the sweep has made (one release's children, never a second release's)."""
 
 from __future__ import annotations
 
@@ -195,13 +196,11 @@ class _Audits(dict):
     the tests of one cell compute (or read) just that cell."""
 
     def __missing__(self, key):
-        from conftest import release_overlay
-
-        from swa_repro.sglang.audit.family_run import audit_release
+        from conftest import release_families
 
         v, fixed = key
-        release_overlay(v)
-        self[key] = audit_release(v, "all", list(TABLE["gpus"]), fixes=ALL if fixed else None, note=lambda s: None)
+        self[key] = release_families(v, ALL if fixed else None)
+        assert set(self[key]) == set(TABLE["gpus"])
         return self[key]
 
 
@@ -212,7 +211,7 @@ def audits():
 
 @pytest.mark.slow
 # 0.5.20 is in the release matrix (0.5.15-0.5.22: docs/development.md): its sweep (every family x GPU class,
-# shipped and fixed: two children) runs in make test-matrix; the tests below still audit its cohere2/sm100 cell.
+# shipped and fixed: two children) runs in make test-matrix, with the tests below on its cohere2/sm100 cell.
 @pytest.mark.parametrize("release", [pytest.param(v, marks=pytest.mark.matrix) if v != "0.5.23" else v for v in SWEPT])
 def test_sweep_doctor_notebook_and_audit_give_one_remedy_the_audit_confirms(release, audits, monkeypatch):
     """Every family x GPU class of ``release``: the audit's remedy (as ``audit --model`` stores and
@@ -242,15 +241,21 @@ def test_sweep_doctor_notebook_and_audit_give_one_remedy_the_audit_confirms(rele
     assert seen >= 3 * len(TABLE["gpus"])  # gemma2, gemma3, cohere2 on every class
 
 
+# 0.5.20 (issue #42's release) is in the release matrix: on 0.5.23 the same cell (affected as shipped, layer != HF
+# with the remedy: the committed table) is read from the sweep's children; 0.5.20's would be two children more.
+ISSUE_RELEASES = [pytest.param("0.5.20", marks=pytest.mark.matrix), "0.5.23"]
+
+
 @pytest.mark.slow
-def test_doctor_model_cohere2_sm100_recommends_the_audits_remedy_and_exits_1(monkeypatch, capfd):
-    """``doctor --model cohere2 --gpu sm100`` on an installed 0.5.20: the audit's remedy, confirmed, and
-    exit 1 (affected as shipped); ``--fail-on never``: 0."""
+@pytest.mark.parametrize("release", ISSUE_RELEASES)
+def test_doctor_model_cohere2_sm100_recommends_the_audits_remedy_and_exits_1(release, monkeypatch, capfd):
+    """``doctor --model cohere2 --gpu sm100`` on an installed ``release``: the audit's remedy, confirmed,
+    and exit 1 (affected as shipped); ``--fail-on never``: 0."""
     from swa_repro.core import mode
     from swa_repro.notebook import doctor
 
     real = mode.dist_version
-    monkeypatch.setattr(mode, "dist_version", lambda d: "0.5.20" if d == "sglang" else real(d))
+    monkeypatch.setattr(mode, "dist_version", lambda d: release if d == "sglang" else real(d))
     monkeypatch.setattr(doctor, "doctor_report", dict)
     monkeypatch.setattr(doctor, "_print_report", lambda r: None)
     capfd.readouterr()
@@ -275,7 +280,7 @@ def test_audit_exit_status_and_first_line(capfd):
     assert "ANSWER: affected on the default path" in out and "WHAT TO DO: swa-repro patch --fix all" in out
     assert main(["audit", "--sglang", "0.5.23", "--model", "gemma2", "--fail-on", "never"]) == 0
     capfd.readouterr()
-    fixed = ["audit", "--sglang", "0.5.20", "--model", "cohere2", "--gpu", "sm100", "--fix",
+    fixed = ["audit", "--sglang", "0.5.23", "--model", "cohere2", "--gpu", "sm100", "--fix",
              "all,commandr_window_hook,sm100_no_cutlass_window"]
     assert main(fixed) == 1
     out = capfd.readouterr().out
@@ -284,13 +289,14 @@ def test_audit_exit_status_and_first_line(capfd):
 
 
 @pytest.mark.slow
-def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(tmp_path):
-    """Notebook 07 with cohere2 on sm100, 0.5.20: the audit's remedy, its check passing (the issue's
-    Run All ended in an AssertionError)."""
+@pytest.mark.parametrize("release", ISSUE_RELEASES)
+def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(release, tmp_path):
+    """Notebook 07 with cohere2 on sm100 (the issue's 0.5.20; 0.5.23): the audit's remedy, its check
+    passing (the issue's Run All ended in an AssertionError)."""
     from swa_repro.notebook.places import NOTEBOOKS_DIR
     from swa_repro.notebook.runner import ensure_kernel, run_one
 
-    params = {"model": "cohere2", "gpu": "sm100", "sglang_release": "0.5.20"}
+    params = {"model": "cohere2", "gpu": "sm100", "sglang_release": release}
     r = run_one(NOTEBOOKS_DIR / "07_my_model_my_gpu.py", tmp_path, "model", params, ensure_kernel(), 900)
     assert r["status"] == "ok" and r["checks_failed"] == 0, r.get("error")
     html = (tmp_path / "07_my_model_my_gpu.html").read_text()

@@ -154,8 +154,10 @@ def oracle(version, arch):
     return sp._family(version, arch, arch, src, sp._release_rules(src), reg)
 
 
+# 0.5.14 is in the release matrix (a ServerArgs child of its own, ~80 s from nothing): 0.5.10 (kept for the
+# piecewise graph below, the same child) and 0.5.23 hold the rule on the oldest and the newest server code.
 @pytest.mark.network
-@pytest.mark.parametrize("version", ["0.5.10", "0.5.14", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.10", pytest.param("0.5.14", marks=pytest.mark.matrix), "0.5.23"])
 def test_families_without_a_static_rule_get_the_servers_answer(version):
     got = release_serving(version)
     for name, fp in got.items():

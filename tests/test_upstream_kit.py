@@ -33,6 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "upstream"
 TEST_FILE = DOCS / TEST
 KIT_CASES = REPO / "tests" / "sglang_kit_flashinfer_cases.py"
+SWA_CASES = REPO / "tests" / "sglang_kit_swa_cases.py"
+# the files run on a site with the kit edits: this file's and test_kit_swa_cases_cpu.py's, in one child per
+# site (one cache key: the second file reads it), not a child each (a child's cost is importing the release)
+KIT_FILES = (TEST_FILE, KIT_CASES, SWA_CASES)
 NAMES = (*ke.ORDER, *FOLLOW_UPS, ke.ALL)
 
 
@@ -188,7 +192,7 @@ def cpu(overlay, tmp_path_factory):
     fixed = fixed_overlay(VERSION, ORDER, overlay)[0]
     out = {}
     for site, base in (("shipped", overlay), ("fixed", fixed)):
-        out[site, "kit"] = _run(kit_copy.kit_overlay(base), [TEST_FILE, KIT_CASES], tmp)
+        out[site, "kit"] = _run(kit_copy.kit_overlay(base), list(KIT_FILES), tmp)
         out[site, "nokit"] = _run(base, [KIT_CASES], tmp)
     prior = fixed_overlay(VERSION, (*ORDER, "prior_eagle_shared_mask_buf"), overlay)[0]
     out["prior", "kit"] = _run(kit_copy.kit_overlay(prior), [TEST_FILE], tmp)

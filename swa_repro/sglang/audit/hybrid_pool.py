@@ -240,16 +240,26 @@ def main(argv=None) -> int:
     p = child_parser("swa_repro.sglang.audit.hybrid_pool")
     p.add_argument("--seqs", required=True, help="comma-separated request lengths")
     p.add_argument("--window", type=int, required=True)
-    p.add_argument("--mode", choices=("decode", "extend"), required=True)
+    p.add_argument("--modes", type=_modes, required=True, help="comma-separated, of decode, extend")
 
     def run(overlay, a):
+        """Every mode in one child: the import of the release's pools is the child's cost, a probe is ms."""
         from swa_repro.sglang import releases
         from swa_repro.sglang.audit import family_build
 
         family_build.vllm_placeholder()
         releases.ensure_sgl_kernel()
-        return probe([int(x) for x in a.seqs.split(",")], a.window, a.mode)
+        return {"by_mode": {m: probe([int(x) for x in a.seqs.split(",")], a.window, m) for m in a.modes}}
     return child_main(p, run, argv)
+
+
+def _modes(text: str) -> list[str]:
+    import argparse
+
+    modes = list(dict.fromkeys(text.split(",")))
+    if not set(modes) <= {"decode", "extend"}:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated, of decode, extend")
+    return modes
 
 
 if __name__ == "__main__":

@@ -1,0 +1,56 @@
+"""The suite computes each expensive thing once (the developers' guide: ``make test`` from nothing on 2
+cores within 5 minutes): the tests that read a release's family cells ask for the sweep's whole set
+(``conftest.release_families``), and the heaviest files start first (``conftest.HEAVY_FIRST``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import conftest
+
+from swa_repro.engine.families import GPU_CLASSES
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_release_families_asks_every_family_and_gpu_class_once(monkeypatch):
+    """A subset of cells asked first costs a child of its own and the sweep's a second one for the rest:
+    every reader asks for all families x all GPU classes, shipped or with the fixes it names."""
+    from swa_repro.sglang.audit import family_run
+
+    asked = []
+    monkeypatch.setattr(conftest, "release_overlay", lambda v: asked.append(("overlay", v)))
+    monkeypatch.setattr(family_run, "audit_release", lambda v, family, gpus, fixes=None, note=print, archs=False: (
+        asked.append((v, family, tuple(gpus), fixes, archs)) or {g: {"gpu": g} for g in gpus}))
+    assert conftest.release_families("0.5.23") == {g: {"gpu": g} for g in GPU_CLASSES}
+    conftest.release_families("0.5.23", ("a", "b"))
+    every = tuple(GPU_CLASSES)
+    assert asked == [("overlay", "0.5.23"), ("0.5.23", "all", every, None, False),
+                     ("overlay", "0.5.23"), ("0.5.23", "all", every, ("a", "b"), False)]
+
+
+def test_the_family_cell_readers_share_the_sweep():
+    """test_audit_family's and test_family_fixes' 0.5.23 documents and test_remedy's sweep come from
+    ``release_families``: none of them audits a family subset of 0.5.23 itself."""
+    for name in ("test_audit_family.py", "test_family_fixes.py", "test_remedy.py"):
+        text = (TESTS / name).read_text()
+        assert "release_families(" in text, name
+        assert 'audit_families("0.5.23"' not in text and 'audit_release(v, "all"' not in text, name
+
+
+def test_every_heavy_first_file_exists():
+    """A renamed or removed file in ``HEAVY_FIRST`` would silently lose its early start."""
+    assert len(set(conftest.HEAVY_FIRST)) == len(conftest.HEAVY_FIRST)
+    assert [n for n in conftest.HEAVY_FIRST if not (TESTS / n).is_file()] == []
+
+
+def test_the_kit_site_runs_every_kit_file_in_one_child():
+    """test_upstream_kit's kit runs and test_kit_swa_cases_cpu's are one cache key per site (the same
+    overlay and test files): the second file reads the first's child instead of running its own."""
+    from test_kit_swa_cases_cpu import CASES
+    from test_upstream_kit import KIT_CASES, KIT_FILES, TEST_FILE
+
+    assert set(KIT_FILES) == {TEST_FILE, KIT_CASES, CASES} and all(f.is_file() for f in KIT_FILES)
+    for name in ("test_upstream_kit.py", "test_kit_swa_cases_cpu.py"):
+        text = (TESTS / name).read_text()
+        assert "_run(kit_copy.kit_overlay(b" in text and "list(KIT_FILES)" in text, name
