@@ -196,3 +196,80 @@ def test_a_plan_call_is_decoded_and_bound_once_for_its_arguments_and_the_names_i
         b, passed = calls.bound(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True})
         assert (b["q"], b["pos_encoding_mode"]) == (i, "NONE") and passed == {"q", "k", "v", "causal"}
     assert len(binds) == 10
+
+
+def _fake_memory_pool(monkeypatch, **flags):
+    """A ``sglang.srt.mem_cache.memory_pool`` whose ``_set_kv_buffer_impl`` is the release's naive copy
+    (0.5.23 memory_pool.py:216-218), counting its calls."""
+    import sys
+    import types
+
+    mp = types.ModuleType("sglang.srt.mem_cache.memory_pool")
+    mp.calls = []
+
+    def impl(k, v, k_cache, v_cache, indices, row_dim, store_dtype, device_module, *rest):
+        mp.calls.append(indices)
+        k_cache[indices] = k
+        v_cache[indices] = v
+
+    mp._set_kv_buffer_impl = impl
+    for n in ("_is_cuda", "_is_hip", "_is_xpu", "_is_npu", "_is_cpu"):
+        setattr(mp, n, flags.get(n, False))
+    monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", mp)
+    return mp
+
+
+def test_the_family_audits_kv_copies_are_skipped_only_where_they_cannot_fail(monkeypatch):
+    """The family audit's trace keeps k/v and the KV pool by shape only, so the pool's copy of k/v
+    (``_set_kv_buffer_impl``, ~50 CPU-s of 0.5.23's table child) is skipped where it is an exact row copy
+    at in-range indices; a copy the release would refuse (a shape, an index out of range, a dtype) still
+    runs the release's function and raises there; outside the audit the release's function is back."""
+    from swa_repro.sglang.audit.env import unread_kv_writes
+
+    mp = _fake_memory_pool(monkeypatch)
+    shipped = mp._set_kv_buffer_impl
+    cache = torch.ones(8, 2, 4, dtype=torch.bfloat16)
+    k = torch.zeros(3, 2, 4, dtype=torch.bfloat16)
+    at = torch.tensor([0, 5, -1])
+    with unread_kv_writes():
+        mp._set_kv_buffer_impl(k, k, cache, cache, at, 8, torch.bfloat16, None)
+        assert mp.calls == [] and bool((cache == 1).all()), "an exact copy the audit never reads was made"
+        for bad_k, bad_at in ((torch.zeros(3, 8, dtype=torch.bfloat16), at), (k, torch.tensor([0, 5, 8])),
+                              (k.float(), at), (k, at.int())):
+            try:
+                mp._set_kv_buffer_impl(bad_k, bad_k, cache, cache, bad_at, 8, torch.bfloat16, None)
+            except (IndexError, RuntimeError):
+                pass
+            assert mp.calls[-1] is bad_at, "a copy that may fail did not run the release's own function"
+    assert mp._set_kv_buffer_impl is shipped
+    mp._is_cuda = True
+    with unread_kv_writes():  # a GPU dispatch at import: the release's function, always
+        assert mp._set_kv_buffer_impl is shipped
+
+
+def test_merge_state_reads_no_stand_in_output_it_knows_is_zero():
+    """sglang's ragged+prefix extend merges two stand-in outputs (``_safe_merge_state``); a fresh
+    stand-in output is known zero without a scan (``Tensor.any`` over tokens x heads x head_dim was ~5
+    CPU-s of 0.5.23's table child), and one written since, also through a view, is read again."""
+    from torch.overrides import TorchFunctionMode
+
+    from swa_repro.engine import standins
+
+    class Anys(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Anys.n += func in (torch.Tensor.any, torch.any)
+            return func(*args, **(kwargs or {}))
+
+    q = torch.zeros(5, 2, 4, dtype=torch.bfloat16)
+    (a, sa), (b, sb) = standins._zeros(q, 4, True), standins._zeros(q, 4, True)
+    assert standins.known_zero(a) and standins.known_zero(b)
+    with Anys():
+        v, _ = standins.merge_state(a, sa, b, sb)
+    assert Anys.n == 0 and not v.any()
+    b[1:2].view(-1)[0] = 2.0  # written through a view: no longer known
+    assert not standins.known_zero(b) and not standins.known_zero(a[1:])
+    with Anys():
+        v, _ = standins.merge_state(a, sa, b, sb)
+    assert Anys.n >= 1 and float(v[1, 0, 0]) == 1.0  # (0 * 1 + 2 * 1) / 2
