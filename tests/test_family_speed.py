@@ -273,3 +273,61 @@ def test_merge_state_reads_no_stand_in_output_it_knows_is_zero():
     with Anys():
         v, _ = standins.merge_state(a, sa, b, sb)
     assert Anys.n >= 1 and float(v[1, 0, 0]) == 1.0  # (0 * 1 + 2 * 1) / 2
+
+
+def test_slot_positions_are_a_vectorised_lookup_that_keeps_the_dicts_answers():
+    """``keys._positions_of_slots`` (each call of every run: ~7 CPU-s of 0.5.23's table child as a dict and
+    a list comprehension per call) answers as the dict did: a slot's last position in the request's
+    req-to-token row, -1 for a slot not in it, slot 0 (padding) never."""
+    import numpy as np
+
+    from swa_repro.sglang.audit import keys
+
+    def by_dict(row, slots):
+        where = {int(s): p for p, s in enumerate(row) if s > 0}
+        return np.array([where.get(int(s), -1) for s in slots], np.int64)
+
+    g = torch.Generator().manual_seed(3)
+    for n in (0, 1, 7, 300):
+        table = torch.randint(0, 40, (3, n), generator=g, dtype=torch.int32)  # repeats and zeros on purpose
+        snap = {"req_to_token": table, "req_pool_indices": torch.tensor([2, 0, 1])}
+        slots = torch.randint(-2, 45, (50,), generator=g).numpy()
+        for i in range(3):
+            got = keys._positions_of_slots(snap, i, slots)
+            assert got.dtype == np.int64 and got.tolist() == by_dict(table[snap["req_pool_indices"][i]].numpy(),
+                                                                      slots).tolist()
+    assert keys._positions_of_slots(snap, 0, np.array([], np.int64)).shape == (0,)
+
+
+def test_a_runs_effective_calls_are_paired_once_and_again_when_its_trace_changes(monkeypatch):
+    """``calls.pairs`` is asked ~9 times per run by a family audit (record, findings, wrappers, spans per GPU
+    class); it pairs a run once, hands each caller its own list, and pairs again once the trace grew."""
+    from swa_repro.sglang.audit import calls
+    from swa_repro.sglang.audit.paths import PathRun
+
+    made = []
+    monkeypatch.setattr(calls, "_pairs", lambda run: made.append(1) or ["pair"] * len(run.trace.calls))
+    trace = type("T", (), {"calls": [1, 2]})()
+    run = PathRun("decode", None, trace, 4, 0.0)
+    first = calls.pairs(run)
+    first.append("mine")
+    assert [calls.pairs(run) for _ in range(8)] == [["pair", "pair"]] * 8 and len(made) == 1
+    trace.calls.append(3)
+    assert calls.pairs(run) == ["pair"] * 3 and len(made) == 2
+    run.graph_stage[0] = "capture"
+    calls.pairs(run)
+    assert len(made) == 3
+
+
+def test_a_release_classs_line_is_found_once_per_process(monkeypatch):
+    """``families.def_line`` parses a class's whole file to find its line; a family audit asks ~440 times for
+    a few dozen classes (the model class, the pool and allocator classes per run): once per object."""
+    from swa_repro.sglang import families
+
+    found = []
+    real = inspect.getsourcelines
+    monkeypatch.setattr(inspect, "getsourcelines", lambda obj: found.append(obj) or real(obj))
+    families._def_line.cache_clear()
+    lines = {families.def_line(c) for _ in range(5) for c in (_Pool, _files)}
+    assert len(lines) == 2 and all(x.endswith(f":{real(c)[1]}") for x, c in zip(sorted(lines), (_files, _Pool)))
+    assert found == [_Pool, _files]
