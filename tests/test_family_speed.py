@@ -331,3 +331,50 @@ def test_a_release_classs_line_is_found_once_per_process(monkeypatch):
     lines = {families.def_line(c) for _ in range(5) for c in (_Pool, _files)}
     assert len(lines) == 2 and all(x.endswith(f":{real(c)[1]}") for x, c in zip(sorted(lines), (_files, _Pool)))
     assert found == [_Pool, _files]
+
+
+def test_a_releases_serverargs_child_runs_beside_its_family_child(monkeypatch):
+    """``family_run.audit_release``: the release's ServerArgs facts (``_serving``: a child of ~230 forks,
+    ~28 CPU-s for 0.5.23's columns) do not wait for the family child (~40 CPU-s): both are asked at once,
+    on the second core; the answer is built from both as before, and a family child's failure is the
+    error said."""
+    import threading
+
+    import swa_repro.core.cache as core_cache
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang import families as fam
+    from swa_repro.sglang.audit import family_fix, family_run
+
+    serving_started = threading.Event()
+
+    def cached_cells(kind, parts, cells, compute, valid=None):
+        assert serving_started.wait(5), "the ServerArgs child waited for the family child"
+        return [{"release": {"sglang": "0.5.23"}, "family": {"family": c["family"], "paths": [1]}} for c in cells], {}
+
+    def serving(overlay, version, names, ck, archs):
+        serving_started.set()
+        return {n: {"from": "server", "thread": threading.current_thread().name} for n in names}
+
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes, note, doing: ("/overlay", {}, None))
+    monkeypatch.setattr(fam, "check_release_has", lambda v, overlay, names, explicit: names[:2])
+    monkeypatch.setattr(family_run, "child_parts", lambda module, overlay: {})
+    monkeypatch.setattr(core_cache, "cached_cells", cached_cells)
+    monkeypatch.setattr(family_run, "_serving", serving)
+    monkeypatch.setattr(family_run, "answer", lambda f, g: {"state": "not affected", "why": []})
+    monkeypatch.setattr(family_fix, "remedy", lambda *a: {"fix": None})
+    out = family_run.audit_release("0.5.23", "all", ["sm90"], note=lambda s: None)
+    fams = out["sm90"]["families"]
+    assert [f["family"] for f in fams] == ["gemma2", "gemma3"]
+    assert all(f["serving"]["from"] == "server" and f["serving"]["thread"].startswith("swa-repro-beside")
+               for f in fams)
+
+    def failing(*a, **k):
+        raise UsageError("auditing sglang 0.5.23 failed: the family child's line")
+
+    monkeypatch.setattr(core_cache, "cached_cells", failing)
+    monkeypatch.setattr(family_run, "_serving", lambda *a: (_ for _ in ()).throw(UsageError("the server's line")))
+    try:
+        family_run.audit_release("0.5.23", "all", ["sm90"], note=lambda s: None)
+        raise AssertionError("no error")
+    except UsageError as e:
+        assert "family child" in str(e)
