@@ -196,3 +196,185 @@ def test_a_plan_call_is_decoded_and_bound_once_for_its_arguments_and_the_names_i
         b, passed = calls.bound(RAGGED, "forward", [i, i + 1, i + 2], {"causal": True})
         assert (b["q"], b["pos_encoding_mode"]) == (i, "NONE") and passed == {"q", "k", "v", "causal"}
     assert len(binds) == 10
+
+
+def _fake_memory_pool(monkeypatch, **flags):
+    """A ``sglang.srt.mem_cache.memory_pool`` whose ``_set_kv_buffer_impl`` is the release's naive copy
+    (0.5.23 memory_pool.py:216-218), counting its calls."""
+    import sys
+    import types
+
+    mp = types.ModuleType("sglang.srt.mem_cache.memory_pool")
+    mp.calls = []
+
+    def impl(k, v, k_cache, v_cache, indices, row_dim, store_dtype, device_module, *rest):
+        mp.calls.append(indices)
+        k_cache[indices] = k
+        v_cache[indices] = v
+
+    mp._set_kv_buffer_impl = impl
+    for n in ("_is_cuda", "_is_hip", "_is_xpu", "_is_npu", "_is_cpu"):
+        setattr(mp, n, flags.get(n, False))
+    monkeypatch.setitem(sys.modules, "sglang.srt.mem_cache.memory_pool", mp)
+    return mp
+
+
+def test_the_family_audits_kv_copies_are_skipped_only_where_they_cannot_fail(monkeypatch):
+    """The family audit's trace keeps k/v and the KV pool by shape only, so the pool's copy of k/v
+    (``_set_kv_buffer_impl``, ~50 CPU-s of 0.5.23's table child) is skipped where it is an exact row copy
+    at in-range indices; a copy the release would refuse (a shape, an index out of range, a dtype) still
+    runs the release's function and raises there; outside the audit the release's function is back."""
+    from swa_repro.sglang.audit.env import unread_kv_writes
+
+    mp = _fake_memory_pool(monkeypatch)
+    shipped = mp._set_kv_buffer_impl
+    cache = torch.ones(8, 2, 4, dtype=torch.bfloat16)
+    k = torch.zeros(3, 2, 4, dtype=torch.bfloat16)
+    at = torch.tensor([0, 5, -1])
+    with unread_kv_writes():
+        mp._set_kv_buffer_impl(k, k, cache, cache, at, 8, torch.bfloat16, None)
+        assert mp.calls == [] and bool((cache == 1).all()), "an exact copy the audit never reads was made"
+        for bad_k, bad_at in ((torch.zeros(3, 8, dtype=torch.bfloat16), at), (k, torch.tensor([0, 5, 8])),
+                              (k.float(), at), (k, at.int())):
+            try:
+                mp._set_kv_buffer_impl(bad_k, bad_k, cache, cache, bad_at, 8, torch.bfloat16, None)
+            except (IndexError, RuntimeError):
+                pass
+            assert mp.calls[-1] is bad_at, "a copy that may fail did not run the release's own function"
+    assert mp._set_kv_buffer_impl is shipped
+    mp._is_cuda = True
+    with unread_kv_writes():  # a GPU dispatch at import: the release's function, always
+        assert mp._set_kv_buffer_impl is shipped
+
+
+def test_merge_state_reads_no_stand_in_output_it_knows_is_zero():
+    """sglang's ragged+prefix extend merges two stand-in outputs (``_safe_merge_state``); a fresh
+    stand-in output is known zero without a scan (``Tensor.any`` over tokens x heads x head_dim was ~5
+    CPU-s of 0.5.23's table child), and one written since, also through a view, is read again."""
+    from torch.overrides import TorchFunctionMode
+
+    from swa_repro.engine import standins
+
+    class Anys(TorchFunctionMode):
+        n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Anys.n += func in (torch.Tensor.any, torch.any)
+            return func(*args, **(kwargs or {}))
+
+    q = torch.zeros(5, 2, 4, dtype=torch.bfloat16)
+    (a, sa), (b, sb) = standins._zeros(q, 4, True), standins._zeros(q, 4, True)
+    assert standins.known_zero(a) and standins.known_zero(b)
+    with Anys():
+        v, _ = standins.merge_state(a, sa, b, sb)
+    assert Anys.n == 0 and not v.any()
+    b[1:2].view(-1)[0] = 2.0  # written through a view: no longer known
+    assert not standins.known_zero(b) and not standins.known_zero(a[1:])
+    with Anys():
+        v, _ = standins.merge_state(a, sa, b, sb)
+    assert Anys.n >= 1 and float(v[1, 0, 0]) == 1.0  # (0 * 1 + 2 * 1) / 2
+
+
+def test_slot_positions_are_a_vectorised_lookup_that_keeps_the_dicts_answers():
+    """``keys._positions_of_slots`` (each call of every run: ~7 CPU-s of 0.5.23's table child as a dict and
+    a list comprehension per call) answers as the dict did: a slot's last position in the request's
+    req-to-token row, -1 for a slot not in it, slot 0 (padding) never."""
+    import numpy as np
+
+    from swa_repro.sglang.audit import keys
+
+    def by_dict(row, slots):
+        where = {int(s): p for p, s in enumerate(row) if s > 0}
+        return np.array([where.get(int(s), -1) for s in slots], np.int64)
+
+    g = torch.Generator().manual_seed(3)
+    for n in (0, 1, 7, 300):
+        table = torch.randint(0, 40, (3, n), generator=g, dtype=torch.int32)  # repeats and zeros on purpose
+        snap = {"req_to_token": table, "req_pool_indices": torch.tensor([2, 0, 1])}
+        slots = torch.randint(-2, 45, (50,), generator=g).numpy()
+        for i in range(3):
+            got = keys._positions_of_slots(snap, i, slots)
+            assert got.dtype == np.int64 and got.tolist() == by_dict(table[snap["req_pool_indices"][i]].numpy(),
+                                                                      slots).tolist()
+    assert keys._positions_of_slots(snap, 0, np.array([], np.int64)).shape == (0,)
+
+
+def test_a_runs_effective_calls_are_paired_once_and_again_when_its_trace_changes(monkeypatch):
+    """``calls.pairs`` is asked ~9 times per run by a family audit (record, findings, wrappers, spans per GPU
+    class); it pairs a run once, hands each caller its own list, and pairs again once the trace grew."""
+    from swa_repro.sglang.audit import calls
+    from swa_repro.sglang.audit.paths import PathRun
+
+    made = []
+    monkeypatch.setattr(calls, "_pairs", lambda run: made.append(1) or ["pair"] * len(run.trace.calls))
+    trace = type("T", (), {"calls": [1, 2]})()
+    run = PathRun("decode", None, trace, 4, 0.0)
+    first = calls.pairs(run)
+    first.append("mine")
+    assert [calls.pairs(run) for _ in range(8)] == [["pair", "pair"]] * 8 and len(made) == 1
+    trace.calls.append(3)
+    assert calls.pairs(run) == ["pair"] * 3 and len(made) == 2
+    run.graph_stage[0] = "capture"
+    calls.pairs(run)
+    assert len(made) == 3
+
+
+def test_a_release_classs_line_is_found_once_per_process(monkeypatch):
+    """``families.def_line`` parses a class's whole file to find its line; a family audit asks ~440 times for
+    a few dozen classes (the model class, the pool and allocator classes per run): once per object."""
+    from swa_repro.sglang import families
+
+    found = []
+    real = inspect.getsourcelines
+    monkeypatch.setattr(inspect, "getsourcelines", lambda obj: found.append(obj) or real(obj))
+    families._def_line.cache_clear()
+    lines = {families.def_line(c) for _ in range(5) for c in (_Pool, _files)}
+    assert len(lines) == 2 and all(x.endswith(f":{real(c)[1]}") for x, c in zip(sorted(lines), (_files, _Pool)))
+    assert found == [_Pool, _files]
+
+
+def test_a_releases_serverargs_child_runs_beside_its_family_child(monkeypatch):
+    """``family_run.audit_release``: the release's ServerArgs facts (``_serving``: a child of ~230 forks,
+    ~28 CPU-s for 0.5.23's columns) do not wait for the family child (~40 CPU-s): both are asked at once,
+    on the second core; the answer is built from both as before, and a family child's failure is the
+    error said."""
+    import threading
+
+    import swa_repro.core.cache as core_cache
+    from swa_repro.core.errors import UsageError
+    from swa_repro.sglang import families as fam
+    from swa_repro.sglang.audit import family_fix, family_run
+
+    serving_started = threading.Event()
+
+    def cached_cells(kind, parts, cells, compute, valid=None):
+        assert serving_started.wait(5), "the ServerArgs child waited for the family child"
+        return [{"release": {"sglang": "0.5.23"}, "family": {"family": c["family"], "paths": [1]}} for c in cells], {}
+
+    def serving(overlay, version, names, ck, archs):
+        serving_started.set()
+        return {n: {"from": "server", "thread": threading.current_thread().name} for n in names}
+
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes, note, doing: ("/overlay", {}, None))
+    monkeypatch.setattr(fam, "check_release_has", lambda v, overlay, names, explicit: names[:2])
+    monkeypatch.setattr(family_run, "child_parts", lambda module, overlay: {})
+    monkeypatch.setattr(core_cache, "cached_cells", cached_cells)
+    monkeypatch.setattr(family_run, "_serving", serving)
+    monkeypatch.setattr(family_run, "answer", lambda f, g: {"state": "not affected", "why": []})
+    monkeypatch.setattr(family_fix, "remedy", lambda *a: {"fix": None})
+    out = family_run.audit_release("0.5.23", "all", ["sm90"], note=lambda s: None)
+    fams = out["sm90"]["families"]
+    assert [f["family"] for f in fams] == ["gemma2", "gemma3"]
+    assert all(f["serving"]["from"] == "server" and f["serving"]["thread"].startswith("swa-repro-beside")
+               for f in fams)
+
+    def failing(*a, **k):
+        raise UsageError("auditing sglang 0.5.23 failed: the family child's line")
+
+    monkeypatch.setattr(core_cache, "cached_cells", failing)
+    monkeypatch.setattr(family_run, "_serving", lambda *a: (_ for _ in ()).throw(UsageError("the server's line")))
+    try:
+        family_run.audit_release("0.5.23", "all", ["sm90"], note=lambda s: None)
+        raise AssertionError("no error")
+    except UsageError as e:
+        assert "family child" in str(e)

@@ -21,7 +21,7 @@ PROBE = textwrap.dedent("""
     import json, os, sys
     seen = {"argv": sys.argv[1:], "cwd": os.getcwd(), "marker": os.environ.get("PROBE_MARK"),
             "leaked": getattr(sys, "probe_leak", None), "numpy_loaded": "numpy" in sys.modules,
-            "name": __name__}
+            "name": __name__, "learned_var": os.environ.get("SWA_REPRO_FORKSERVER_LEARNED")}
     sys.probe_leak = "set by an earlier run"  # a fresh fork must not see this
     import numpy  # a venv module: the server learns it and preloads it for the next run
     print(json.dumps(seen))
@@ -38,7 +38,7 @@ def probe_env(tmp_path, monkeypatch):
     (tmp_path / "fsprobe.py").write_text(PROBE)
     monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(forkserver.__file__).parents[2])]),
-           "PROBE_MARK": "m1"}
+           "PROBE_MARK": "m1", "SWA_REPRO_CACHE": str(tmp_path / "cache")}  # nothing learned by earlier servers
     yield env
     forkserver.close_all()
 
@@ -58,7 +58,7 @@ def test_a_forked_run_is_the_plain_run(probe_env, tmp_path, monkeypatch, threads
     first = json.loads(runs[0][1])
     assert runs[0][0] == rc == 0 and json.loads(out) == first | {"numpy_loaded": False}
     assert first == {"argv": ["a", "b"], "cwd": str(tmp_path), "marker": "m1", "leaked": None,
-                     "numpy_loaded": False, "name": "__main__"}
+                     "numpy_loaded": False, "name": "__main__", "learned_var": None}
     for r in runs[1:]:  # each run a fresh fork: nothing the last one set; numpy preloaded from the second on
         assert r[0] == 0 and json.loads(r[1]) == first | {"numpy_loaded": True} and r[2] == err == "to stderr\n"
 
@@ -150,3 +150,19 @@ def test_a_variable_torch_sets_itself_does_not_start_a_second_server():
     env = {"PATH": "/bin", "PYTHONPATH": "/x"}
     assert forkserver.server_key(env) == forkserver.server_key({**env, "TORCHINDUCTOR_CACHE_DIR": "/tmp/t"})
     assert forkserver.server_key(env) != forkserver.server_key({**env, "PYTHONPATH": "/y"})
+
+
+def test_a_new_server_preloads_what_an_earlier_one_learned_in_the_same_cache(probe_env, tmp_path, monkeypatch):
+    """What a server learned is kept in the cache (``preload_file``): the next server (the next command)
+    preloads it before its first fork, so that run does not import torch & co. itself and the server
+    again after it; another cache starts from nothing; the runs' environment carries none of it."""
+    monkeypatch.chdir(tmp_path)
+    first = forkserver.run("fsprobe", ["a"], probe_env, tmp_path)
+    assert json.loads(first[1])["numpy_loaded"] is False
+    assert "numpy" in forkserver.preload_file(probe_env).read_text().split()
+    forkserver.close_all()  # a new command: a new server
+    again = forkserver.run("fsprobe", ["a"], probe_env, tmp_path)
+    assert json.loads(again[1]) == json.loads(first[1]) | {"numpy_loaded": True}
+    assert json.loads(again[1])["learned_var"] is None  # the server's own setting, not the run's environment
+    other = {**probe_env, "SWA_REPRO_CACHE": str(tmp_path / "other")}
+    assert json.loads(forkserver.run("fsprobe", ["a"], other, tmp_path)[1])["numpy_loaded"] is False

@@ -63,6 +63,21 @@ def run_in_child(module: str, overlay: Path, args: list[str], what: str) -> dict
         return {"document": json.loads(out.read_text()), "seconds": round(time.monotonic() - t0, 1)}
 
 
+_BESIDE: list = []  # the one helper thread's executor, made on first use
+
+
+def beside(fn, *args):
+    """``fn(*args)`` on this process's one helper thread -> its ``Future``: work independent of what the
+    caller does meanwhile (a release's ServerArgs child beside its family child: the second core). One
+    thread for the process, so a child run from it forks from one more warm server (``forkserver``: one
+    per thread), kept for the command, and at most one such task runs at a time however many callers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not _BESIDE:
+        _BESIDE.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="swa-repro-beside"))
+    return _BESIDE[0].submit(fn, *args)
+
+
 # ----------------------------------------------------------------------------- child
 def child_parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {prog}")

@@ -11,8 +11,11 @@ Each run is a fresh fork of the same state, so nothing one run imports or patche
 
 What to preload is learned, not listed: after a run, its child reports the modules it loaded from
 the venv or the standard library (never ``sglang``, ``sgl_kernel`` or this package: those are the
-overlay's, or the run's), and the server imports them before the next fork. The first run of a
-server is therefore as slow as a plain child; the ones after it are not.
+overlay's, or the run's), and the server imports them before the next fork. What a server learned is
+kept in the user's cache (:func:`preload_file`, per interpreter), and a new server preloads it before
+its first fork: without it, each command's first run imported torch & co. itself and the server then
+imported them again for the next one (~8 CPU-s of each ``audit --release-table`` run, issue #41). With
+an empty cache the first run of a server is as slow as a plain child; the ones after it are not.
 
 Linux only. ``fork`` is safe while the server has no thread but its main one: a preloaded module
 that starts one (pandas and datasets start pyarrow's pool: none of :data:`SAFE_ROOTS`) is left out
@@ -35,6 +38,7 @@ from pathlib import Path
 MAX_SERVERS = 3  # each holds torch & co. (~0.5 GB, shared copy-on-write with its children)
 MODULE = "swa_repro.engine.forkserver"  # this file, run as ``python -m`` (where its __name__ is __main__)
 STATE = ("SWA_REPRO_FORKSERVER_DENY", "SWA_REPRO_FORKSERVER_KNOWN", "SWA_REPRO_FORKSERVER_EXECS")  # over an exec
+LEARNED = "SWA_REPRO_FORKSERVER_LEARNED"  # where the server keeps what it learned (:func:`preload_file`)
 MAX_EXECS = 2
 # A run forked from the server computes single-threaded (its tensors are small: tests/conftest.py
 # measured one OpenMP thread faster on 2 cores), and the server has no pool thread to fork over.
@@ -53,7 +57,8 @@ class Server:
 
     def __init__(self, env: dict, cwd: str):
         self.proc = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=learned_env(env),
+                                     cwd=cwd, text=True)
         self.runs = 0
 
     def run(self, module: str, argv: list[str], tmp: Path) -> tuple[int, str, str]:
@@ -73,6 +78,47 @@ class Server:
             self.proc.wait(timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
+
+
+def preload_file(env: dict) -> Path:
+    """What servers of this interpreter learned: ``pycache``'s sibling in the cache of ``env``
+    (``$SWA_REPRO_CACHE``, else ``core.cache.cache_root``), one file per interpreter and venv."""
+    from swa_repro.core.cache import cache_root
+
+    root = Path(env["SWA_REPRO_CACHE"]).expanduser() if env.get("SWA_REPRO_CACHE") else cache_root()
+    tag = hashlib.sha256(f"{sys.executable}\0{sys.prefix}\0{sys.version}".encode()).hexdigest()[:16]
+    return root / "forkserver" / f"preload-{tag}.txt"
+
+
+def learned_env(env: dict) -> dict:
+    """The server's environment: ``env``, where to keep what it learns and, from an earlier server, a
+    copy of it to preload (``serve`` reads the copy and removes it)."""
+    import tempfile
+
+    path = preload_file(env)
+    out = {**env, LEARNED: str(path)}
+    try:
+        known = path.read_text()
+        fd, carried = tempfile.mkstemp(prefix="swa-repro-forkserver-")
+        os.write(fd, known.encode())
+        os.close(fd)
+        out[STATE[1]] = carried
+    except OSError:  # none yet, or unreadable: learned again
+        pass
+    return out
+
+
+def keep_learned(path: str | None, known: set) -> None:
+    """Write ``known`` to ``path`` (whole or not at all); a cache that cannot be written keeps nothing."""
+    if not path:
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        Path(tmp).write_text("\n".join(sorted(known)))
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 _SERVERS: dict = {}  # key -> Server, oldest first
@@ -250,6 +296,7 @@ def serve() -> int:
     if carried:
         os.unlink(carried)
     execs = int(os.environ.pop(STATE[2], "0"))
+    learned_to = os.environ.pop(LEARNED, None)  # not the runs' environment
     threaded = _preload(known, denied)
     while not threaded:
         line = sys.stdin.readline()
@@ -262,7 +309,10 @@ def serve() -> int:
             if pid == 0:
                 _child(req, learned)
             rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            before = len(known)
             known |= set(_read(Path(learned)).split())
+            if len(known) > before:
+                keep_learned(learned_to, known)
         threaded = _preload(known, denied)
         print(json.dumps({"rc": rc}), flush=True)
     if execs >= MAX_EXECS:
@@ -271,7 +321,8 @@ def serve() -> int:
     os.write(fd, " ".join(sorted(known)).encode())
     os.close(fd)
     os.execve(sys.executable, [sys.executable, "-m", MODULE], {
-        **os.environ, STATE[0]: ",".join(sorted(denied | {threaded})), STATE[1]: path, STATE[2]: str(execs + 1)})
+        **os.environ, STATE[0]: ",".join(sorted(denied | {threaded})), STATE[1]: path, STATE[2]: str(execs + 1),
+        **({LEARNED: learned_to} if learned_to else {})})
 
 
 if __name__ == "__main__":

@@ -62,7 +62,8 @@ class _Slots:
         self._t, self._np = t, t.numpy()
 
     def __setitem__(self, key, value):
-        if isinstance(key, tuple) and all(isinstance(k, int) for k in key) and isinstance(value, int):
+        # exact types, no generator: ~4M writes per 0.5.23 table child (a bool or numpy scalar: the tensor's path)
+        if type(key) is tuple and len(key) == 2 and type(key[0]) is int is type(key[1]) and type(value) is int:
             self._np[key] = value
         else:
             self._t[key] = value

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from swa_repro.core.errors import UsageError
 from swa_repro.engine import families as efam
-from swa_repro.engine.child import child_main, child_parser
+from swa_repro.engine.child import beside, child_main, child_parser
 from swa_repro.engine.families import GPU_CLASSES
 from swa_repro.sglang import checkpoint as ckpt
 from swa_repro.sglang import families as fam
@@ -53,7 +53,9 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     ``checkpoint.Checkpoint`` audits the user's values (checked against the release's model file
     before the child: ``checkpoint.check_release``), its cells keyed on the small config too. ``archs``
     (with ``all``): every other sliding-window architecture the release serves too (``arch_cells``),
-    each at its published defaults, keyed on its small config."""
+    each at its published defaults, keyed on its small config. The release's ServerArgs facts
+    (``_serving``: a child of its own, a fork per model and GPU class) are asked beside the family
+    child (``engine.child.beside``), not after it."""
     from swa_repro.core.cache import cached_cells
     from swa_repro.core.versions import SGLANG_MIN_RELEASE as MIN_RELEASE
     from swa_repro.core.versions import sglang_release_key as parse
@@ -88,10 +90,17 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
         return [{"release": rel, "family": next(x for x in doc["by_gpu"][c["gpu"]] if x["family"] == c["family"])}
                 for c in missing]
 
-    docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
-                             valid=whole_cell) if cells else ([], {})
-    serving = _serving(overlay, version, names, ck, {**{a: {"architectures": [a]} for a in static if a != arch_cells.FALLBACK},
-                                                     **{a: x["small"]["config"] for a, x in smalls.items()}})
+    # the release's ServerArgs child beside the family child (independent of it): the second core
+    later = beside(_serving, overlay, version, names, ck, {
+        **{a: {"architectures": [a]} for a in static if a != arch_cells.FALLBACK},
+        **{a: x["small"]["config"] for a, x in smalls.items()}})
+    try:
+        docs, how = cached_cells("family-cell", child_parts(MODULE, overlay), cells, compute,
+                                 valid=whole_cell) if cells else ([], {})
+    except BaseException:  # the family's failure is the one said, as before
+        later.cancel()
+        raise
+    serving = later.result()
     from swa_repro.sglang.audit.family_fix import remedy
 
     out = {}

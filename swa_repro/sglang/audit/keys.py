@@ -85,9 +85,17 @@ def _key_slots(cls: str, plan: dict, i: int, kv: int) -> np.ndarray:
 
 def _positions_of_slots(snap: dict, i: int, slots: np.ndarray) -> np.ndarray:
     """Slot -> position through sglang's req-to-token row of request ``i`` (-1: not its slot)."""
-    row = snap["req_to_token"][int(snap["req_pool_indices"][i])].numpy()
-    where = {int(s): p for p, s in enumerate(row) if s > 0}  # slot 0 is sglang's padding slot
-    return np.array([where.get(int(s), -1) for s in slots], np.int64)
+    row = snap["req_to_token"][int(snap["req_pool_indices"][i])].numpy().astype(np.int64)
+    pos = np.nonzero(row > 0)[0]  # slot 0 is sglang's padding slot
+    order = np.argsort(row[pos], kind="stable")
+    slot, pos = row[pos][order], pos[order]
+    want = np.asarray(slots).astype(np.int64)
+    if not len(slot):
+        return np.full(want.shape, -1, np.int64)
+    last = np.append(slot[1:] != slot[:-1], True)  # a slot held twice: its last position, as a dict kept it
+    slot, pos = slot[last], pos[last]
+    at = np.clip(np.searchsorted(slot, want), 0, len(slot) - 1)
+    return np.where(slot[at] == want, pos[at], -1).astype(np.int64)
 
 
 def _tree_keys(snap: dict, i: int, rows: np.ndarray, row0: int, k_tok: np.ndarray, window: int):
