@@ -6,7 +6,9 @@
 #   build (before family): the same children with SWA_REPRO_WARM_ONLY=1, the warm-up alone (every module the
 #   judged pass needs JIT-built, at most BUILD_WORKERS at once per site; both sites at once share flashinfer's
 #   per-module locks, so no module is built twice; its cache keeps them for the next call on a warm machine)
-#   -> family-build-*.json; with family after it in one call it gets BUILD_SHARE_PCT of the time.
+#   -> family-build-*.json; with family after it in one call it gets BUILD_SHARE_PCT of the time, at most what
+#   leaves the judged step LIVE_MARGIN_S + MIN_LIVE_S (+ KILL_AFTER_S + 5) (said where cut), and it says the
+#   modules still building at its end (their calls the judged pass skips: audit.live.unwarmed).
 # Bundles carried in .bundle/ (as for scripts/gpu_fix.sh):
 #   swa-repro bundle --flashinfer 0.7.2 --out .bundle/fi-0.7.2
 #   swa-repro bundle --sglang 0.5.23 --out .bundle/sglang-0.5.23
@@ -31,7 +33,8 @@
 # the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
 # (gemma2,gemma3), GPU (sm80,sm90: both run on an H100 or H200), PATHS (empty: every path), PYTHON
 # (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
-# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), ISOLATE_GRAPH (1),
+# RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), MIN_LIVE_S (120: a
+# judged child's live budget at least this, else the step is skipped and said), ISOLATE_GRAPH (1),
 # GRAPH_SHARE_PCT (50), BUILD_WORKERS (8), BUILD_SHARE_PCT (50), BUILD_MARGIN_S (20), DRY_RUN=1: print each command instead.
 set -uo pipefail
 STEPS="${1:-all}"
@@ -46,6 +49,8 @@ RESERVE_S="${RESERVE_S:-30}"
 KILL_AFTER_S="${KILL_AFTER_S:-15}"
 MIN_STEP_S="${MIN_STEP_S:-30}"
 LIVE_MARGIN_S="${LIVE_MARGIN_S:-120}"  # no call starts live after timeout - this: the rest builds, drives, writes
+MIN_LIVE_S="${MIN_LIVE_S:-120}"  # a judged child's import + drive come out of its live budget: 56 + 11 s on the
+# H100 call of 2026-12-06 19:50, whose 31 s budget ran out before any call (the build step had taken 70%)
 ISOLATE_GRAPH="${ISOLATE_GRAPH:-1}"
 GRAPH_SHARE_PCT="${GRAPH_SHARE_PCT:-50}"
 BUILD_WORKERS="${BUILD_WORKERS:-8}"
@@ -103,16 +108,18 @@ split_paths() {  # PATHS_MAIN, PATHS_GRAPH: $PATHS (empty: every audit path) wit
 
 passes() {  # KIND TIMEOUT [VAR=VALUE...]: the other paths' children, then the CUDA-graph paths' in their own
   # (CUDA_LAUNCH_BLOCKING=1, each call said before its launch), all within TIMEOUT; status 1 if any failed
-  local kind=$1 t=$2 end rc=0 tg; shift 2
-  end=$(( $(elapsed) + t ))
+  local kind=$1 t=$2 end rc=0 tg least; shift 2
+  end=$(( $(elapsed) + t )); least=$(least_s "$kind")
   if [ "$ISOLATE_GRAPH" != 1 ] || [ -n "$PATHS_MAIN" ]; then
-    [ -n "$PATHS_GRAPH" ] && t=$(( t * (100 - GRAPH_SHARE_PCT) / 100 ))
+    if [ -n "$PATHS_GRAPH" ]; then  # GRAPH_SHARE_PCT for the graph children, never the others' least_s
+      t=$(( t * (100 - GRAPH_SHARE_PCT) / 100 > least ? t * (100 - GRAPH_SHARE_PCT) / 100 : (least < t ? least : t) ))
+    fi
     echo "== $kind: shipped and fixed at once (timeout ${t}s each; paths ${PATHS_MAIN:-all}) > family-$kind-{shipped,fixed}.json"
     sites "$kind" "" "$t" "$PATHS_MAIN" "$@" || rc=1
   fi
   if [ -n "$PATHS_GRAPH" ]; then
     tg=$(( end - $(elapsed) ))
-    if [ "$tg" -lt "$MIN_STEP_S" ] || [ "$tg" -le "$LIVE_MARGIN_S" ]; then
+    if too_short "$kind" "$tg"; then
       echo "== $kind graph: skipped, ${tg}s left"; return 1
     fi
     echo "== $kind graph: shipped and fixed at once, CUDA_LAUNCH_BLOCKING=1 (timeout ${tg}s each; paths $PATHS_GRAPH) > family-$kind-{shipped,fixed}-graph.json"
@@ -121,8 +128,37 @@ passes() {  # KIND TIMEOUT [VAR=VALUE...]: the other paths' children, then the C
   return "$rc"
 }
 
+least_s() {  # KIND: the least timeout a KIND child can use: its live budget (timeout - LIVE_MARGIN_S) at least
+  # MIN_LIVE_S for a judged child (it imports and drives before its first call), 1 s for a build's
+  echo $(( LIVE_MARGIN_S + $([ "$1" = live ] && echo "$MIN_LIVE_S" || echo 1) ))
+}
+
+too_short() {  # KIND TIMEOUT: status 0 when TIMEOUT leaves a KIND child no time (under MIN_STEP_S or least_s)
+  [ "$2" -lt "$MIN_STEP_S" ] || [ "$2" -lt "$(least_s "$1")" ]
+}
+
+build_share() {  # TIME: the build step's timeout when the judged step follows: BUILD_SHARE_PCT of TIME, cut (and
+  # said) where the judged step would be left under LIVE_MARGIN_S + MIN_LIVE_S (the build may overrun by KILL_AFTER_S)
+  local t=$(( $1 * BUILD_SHARE_PCT / 100 )) keep=$(( LIVE_MARGIN_S + MIN_LIVE_S + KILL_AFTER_S + 5 ))
+  if [ $(( $1 - t )) -lt "$keep" ]; then
+    t=$(( $1 - keep ))
+    echo "== build: share cut to ${t}s of ${1}s, so that the judged step keeps ${keep}s (LIVE_MARGIN_S + MIN_LIVE_S + KILL_AFTER_S + 5)" >&2
+  fi
+  echo "$t"
+}
+
+still_building() {  # the build children's modules still building at their timeout: said, with what it means
+  local f n
+  for f in "$ART"/family-build-*.json; do
+    [ -f "$f" ] || continue
+    n=$(grep -o "still building" "$f" | wc -l)
+    [ "$n" -gt 0 ] && echo "== build: $n modules still building at the end of its share ($(basename "$f")): the judged pass skips their calls (audit.live.unwarmed)"
+  done
+  return 0
+}
+
 timed() {  # KIND TIMEOUT [VAR=VALUE...]: passes, or skipped and said when TIMEOUT leaves no time to run a call live
-  if [ "$2" -lt "$MIN_STEP_S" ] || [ "$2" -le "$LIVE_MARGIN_S" ]; then
+  if too_short "$1" "$2"; then
     echo "== $([ "$1" = live ] && echo family || echo "$1"): skipped, $(left)s left"; return 1
   fi
   passes "$@"
@@ -173,8 +209,9 @@ labels() {  # CHECKPOINTS' folder names, as checkpoint_smalls.label_of names the
     split_paths || { echo "== paths: the audit's paths not listed (above)"; RC=1; STEPS="${STEPS/build/}"; STEPS="${STEPS/family/}"; }
   fi
   if has build; then
-    T=$(( $(left) - RESERVE_S )); has family && T=$(( T * BUILD_SHARE_PCT / 100 ))
+    T=$(( $(left) - RESERVE_S )); has family && T=$(build_share "$T")
     timed build "$T" SWA_REPRO_WARM_ONLY=1 SWA_REPRO_BUILD_WORKERS="$BUILD_WORKERS" || RC=1
+    still_building
   fi
   if has family; then
     timed live "$(( $(left) - RESERVE_S ))" || RC=1

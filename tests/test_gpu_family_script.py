@@ -23,6 +23,8 @@ case "$1" in
       ev "family-start PYTHONPATH=$PYTHONPATH WARM=${SWA_REPRO_WARM_ONLY:-} WORKERS=${SWA_REPRO_BUILD_WORKERS:-} BLOCKING=${CUDA_LAUNCH_BLOCKING:-} ANNOUNCE=${SWA_REPRO_ANNOUNCE_CALLS:-} $*"
       echo "live: launching stand-in" >&2; sleep 1
       out=$(sed -E 's/.*--out ([^ ]+).*/\1/' <<<"$*"); echo '{"live": {"executor": "cuda"}}' > "$out"
+      [ -n "${SWA_REPRO_WARM_ONLY:-}" ] && [ -n "${NOT_BUILT:-}" ] \
+        && echo '{"live": {"warmup": {"a": "still building at the end", "b": "still building at the end", "c": 1.5}}}' > "$out"
       ev "family-end $*"; exit 0
     fi
     if [ "$mod" = swa_repro.sglang.audit.checkpoint_smalls ]; then
@@ -89,6 +91,7 @@ def test_paths_are_passed_when_set(rig):
 
 @pytest.mark.parametrize("env, says", [({"BUDGET_S": 20}, "== family: skipped"),
                                        ({"BUDGET_S": 140}, "== family: skipped"),  # no time to run a call live
+                                       ({"BUDGET_S": 250}, "== family: skipped"),  # a budget under MIN_LIVE_S
                                        ({"PATCH_FAIL": 1}, "skipped on both sites (the patch failed)")])
 def test_a_family_step_it_cannot_run_is_skipped_said_and_exits_1(rig, env, says):
     r, _, ev = rig(**env)
@@ -179,3 +182,42 @@ def test_a_build_step_warms_both_sites_first_then_the_judged_pass(rig):
     assert {"family-build-shipped.json.xz", "family-build-fixed.json.xz", "family-live-shipped.json.xz"} <= got
     gpu = (out / "gpu.txt").read_text()
     assert "build_shipped" in gpu and "family_fixed" in gpu and "steps: install,patch,build,family;" in gpu
+
+
+LEAST = 120 + 120  # LIVE_MARGIN_S + MIN_LIVE_S: a judged child's least timeout (its import and drive come first)
+
+
+def test_the_build_share_never_leaves_the_judged_step_a_budget_its_child_cannot_use(rig):
+    """The H100 call of 2026-12-06 19:50 (BUILD_SHARE_PCT=70): the build step took its whole 348 s and the
+    judged children got a 31 s live budget, gone in their import and drive before any call. The share is
+    cut (and said) so that the build's timeout, overrun (KILL_AFTER_S) included, leaves the judged step
+    LIVE_MARGIN_S + MIN_LIVE_S, and the judged children's budget is at least MIN_LIVE_S."""
+    r, _, ev = rig("install,patch,build,family", PATHS="extend_ragged_no_prefix,extend_ragged_prefix",
+                   BUILD_SHARE_PCT="70")
+    assert r.returncode == 0, r.stdout + r.stderr
+    starts = [e for e in ev if e.startswith("family-start")]
+    build = [_budget(e) for e in starts if "WARM=1 " in e]
+    judged = [_budget(e) for e in starts if "WARM= " in e]
+    assert len(build) == len(judged) == 2
+    assert all(b + 20 + 15 + LEAST <= 575 - 30 for b in build)  # BUILD_MARGIN_S, KILL_AFTER_S: its worst end
+    assert all(j >= 120 for j in judged)
+    assert "== build: share cut to " in r.stdout
+
+
+def test_modules_the_build_step_left_building_are_said(rig):
+    r, _, _ = rig("install,patch,build,family", PATHS="extend_ragged_no_prefix", NOT_BUILT="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [x for x in r.stdout.splitlines() if "still building at the end of its share" in x]
+    assert len(said) == 2 and all(x.startswith("== build: 2 modules") for x in said)
+    r, _, _ = rig("install,patch,build,family", PATHS="extend_ragged_no_prefix")
+    assert "still building" not in r.stdout
+
+
+def test_the_graph_split_never_leaves_the_other_paths_a_budget_their_child_cannot_use(rig):
+    """GRAPH_SHARE_PCT of a short step would leave the other paths' children under MIN_LIVE_S: they get
+    their least and the graph children what is left (skipped and said where that is too little)."""
+    r, _, ev = rig(BUDGET_S="400")
+    assert r.returncode == 0, r.stdout + r.stderr
+    starts = [e for e in ev if e.startswith("family-start")]
+    main = [e for e in starts if "BLOCKING= " in e]
+    assert len(main) == 2 and all(120 <= _budget(e) < (400 - 30) - 120 for e in main)

@@ -1,7 +1,9 @@
 """The family audit's GPU evidence (``recordings/family-live/``, issue #25): each call's two family
 children (``scripts/gpu_family.sh``: 0.5.23 as shipped, and with ``swa-repro patch --fix all`` plus
 each family fix), read back as one row per driven run: the key verdict the audit gave on the GPU
-beside what the real kernel did with the same calls.
+beside what the real kernel did with the same calls. A site's runs may come from two children (the
+CUDA-graph paths' own, ``-graph``, ISOLATE_GRAPH) and a build step's warm-up (``family-build-*``) may
+precede them: both are read and said.
 
 ``python -m swa_repro.sglang.audit.family_evidence`` regenerates each call folder's ``SUMMARY.md``
 (``tests/test_family_live_evidence.py`` holds it to the data).
@@ -51,11 +53,51 @@ class Run:
         return self.verdict == "exact" and not self.cap.startswith("dropped")
 
 
+PARTS = ("", "-graph")  # family-live-{site}{part}: scripts/gpu_family.sh's ISOLATE_GRAPH runs cuda_graph_* apart
+
+
+def _read(call: Path, name: str) -> dict | None:
+    f = Path(call) / name
+    return json.loads(lzma.decompress(f.read_bytes())) if f.is_file() else None
+
+
+@functools.cache
+def parts(call: Path, site: str) -> dict[str, dict]:
+    """``{part: doc}``: one site's family children as the call wrote them, the CUDA-graph paths' own
+    child (``-graph``, ISOLATE_GRAPH) beside the others'; a call may hold either alone."""
+    got = {p: d for p in PARTS if (d := _read(call, f"family-live-{site}{p}.json.xz")) is not None}
+    if not got:
+        raise FileNotFoundError(f"{call}: no family-live-{site}*.json.xz")
+    return got
+
+
 @functools.cache
 def load(call: Path, site: str) -> dict:
-    """One site's family child JSON, read once per process (best_call, family_rows, sentence and
-    consistent read the same calls; callers only read it)."""
-    return json.loads(lzma.decompress((Path(call) / f"family-live-{site}.json.xz").read_bytes()))
+    """One site's family children as one JSON (their runs merged per GPU class and family), read once
+    per process (best_call, family_rows, sentence and consistent read the same calls; callers only
+    read it). ``live`` is the first part's; :func:`render` says each part's own."""
+    docs = list(parts(Path(call), site).values())
+    return docs[0] if len(docs) == 1 else _merge(docs)
+
+
+def _merge(docs: list[dict]) -> dict:
+    by_gpu: dict = {}
+    for d in docs:
+        for gpu, fams in d["by_gpu"].items():
+            mine = by_gpu.setdefault(gpu, {})
+            for f in fams:
+                m = mine.setdefault(f["family"], {**f, "paths": []})
+                m["paths"] = [*m["paths"], *f.get("paths", ())]
+                if f.get("error") and not m.get("error"):
+                    m["error"] = f["error"]
+    gpus = list(dict.fromkeys(g for d in docs for g in d["gpus"]))
+    return {**docs[0], "gpus": gpus, "by_gpu": {g: list(fs.values()) for g, fs in by_gpu.items()}}
+
+
+def build(call: Path, site: str) -> dict | None:
+    """The build step's child (``family-build-{site}.json``, SWA_REPRO_WARM_ONLY): the warm-up alone,
+    before the judged pass; its ``live.warmup`` says which modules it built in its share of the time."""
+    return _read(call, f"family-build-{site}.json.xz")
 
 
 def runs(doc: dict) -> list[Run]:
@@ -168,10 +210,12 @@ def render(call: Path) -> list[str]:
            *[f"- {x}" for x in head], "", *_checkpoints(call)]
     for site in SITES:
         doc = load(call, site)
-        lv = doc.get("live") or {}
-        out += [f"## {site}", "",
-                (f"Device {lv.get('device')}; live {lv.get('seconds')} s of a {lv.get('budget_s')} s budget; "
-                 f"{warmup_text(lv.get('warmup') or {})}."), ""]
+        out += [f"## {site}", "", *_build_line(call, site)]
+        for part, d in parts(call, site).items():
+            lv = d.get("live") or {}
+            out += [(f"CUDA-graph paths, their own child (`family-live-{site}{part}.json`): " if part else "")
+                    + (f"Device {lv.get('device')}; live {lv.get('seconds')} s of a {lv.get('budget_s')} s budget; "
+                       f"{warmup_text(lv.get('warmup') or {})}."), ""]
         rs = runs(doc)
         fams = sorted({r.family for r in rs})
         gpus = list(doc["gpus"])
@@ -182,6 +226,15 @@ def render(call: Path) -> list[str]:
             out.append(f"| {fam} | " + " | ".join(f"not built: {why[:120]}" for _ in gpus) + " |")
         out.append("")
     return out
+
+
+def _build_line(call: Path, site: str) -> list[str]:
+    b = build(call, site)
+    if b is None:
+        return []
+    lv = b.get("live") or {}
+    return [(f"Build step (`family-build-{site}.json`, the warm-up alone, before the judged pass): "
+             f"{lv.get('warmup_seconds')} s of a {lv.get('budget_s')} s budget; {warmup_text(lv.get('warmup') or {})}."), ""]
 
 
 def _checkpoints(call: Path) -> list[str]:
@@ -203,13 +256,16 @@ def _checkpoints(call: Path) -> list[str]:
 
 
 def warmup_text(warmup: dict) -> str:
-    """``audit.live.warm_calls``' outcome per module (seconds, ``error: ...`` or still building) said as
-    counts: a module still building or failed is a call the judged pass could not run."""
+    """``audit.live.warm_calls``' outcome per module (seconds, ``error: ...``, still building, or skipped:
+    the budget gone before its warm-up began) said as counts: a module still building, failed or skipped
+    is a call the judged pass could not run."""
     built = sum(isinstance(v, (int, float)) for v in warmup.values())
     building = sum(isinstance(v, str) and v.startswith("still building") for v in warmup.values())
     failed = sum(isinstance(v, str) and v.startswith("error") for v in warmup.values())
+    skipped = sum(isinstance(v, str) and v.startswith("skipped") for v in warmup.values())
     return (f"{len(warmup)} modules warmed up: {built} built"
             + (f", {building} still building at the budget's end" if building else "")
+            + (f", {skipped} not started (the live time budget ran out first)" if skipped else "")
             + (f", {failed} failed ({_first_error(warmup)})" if failed else ""))
 
 
