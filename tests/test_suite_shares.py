@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import conftest
 
 from swa_repro.engine.families import GPU_CLASSES
@@ -54,3 +56,25 @@ def test_the_kit_site_runs_every_kit_file_in_one_child():
     for name in ("test_upstream_kit.py", "test_kit_swa_cases_cpu.py"):
         text = (TESTS / name).read_text()
         assert "_run(kit_copy.kit_overlay(b" in text and "list(KIT_FILES)" in text, name
+
+
+def test_a_release_file_reader_installs_the_overlay_rather_than_skipping(monkeypatch, tmp_path):
+    """A cold suite must run the tests that read a release's files by a second route: ``release_srt``
+    asks ``provision`` for the overlay (installed now unless cached), it does not skip when the folder
+    is not there yet."""
+    from swa_repro.sglang import provision
+
+    asked = []
+
+    def fake(version, *, any_release=False):
+        asked.append((version, any_release))
+        (tmp_path / "sglang" / "srt" / "models").mkdir(parents=True, exist_ok=True)
+        return tmp_path, {}
+    monkeypatch.setenv("SWA_REPRO_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(provision, "provision", fake)
+    try:
+        srt = conftest.release_srt("0.5.23")
+    except pytest.skip.Exception as e:  # what it did before: the test reading the release skipped
+        pytest.fail(f"release_srt skipped instead of installing the overlay: {e}")
+    assert srt == tmp_path / "sglang" / "srt"
+    assert asked == [("0.5.23", True)]
