@@ -106,19 +106,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 def release_srt(version: str):
-    """The release's own ``sglang/srt``, for a test that reads its files by a second route: its overlay,
-    installed now unless cached (``provision``: the same locked install the audits use, so the xdist
-    worker that asks first installs it and the others wait). It used to skip where the overlay was not
-    there yet: in a cold suite (CI's) 10 of these tests skipped, ahead of the audits that install it.
-    Skipped only where the release cannot be installed on this machine (no index)."""
-    from swa_repro.core.errors import UsageError
-    from swa_repro.sglang.provision import provision
-
-    try:
-        overlay, _ = provision(version, any_release=True)
-    except UsageError as e:
-        pytest.skip(f"sglang {version} cannot be installed here: {e}")
-    return overlay / "sglang" / "srt"
+    """The release's own ``sglang/srt``, for a test that reads its files by a second route: its overlay
+    as :func:`release_overlay` gives it (installed now unless cached). It used to skip where the overlay
+    was not there yet: in a cold suite (CI's) 10 of these tests skipped, ahead of the audits that install it."""
+    return release_overlay(version) / "sglang" / "srt"
 
 
 def skip_module_unless(*names: str, reason: str = "") -> None:

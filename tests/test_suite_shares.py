@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import conftest
+import pytest
 
 from swa_repro.engine.families import GPU_CLASSES
 
