@@ -26,7 +26,7 @@
 #   each call launches and returns): an illegal memory access is reported at the faulting call, its .err (returned) names
 #   it, and it cannot poison the other paths' process (the H100 call of 2026-12-06) -> family-live-*-graph.json.
 # CHECKPOINTS (issue #41): comma-separated users' checkpoints (a config.json or its folder) audited
-#   instead of FAMILIES: before the family step, python -m swa_repro.sglang.audit.checkpoint_smalls reads
+#   instead of FAMILIES: before the build or family step (a build alone, STEPS=install,build, warms their modules), python -m swa_repro.sglang.audit.checkpoint_smalls reads
 #   each on $SITE as `audit --model PATH` does and writes smalls.json (each cut to a few layers, the
 #   user's values); the children get --families <the folders' names> --smalls-file smalls.json.
 # If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
@@ -201,9 +201,9 @@ labels() {  # CHECKPOINTS' folder names, as checkpoint_smalls.label_of names the
     step patch "$T0" "$P"; echo "== patch apply: exit status $P"
     [ "$P" -ne 0 ] && { RC=1; STEPS="${STEPS/family/}"; echo "== family: skipped on both sites (the patch failed)"; }
   fi
-  if has family && [ -n "${CHECKPOINTS:-}" ]; then
+  if { has build || has family; } && [ -n "${CHECKPOINTS:-}" ]; then  # a build step alone builds what they need
     if FAMILIES="$(checkpoints)"; then echo "== checkpoints read: $FAMILIES"
-    else echo "== checkpoints: not read (above); family skipped"; RC=1; STEPS="${STEPS/family/}"; fi
+    else echo "== checkpoints: not read (above); build and family skipped"; RC=1; STEPS="${STEPS/build/}"; STEPS="${STEPS/family/}"; fi
   fi
   if has build || has family; then
     split_paths || { echo "== paths: the audit's paths not listed (above)"; RC=1; STEPS="${STEPS/build/}"; STEPS="${STEPS/family/}"; }

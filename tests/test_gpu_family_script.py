@@ -119,6 +119,18 @@ def test_checkpoints_it_cannot_read_skip_the_family_step_and_exit_1(rig):
     assert not [e for e in ev if e.startswith("family-start")]
 
 
+def test_a_build_step_alone_builds_the_checkpoints_modules(rig):
+    """STEPS=install,build (a whole call's time for the JIT build, the judged pass in the next call on the
+    warm machine): the build children get the checkpoints' labels and smalls file, not FAMILIES' default."""
+    r, out, ev = rig("install,build", CHECKPOINTS="ck/a,ck/b", PATHS="extend_ragged_no_prefix")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (smalls,) = [e for e in ev if e.startswith("smalls")]
+    starts = [e for e in ev if e.startswith("family-start")]
+    assert len(starts) == 2 and all("WARM=1 " in e and "--families a,b " in e and "--smalls-file " in e for e in starts)
+    assert float(smalls.split()[-1]) < min(float(e.split()[-1]) for e in starts)
+    assert {"family-build-shipped.json.xz", "smalls.json.xz"} <= {p.name for p in out.iterdir()}
+
+
 def _paths(e):
     return e.split("--paths ")[1].split()[0] if "--paths " in e else None
 
