@@ -4,6 +4,8 @@ what the earlier ones taught it to preload (where a wrongly preloaded library wo
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 TIMINGS = {"seconds", "audit_seconds", "child_seconds", "import_seconds", "result_cache", "overlay_info", "elapsed_s"}
@@ -46,14 +48,18 @@ def test_forked_runs_equal_plain_runs(monkeypatch):
     monkeypatch.setenv("SWA_REPRO_NO_CACHE", "1")
     monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")
     forkserver.close_all()  # an earlier test in this worker may have left a server with runs of its own
-    calls = []
+    calls, threads = [], []
     real_run = forkserver.run
-    monkeypatch.setattr(forkserver, "run", lambda *a: calls.append(a[0]) or real_run(*a))
+    monkeypatch.setattr(forkserver, "run", lambda *a: calls.append(a[0]) or threads.append(threading.get_ident())
+                        or real_run(*a))
     forked = _runs()
-    # every child the five runs asked for (a family audit also asks for its ServerArgs child) was
-    # forked, all from one server: the parent's environment gains TORCHINDUCTOR_CACHE_DIR on the way
-    # (forkserver.SELF_SET), which once started a second server
-    assert len(calls) >= 5 and [s.runs for s in forkserver._SERVERS.values()] == [len(calls)], calls
+    # every child the five runs asked for (a family audit also asks for its ServerArgs child, on the
+    # process's one helper thread: engine.child.beside) was forked, from one server per asking thread:
+    # the parent's environment gains TORCHINDUCTOR_CACHE_DIR on the way (forkserver.SELF_SET), which
+    # once started a second server for the same thread
+    runs = sorted(s.runs for s in forkserver._SERVERS.values())
+    assert len(calls) >= 5 and "swa_repro.sglang.server_run" in calls, calls
+    assert runs == sorted(threads.count(t) for t in set(threads)), (runs, calls)
     forkserver.close_all()
     monkeypatch.setenv("SWA_REPRO_FORKSERVER", "0")
     plain = _runs()
