@@ -129,14 +129,14 @@ def test_graph_mode_refuses_a_mask_without_a_buffer_and_eager_forgets_it():
     assert r._custom_mask_buf is not None  # the ragged wrapper keeps it (prefill.py:3021-3030)
 
 
-def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_run_read():
-    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.calls.pairs`` judges
-    the forward on it and ``audit.live`` re-plans a fresh wrapper with it (the fresh one shares no
-    buffer): wrapper 0 planned its own mask, its run read wrapper 1's."""
+INDEX = ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len")
+
+
+def _graph_pair():
+    """A recorded CUDA-graph forward of two wrappers sharing one mask buffer, and its effective call."""
     import types
 
     from swa_repro.sglang.audit import calls as ac
-    from swa_repro.sglang.audit import live
     from swa_repro.sglang.trace import Trace, record_class
 
     trace = Trace()
@@ -147,6 +147,16 @@ def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_
     w0.forward(torch.zeros(QO, 1, 4), torch.zeros(KV, 2, 1, 4), causal=True)
     run = types.SimpleNamespace(trace=trace, graph_stage=dict.fromkeys(range(len(trace.calls)), "capture"))
     (p,) = ac.pairs(run)
+    return trace, p
+
+
+def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_run_read():
+    """The recorder keeps what a graph wrapper's run read (``Call.reads``); ``audit.calls.pairs`` judges
+    the forward on it and ``audit.live`` re-plans a fresh wrapper with it (the fresh one shares no
+    buffer): wrapper 0 planned its own mask, its run read wrapper 1's."""
+    from swa_repro.sglang.audit import live
+
+    trace, p = _graph_pair()
     assert torch.equal(trace.calls[p.plan[0]].kwargs["custom_mask"], _mask(keep_last=False))  # what it planned
     assert torch.equal(p.plan[1]["custom_mask"], _mask(keep_last=True))  # what its run read
 
@@ -159,3 +169,64 @@ def test_the_audit_judges_and_the_live_step_replans_a_graph_forward_on_what_its_
 
     live._execute(lambda cls: Spy, trace, p, "cpu", {})
     assert len(made) == 1 and torch.equal(made[0], _mask(keep_last=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_a_graph_runs_reads_keep_their_buffers_dtype_and_are_not_refilled_by_a_later_plan(dtype):
+    """Oracle: the dtype the buffers were built with (sglang 0.5.23's int32, flashinfer_backend.py:474-487),
+    the IdType FlashInfer's kernel reads them as (0.7.2 csrc/batch_prefill_paged.cuh:76-84)."""
+    w0, w1 = _wrappers(PagedStandIn, graph=True, shared=False)
+    for w in (w0, w1):
+        for attr in ("_qo_indptr_buf", "_paged_kv_indptr_buf", "_paged_kv_indices_buf",
+                     "_paged_kv_last_page_len_buf", "_mask_indptr_buf"):
+            setattr(w, attr, getattr(w, attr).to(dtype))
+    ids = torch.arange(KV, dtype=dtype)
+    w0.plan(torch.tensor([0, QO], dtype=dtype), torch.tensor([0, KV], dtype=dtype), ids,
+            torch.tensor([1], dtype=dtype), 1, 1, 4, 1, custom_mask=_mask(True))
+    w0.run(torch.zeros(QO, 1, 4), torch.zeros(KV, 2, 1, 4))
+    reads = gb.paged_reads(w0)
+    assert {n: reads[n].dtype for n in INDEX} == dict.fromkeys(INDEX, dtype)
+    assert {n: w0.run_reads[n].dtype for n in INDEX} == dict.fromkeys(INDEX, dtype)
+    w0.plan(torch.tensor([0, QO], dtype=dtype), torch.tensor([0, KV], dtype=dtype), ids.flip(0),
+            torch.tensor([1], dtype=dtype), 1, 1, 4, 1, custom_mask=_mask(True))
+    assert reads["paged_kv_indices"][:KV].tolist() == list(range(KV))  # what the run read, not the buffer now
+
+
+def test_the_effective_call_and_its_live_replan_keep_the_int32_indices_sglang_planned():
+    """``audit.calls.pairs`` puts the reads in place of the plan's arguments: the int32 the buffers hold,
+    as sglang planned them; the live step re-plans a fresh wrapper with them, int32 (a module built for
+    the int32 buffers: 0.7.2 prefill.py:2985 picks IdType from ``paged_kv_indptr.dtype``)."""
+    from swa_repro.sglang.audit import live
+
+    trace, p = _graph_pair()
+    assert {n: p.plan[1][n].dtype for n in INDEX} == dict.fromkeys(INDEX, torch.int32)
+    made = []
+
+    class Spy(PagedStandIn):
+        def _plan(self, a):
+            super()._plan(a)
+            made.append({n: getattr(a, n).dtype for n in INDEX})
+
+    live._execute(lambda cls: Spy, trace, p, "cpu", {})
+    assert made == [dict.fromkeys(INDEX, torch.int32)]
+
+
+def test_the_live_replan_refuses_int64_reads_over_int32_buffers_before_it_plans():
+    """The consumer checks, it does not repair: reads of another dtype than the buffers (a trace of the
+    old int64 reads) are refused before the plan is issued (``graph_buffers.check_index_dtypes``), never
+    cast behind the caller's back."""
+    from dataclasses import replace
+
+    from swa_repro.sglang.audit import live
+
+    trace, p = _graph_pair()
+    wide = {k: v.long() if k in INDEX else v for k, v in p.plan[1].items()}
+    planned = []
+
+    class Spy(PagedStandIn):
+        def _plan(self, a):
+            planned.append(a)
+
+    with pytest.raises(ValueError, match=r"paged_kv_indptr of torch.int64 over the torch.int32 .*illegal"):
+        live._execute(lambda cls: Spy, trace, replace(p, plan=(p.plan[0], wide, p.plan[2])), "cpu", {})
+    assert planned == []

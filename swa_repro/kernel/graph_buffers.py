@@ -176,10 +176,14 @@ def plan_ragged(w, a) -> None:
 def paged_reads(w) -> dict:
     """What a paged ``run()`` reads at run time, in ``plan()``'s argument names: the index buffers
     and the mask unpacked from ``_custom_mask_buf`` at ``_mask_indptr_buf`` (``custom_mask`` None:
-    the causal / non-causal kernel)."""
-    qo, kv, last = (getattr(w, f"_{n}_buf").detach().to("cpu", torch.int64) for n in PAGED_BUFFERS)
-    out = {"qo_indptr": qo, "paged_kv_indptr": kv, "paged_kv_last_page_len": last,
-           "paged_kv_indices": w._paged_kv_indices_buf.detach().to("cpu", torch.int64), "custom_mask": None}
+    the causal / non-causal kernel). Each index tensor keeps its buffer's dtype: it is the ``IdType``
+    the kernel reads it as, and a plan handed these reads picks its module from
+    ``paged_kv_indptr.dtype`` (0.7.2 prefill.py:2985), so a re-plan over sglang's int32 buffers
+    (0.5.23 flashinfer_backend.py:474-487, :1107-1111, :1139-1140) stays int32
+    (:func:`check_index_dtypes` refuses any other). Copies: a later plan refills the buffers."""
+    qo, kv, last, idx = (getattr(w, f"_{n}_buf").detach().cpu().clone() for n in (*PAGED_BUFFERS, "paged_kv_indices"))
+    out = {"qo_indptr": qo, "paged_kv_indptr": kv, "paged_kv_last_page_len": last, "paged_kv_indices": idx,
+           "custom_mask": None}
     if w._custom_mask_buf is not None:
         sizes = [q * k for q, k in zip((qo[1:] - qo[:-1]).tolist(), kv_lens(kv, last, w._page_size))]
         out["custom_mask"] = unpack_segments(w._custom_mask_buf, w._mask_indptr_buf.cpu(), sizes)

@@ -37,7 +37,7 @@ from swa_repro.core.reference import masked_attention
 from swa_repro.engine.tolerance import ATOL, RTOL
 from swa_repro.kernel.graph_buffers import check_index_dtypes
 from swa_repro.kernel.wrappers import unpack_paged_kv_cache
-from swa_repro.sglang.audit.calls import Pair, bind, pairs
+from swa_repro.sglang.audit.calls import Pair, pairs
 from swa_repro.sglang.audit.env import PAGED, RAGGED
 from swa_repro.sglang.audit.keys import call_keys
 from swa_repro.sglang.trace import decode
@@ -66,7 +66,7 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) 
     if replay or getattr(trace.calls[p.fwd[0]], "reads", None) is not None:
         # a CUDA-graph forward: planned with what its run read from the buffers (the mask a wrapper
         # sharing one planned last, audit.calls.pairs), which this fresh wrapper does not share
-        args, kwargs = [], _bound_plan(trace, p, device)
+        args, kwargs = [], _bound_plan(p, device)
     if replay:
         kwargs.update({k: p.capture_plan[1][k] for k in ("window_left", "logits_soft_cap")})
     if p.cls in (PAGED, RAGGED):  # a clear error, never a kernel fault that poisons the process's context
@@ -79,22 +79,16 @@ def _execute(make, trace, p: Pair, device: str, workspaces: dict, backend=None) 
     return out, getattr(w, "_backend", None)
 
 
-def _bound_plan(trace, p: Pair, device: str) -> dict:
-    """The plan arguments the recorded plan passed, with what the run read in place of its own, each
-    tensor in the dtype the recorded plan gave it. The reads come back as int64
-    (``kernel.graph_buffers.paged_reads``) while sglang plans int32 indices over int32 buffers (0.5.23
-    flashinfer_backend.py:474-479, :485-487, :1107-1111, :1139-1140 allocate them int32): planned
-    int64, FlashInfer builds an int64 module and its kernel reads the int32 buffers as int64
-    (``graph_buffers.check_index_dtypes``), the illegal memory access of the H100 call of 2026-12-06."""
-    c = trace.calls[p.plan[0]]
-    recorded = bind(p.cls, c.method, c.args, c.kwargs)
-    out = {}
-    for k in p.plan[2][1]:
-        v, r = p.plan[1][k], recorded.get(k)
-        if torch.is_tensor(v):
-            v = v.to(device, r.dtype if torch.is_tensor(r) else v.dtype)
-        out[k] = v
-    return out
+def _bound_plan(p: Pair, device: str) -> dict:
+    """The plan arguments the recorded plan passed, with what the run read in place of its own
+    (``audit.calls.pairs``), on ``device``. The reads keep their buffers' dtype
+    (``kernel.graph_buffers.paged_reads``): sglang's int32 (0.5.23 flashinfer_backend.py:474-479,
+    :485-487, :1107-1111, :1139-1140), the dtype it plans with, so the fresh wrapper's module is built
+    for the indices its buffers hold; ``_execute`` checks it (``graph_buffers.check_index_dtypes``: planned
+    int64 over int32 buffers, FlashInfer's kernel reads them as int64, the illegal memory access of the
+    H100 call of 2026-12-06)."""
+    plan = {k: p.plan[1][k] for k in p.plan[2][1]}
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in plan.items()}
 
 
 ANNOUNCE_ENV = "SWA_REPRO_ANNOUNCE_CALLS"  # set (scripts/gpu_family.sh's graph child): one stderr line per launch
