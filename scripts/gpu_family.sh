@@ -30,7 +30,8 @@
 #   each on $SITE as `audit --model PATH` does and writes smalls.json (each cut to a few layers, the
 #   user's values); the children get --families <the folders' names> --smalls-file smalls.json.
 # If $OUT is set: gpu.txt (date, GPU, driver, torch, commit, steps, seconds, commands), the log and
-# the two JSON files, xz-compressed. Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
+# the family-*.json, the graph children's .err and smalls.json, xz-compressed; over 8 files in all (the most a
+# call returns) those .xz go into one data.tar, which gpu.txt names (lib_gpu.sh write_out). Env: FI_VERSION (0.7.2), SGLANG_VERSION (0.5.23), FAMILIES
 # (gemma2,gemma3), GPU (sm80,sm90: both run on an H100 or H200), PATHS (empty: every path), PYTHON
 # (python3), BUNDLE_DIR (.bundle), SITE, SITE_FIXED, ART (artifacts/gpu_family), BUDGET_S (575),
 # RESERVE_S (30), KILL_AFTER_S (15), MIN_STEP_S (30; at least LIVE_MARGIN_S), LIVE_MARGIN_S (120), MIN_LIVE_S (120: a

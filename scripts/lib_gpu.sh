@@ -73,13 +73,23 @@ if not getattr(sgl_kernel, "__swa_repro_stub__", False):
 EOF2
 }
 
+OUT_MAX_FILES=8  # the device returns at most 8 files (16 MiB each) of a call: write_out never leaves more in $OUT
+
 write_out() {  # LINE FILE...: with $OUT set (and no DRY_RUN), $OUT/gpu.txt (machine_lines, LINE, the seconds
-  # per step, the commands in the order started), the log $LOG, and each FILE that exists, xz-compressed
+  # per step, the commands in the order started), the log $LOG, and each FILE that exists, xz-compressed; where
+  # they would make more than OUT_MAX_FILES, the FILEs' .xz go into one uncompressed $OUT/data.tar instead (gpu.txt
+  # names them; swa_repro.sglang.audit.family_evidence reads a member where its file is absent)
   [ -n "${OUT:-}" ] && [ -z "${DRY_RUN:-}" ] || return 0
-  { machine_lines; echo "$1"; steps_lines; echo "commands, in the order started:"; cat "$CMD_LOG"; } > "$OUT/gpu.txt" 2>&1
+  local line=$1 f files=() names=() dir; shift
+  for f in "$@"; do [ -f "$f" ] && { files+=("$f"); names+=("$(basename "$f").xz"); }; done
+  [ $(( ${#files[@]} + 2 )) -le "$OUT_MAX_FILES" ] && names=()
+  { machine_lines; echo "$line"
+    [ "${#names[@]}" -eq 0 ] || echo "packed into data.tar (over $OUT_MAX_FILES files, the most a call returns): ${names[*]}"
+    steps_lines; echo "commands, in the order started:"; cat "$CMD_LOG"; } > "$OUT/gpu.txt" 2>&1
   cp "$LOG" "$OUT/"
-  shift
-  local f; for f in "$@"; do [ -f "$f" ] && xz -9 -c "$f" > "$OUT/$(basename "$f").xz"; done
+  dir="$OUT"; [ "${#names[@]}" -eq 0 ] || dir=$(mktemp -d)
+  for f in "${files[@]}"; do xz -9 -c "$f" > "$dir/$(basename "$f").xz"; done
+  if [ "$dir" != "$OUT" ]; then tar -cf "$OUT/data.tar" -C "$dir" "${names[@]}"; rm -rf "$dir"; fi
   return 0
 }
 

@@ -364,6 +364,48 @@ def test_a_call_with_graph_files_beside_the_others_is_read_as_one_site(tmp_path)
     assert "of a 31.0 s budget" in text and "CUDA-graph paths, their own child" in text and "Build step" not in text
 
 
+def _packed_copy(call, tmp_path):
+    """``call`` as ``scripts/lib_gpu.sh`` ``write_out`` returns a call of over 8 files: gpu.txt and the
+    log beside one uncompressed data.tar of the data files' .xz (``tar -cf data.tar -C dir NAME.xz...``)."""
+    import shutil
+    import tarfile
+
+    copy = tmp_path / call.parent.name / call.name
+    copy.mkdir(parents=True)
+    data = sorted(f for f in call.iterdir() if f.name.endswith(".xz"))
+    assert data and all(f.name != "gpu.txt" for f in data)
+    for f in (call / "gpu.txt", *call.glob("gpu_family-*.log")):
+        shutil.copy(f, copy / f.name)
+    with tarfile.open(copy / fe.PACK, "w") as t:
+        for f in data:
+            t.add(f, arcname=f.name)
+    assert not list(copy.glob("*.xz"))
+    return copy
+
+
+@pytest.mark.parametrize("name", [CK90_BUILD.name, CK90_GRAPH.name, GEMMA.name])
+def test_a_call_returned_as_data_tar_reads_as_its_files_do(tmp_path, name):
+    """A call whose data files came back in data.tar (the device returns at most 8 files) renders, and
+    loads, as the committed per-file call it was packed from: the build step, the graph part, smalls."""
+    call = CALLS[name]
+    copy = _packed_copy(call, tmp_path)
+    assert fe.render(copy) == fe.render(call)
+    for site in fe.SITES:
+        assert fe.load(copy, site) == fe.load(call, site) and fe.build(copy, site) == fe.build(call, site)
+
+
+def test_a_data_tar_without_a_sites_files_is_said_like_a_folder_without_them(tmp_path):
+    import tarfile
+
+    call = tmp_path / "0.5.23" / "call-x"
+    call.mkdir(parents=True)
+    with tarfile.open(call / fe.PACK, "w") as t:
+        t.add(CK90_BUILD / "smalls.json.xz", arcname="smalls.json.xz")
+    assert fe.build(call, "shipped") is None
+    with pytest.raises(FileNotFoundError, match="no family-live-shipped"):
+        fe.load(call, "shipped")
+
+
 def test_the_readme_has_a_row_for_every_call_and_no_unexplained_crash():
     """recordings/family-live/README.md: each call folder named in a row; the illegal memory access of
     the warm sm90 call is explained (the int64 re-issue over int32 buffers) since the graph-verify call."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import lzma
 import subprocess
+import tarfile
 
 import pytest
 from conftest import REPO
@@ -36,6 +37,16 @@ case "$1" in
     esac;;
 esac
 """
+
+
+def _returned(out) -> dict[str, bytes]:
+    """What a call returns, by name: the files in OUT, and the members of its data.tar (write_out packs the
+    data files' .xz there where they and gpu.txt and the log would be over the 8 files a call returns)."""
+    got = {p.name: p.read_bytes() for p in out.iterdir() if p.name != "data.tar"}
+    if (out / "data.tar").is_file():
+        with tarfile.open(out / "data.tar") as t:
+            got.update({m.name: t.extractfile(m).read() for m in t.getmembers()})
+    return got
 
 
 @pytest.fixture
@@ -109,7 +120,7 @@ def test_checkpoints_are_read_on_the_shipped_site_then_audited_by_their_labels(r
     starts = [e for e in ev if e.startswith("family-start")]
     assert len(starts) == 4 and all("--families a,b " in e and "--smalls-file " in e for e in starts)  # graph apart
     assert float(smalls.split()[-1]) < min(float(e.split()[-1]) for e in starts)
-    assert json.loads(lzma.decompress((out / "smalls.json.xz").read_bytes())) == {"a": {}, "b": {}}
+    assert json.loads(lzma.decompress(_returned(out)["smalls.json.xz"])) == {"a": {}, "b": {}}
     assert "families a,b (checkpoints ck/a,ck/b/config.json);" in (out / "gpu.txt").read_text()
 
 
@@ -233,3 +244,29 @@ def test_the_graph_split_never_leaves_the_other_paths_a_budget_their_child_canno
     starts = [e for e in ev if e.startswith("family-start")]
     main = [e for e in starts if "BLOCKING= " in e]
     assert len(main) == 2 and all(120 <= _budget(e) < (400 - 30) - 120 for e in main)
+
+
+def test_a_call_of_more_than_8_files_returns_8_at_most_its_data_in_one_tar(rig):
+    """build + family with the graph paths apart, on checkpoints: 8 family-*.json, 4 graph .err and smalls.json
+    beside gpu.txt and the log would be 15 files; the device returns at most 8 (the rest would be lost). The
+    data files' .xz come back in one uncompressed data.tar, each equal to what the stand-in wrote, and
+    gpu.txt names them. A call of 8 files or fewer keeps its flat layout (the graph-paths test's 8)."""
+    r, out, _ = rig("install,patch,build,family", CHECKPOINTS="ck/a,ck/b")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {p.name for p in out.iterdir()}
+    assert len(got) <= 8 and "data.tar" in got and "gpu.txt" in got and any(n.endswith(".log") for n in got)
+    assert not [n for n in got if n.endswith(".xz")]
+    art = rig.repo / "artifacts" / "gpu_family"
+    wrote = sorted(f.name for f in art.iterdir() if (f.name.startswith("family-") and f.suffix == ".json")
+                   or f.name.endswith("-graph.err") or f.name == "smalls.json")
+    assert len(wrote) == 8 + 4 + 1
+    assert (out / "data.tar").read_bytes()[257:262] == b"ustar"  # a plain tar: its members are the .xz already
+    with tarfile.open(out / "data.tar") as t:
+        members = {m.name: lzma.decompress(t.extractfile(m).read()) for m in t.getmembers()}
+    assert members == {f"{n}.xz": (art / n).read_bytes() for n in wrote}
+    gpu = (out / "gpu.txt").read_text()
+    (said,) = [x for x in gpu.splitlines() if x.startswith("packed into data.tar")]
+    assert sorted(said.split(": ", 1)[1].split()) == sorted(members)
+    r, out, _ = rig(PATHS="cuda_graph_verify,decode")
+    got = {p.name for p in out.iterdir()}
+    assert len(got) == 8 and "data.tar" not in got and "packed into" not in (out / "gpu.txt").read_text()

@@ -16,6 +16,7 @@ import json
 import lzma
 import re
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,9 +57,25 @@ class Run:
 PARTS = ("", "-graph")  # family-live-{site}{part}: scripts/gpu_family.sh's ISOLATE_GRAPH runs cuda_graph_* apart
 
 
+PACK = "data.tar"  # scripts/lib_gpu.sh write_out: a call of over 8 files returns its data files' .xz in it
+
+
 def _read(call: Path, name: str) -> dict | None:
+    """The JSON of a returned ``NAME.xz``: the call folder's own file (every call committed before
+    2026-12-07), else the member of its :data:`PACK` (the device returns at most 8 files of a call, and
+    ``write_out`` packs the data files where there would be more); None where neither holds it."""
     f = Path(call) / name
-    return json.loads(lzma.decompress(f.read_bytes())) if f.is_file() else None
+    raw = f.read_bytes() if f.is_file() else _member(Path(call) / PACK, name)
+    return None if raw is None else json.loads(lzma.decompress(raw))
+
+
+def _member(tar: Path, name: str) -> bytes | None:
+    """The bytes of the regular member ``name`` of ``tar`` (read, never extracted), None where it has none."""
+    if not tar.is_file():
+        return None
+    with tarfile.open(tar) as t:
+        m = next((m for m in t.getmembers() if m.isfile() and Path(m.name).name == name), None)
+        return None if m is None else t.extractfile(m).read()
 
 
 @functools.cache
@@ -240,10 +257,9 @@ def _build_line(call: Path, site: str) -> list[str]:
 def _checkpoints(call: Path) -> list[str]:
     """A checkpoint call's (``CHECKPOINTS``, issue #41) users' configs as the children got them
     (``smalls.json``, ``audit.checkpoint_smalls``): each judged at its own file's window and cap."""
-    f = call / "smalls.json.xz"
-    if not f.is_file():
+    smalls = _read(call, "smalls.json.xz")
+    if smalls is None:
         return []
-    smalls = json.loads(lzma.decompress(f.read_bytes()))
     intro = ("Users' checkpoints (`CHECKPOINTS`), each built from its own config.json cut to a few layers and "
              "judged at its own values:")
     cols = "| label | architecture | sliding_window | layers built | head_dim | q/kv heads | cap |"
