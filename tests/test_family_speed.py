@@ -378,3 +378,36 @@ def test_a_releases_serverargs_child_runs_beside_its_family_child(monkeypatch):
         raise AssertionError("no error")
     except UsageError as e:
         assert "family child" in str(e)
+
+
+def test_the_tables_companion_runs_beside_the_releases_from_the_start(monkeypatch):
+    """``family_table.build``: the companion (0.5.23 with ``--fix all``, one family child) runs on a thread
+    of its own while the releases run, also with ``--jobs 1``: in the pool it ran first and alone, and
+    one release's row (its column plan, then its children) waited for it (143 s wall, 61 s of it the
+    companion's). Each waits here for the other to have started: run one after the other, neither could.
+    The table holds both, and the releases still run ``--jobs`` at a time."""
+    import threading
+
+    from swa_repro.sglang.audit import family_run, family_table
+
+    both = threading.Barrier(2, timeout=10)
+    running, most = [], []
+
+    def fixed_cells(gpus, version, note):
+        both.wait()
+        return {"sglang": version, "command": "c", "cells": {g: {"gemma2": {"state": "not affected"}} for g in gpus}}
+
+    def audit_release(version, family, gpus, note, archs):
+        if version == "0.5.23":
+            both.wait()
+        running.append(version)
+        most.append(len(running))
+        threading.Event().wait(0.05)
+        running.remove(version)
+        return {g: {"release": {"sglang": version, "error": "e"}, "gpu": g, "families": []} for g in gpus}
+
+    monkeypatch.setattr(family_table, "fixed_cells", fixed_cells)
+    monkeypatch.setattr(family_run, "audit_release", audit_release)
+    table = family_table.build(["0.5.22", "0.5.23", "0.5.21"], ["sm90"], jobs=1, note=lambda s: None, fixed="0.5.23")
+    assert table["fixed"]["cells"] == {"sm90": {"gemma2": {"state": "not affected"}}}
+    assert [r["sglang"] for r in table["rows"]] == ["0.5.22", "0.5.23", "0.5.21"] and max(most) == 1
