@@ -412,11 +412,16 @@ def test_the_tables_companion_runs_beside_the_releases_from_the_start(monkeypatc
         running.remove(version)
         return {g: {"release": {"sglang": version, "error": "e"}, "gpu": g, "families": []} for g in gpus}
 
+    from swa_repro.engine import forkserver
+
+    warmed = []  # the children's one fork server is started first (forkserver.warm), before any audit
+    monkeypatch.setattr(forkserver, "warm", lambda env: warmed.append(len(running) + len(most)))
     monkeypatch.setattr(family_table, "fixed_cells", fixed_cells)
     monkeypatch.setattr(family_run, "audit_release", audit_release)
     table = family_table.build(["0.5.22", "0.5.23", "0.5.21"], ["sm90"], jobs=1, note=lambda s: None, fixed="0.5.23")
     assert table["fixed"]["cells"] == {"sm90": {"gemma2": {"state": "not affected"}}}
     assert [r["sglang"] for r in table["rows"]] == ["0.5.22", "0.5.23", "0.5.21"] and max(most) == 1
+    assert warmed == [0]
 
 
 def test_a_model_file_is_walked_once_for_its_forms_however_many_columns_ask(tmp_path, monkeypatch):

@@ -211,6 +211,18 @@ def test_requests_read_before_an_exec_are_run_by_the_server_after_it(probe_env, 
                                                  "stdout": str(tmp_path / "o"), "stderr": str(tmp_path / "e")}) + "\n")
     env = {**probe_env, forkserver.STATE[3]: str(tmp_path / "queued")}
     p = subprocess.run([sys.executable, "-m", forkserver.MODULE], input="", capture_output=True, text=True, env=env,
-                       cwd=tmp_path, timeout=60)
+                       cwd=tmp_path, timeout=60, check=False)
     assert p.returncode == 0 and json.loads(p.stdout) == {"id": 7, "rc": 0}, p.stderr
     assert json.loads((tmp_path / "o").read_text())["argv"] == ["q"] and not (tmp_path / "queued").exists()
+
+
+def test_a_warmed_server_is_the_one_the_next_run_forks_from(probe_env, tmp_path, monkeypatch):
+    """``forkserver.warm``: the family table starts its children's server first, so the preload overlaps the
+    parent's first seconds; the run after it forks from that server, not a second one."""
+    monkeypatch.chdir(tmp_path)
+    forkserver.warm(probe_env)
+    (server,) = forkserver._SERVERS.values()
+    assert server.runs == 0 and server.proc.poll() is None
+    forkserver.warm(probe_env)  # warm again: the same server
+    assert json.loads(forkserver.run("fsprobe", ["w"], probe_env, tmp_path)[1])["argv"] == ["w"]
+    assert list(forkserver._SERVERS.values()) == [server] and server.runs == 1

@@ -170,6 +170,17 @@ def server_key(env: dict) -> str:
     return hashlib.sha256(json.dumps([kept, os.getcwd()]).encode()).hexdigest()
 
 
+def warm(env: dict) -> None:
+    """Start the server a later :func:`run` under ``env`` forks from, so that its preload (torch & co.,
+    ~8 s of one core) overlaps what the caller does first (the family table: ~5 s of overlays, cache
+    keys and imports before its first child) instead of delaying that child."""
+    key = server_key(env)
+    if enabled() and key not in _GAVE_UP:
+        with _LOCK:
+            if key not in _SERVERS or _SERVERS[key].proc.poll() is not None:
+                _SERVERS[key] = Server(env, os.getcwd())
+
+
 def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str] | None:
     """``(returncode, stdout, stderr)`` of ``python -m module argv`` under ``env``, forked from a warm
     server; ``None`` when no server can do it (the caller then runs a plain child)."""

@@ -65,7 +65,11 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
 
     from swa_repro.core.errors import UsageError
     from swa_repro.core.versions import sglang_release_key as parse
+    from swa_repro.engine import forkserver
+    from swa_repro.engine.child import child_env
     from swa_repro.sglang.audit.family_run import audit_release
+
+    forkserver.warm(child_env())  # its preload beside the parent's first seconds (the children's one server)
 
     def one(task):
         kind, v = task
