@@ -23,8 +23,8 @@ release's bytecode (``pycache/``) come from the cache.
 * ``release_row``: ``swa-repro audit --release-table --model all --gpu sm90,sm100,sm80 --releases X`` with
   the result cache off: one release's row of the family table as the full table computes it (the 8
   families and every other sliding-window architecture the release serves, 3 GPU classes: the release's
-  config classes, the family child and the ServerArgs child beside it, from fresh fork servers that
-  preload what earlier ones learned, ``engine.forkserver``), target 60 s on
+  config classes, the family child and the ServerArgs child beside it, forked from one fork server the
+  command's threads share, which preloads what earlier ones learned, ``engine.forkserver``), target 60 s on
   2 cores (issue #41: "one release <= 60 s"). For 0.5.23 (``family_fix.FIXED_RELEASE``) the command
   also builds the table's companion (every family with ``--fix all``: one more child), so its time is
   the row and the companion together;

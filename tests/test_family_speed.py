@@ -46,6 +46,12 @@ def test_a_model_file_is_parsed_once_for_discovery_config_reads_and_class_names(
         assert reads == {"hidden_size": "a.py:4", "sliding_window": "base.py:3"}
         reads["mutated"] = "by a caller"  # each call's dict is its own
     assert "WinModel" in release_configs.class_names(srt / "models" / "a.py")
+    from swa_repro.sglang import model_configs
+    from swa_repro.sglang.audit import arch_fill
+
+    # the EntryClass lookup and the plan's forms read the same parse too (before: one more each)
+    assert model_configs.model_file_in(srt / "models", "WinModel") == srt / "models" / "a.py"
+    assert arch_fill.read_forms({"hidden_size": 8}, [srt / "models" / "a.py"]) == {}
     assert len(parsed) == 2, f"{len(parsed)} parses of 2 model files"
     assert len(walks) == 1, "config_reads walked the same class again"
 
@@ -378,3 +384,64 @@ def test_a_releases_serverargs_child_runs_beside_its_family_child(monkeypatch):
         raise AssertionError("no error")
     except UsageError as e:
         assert "family child" in str(e)
+
+
+def test_the_tables_companion_runs_beside_the_releases_from_the_start(monkeypatch):
+    """``family_table.build``: the companion (0.5.23 with ``--fix all``, one family child) runs on a thread
+    of its own while the releases run, also with ``--jobs 1``: in the pool it ran first and alone, and
+    one release's row (its column plan, then its children) waited for it (143 s wall, 61 s of it the
+    companion's). Each waits here for the other to have started: run one after the other, neither could.
+    The table holds both, and the releases still run ``--jobs`` at a time."""
+    import threading
+
+    from swa_repro.sglang.audit import family_run, family_table
+
+    both = threading.Barrier(2, timeout=10)
+    running, most = [], []
+
+    def fixed_cells(gpus, version, note):
+        both.wait()
+        return {"sglang": version, "command": "c", "cells": {g: {"gemma2": {"state": "not affected"}} for g in gpus}}
+
+    def audit_release(version, family, gpus, note, archs):
+        if version == "0.5.23":
+            both.wait()
+        running.append(version)
+        most.append(len(running))
+        threading.Event().wait(0.05)
+        running.remove(version)
+        return {g: {"release": {"sglang": version, "error": "e"}, "gpu": g, "families": []} for g in gpus}
+
+    from swa_repro.engine import forkserver
+
+    warmed = []  # the children's one fork server is started first (forkserver.warm), before any audit
+    monkeypatch.setattr(forkserver, "warm", lambda env: warmed.append(len(running) + len(most)))
+    monkeypatch.setattr(family_table, "fixed_cells", fixed_cells)
+    monkeypatch.setattr(family_run, "audit_release", audit_release)
+    table = family_table.build(["0.5.22", "0.5.23", "0.5.21"], ["sm90"], jobs=1, note=lambda s: None, fixed="0.5.23")
+    assert table["fixed"]["cells"] == {"sm90": {"gemma2": {"state": "not affected"}}}
+    assert [r["sglang"] for r in table["rows"]] == ["0.5.22", "0.5.23", "0.5.21"] and max(most) == 1
+    assert warmed == [0]
+
+
+def test_a_model_file_is_walked_once_for_its_forms_however_many_columns_ask(tmp_path, monkeypatch):
+    """``arch_fill.read_forms``: the three readings (a split list, a number indexed per layer, the one value an
+    assert takes) come from one walk of the file (``_form_sites``), not three walks per call: the column plan
+    asks each model file ~40 times (every column's every round; ~2 CPU-s of 0.5.23's plan). Answers as before."""
+    import ast
+
+    from swa_repro.sglang.audit import arch_fill
+
+    f = tmp_path / "m.py"
+    f.write_text("def build(config, layer_id):\n    theta = config.rope_theta\n    x = theta[layer_id]\n"
+                 "    e = config.moe_layers_enum.split(',')\n    n = getattr(config, 'num_mtp_layers', 1)\n"
+                 "    assert n == 1\n")
+    walks, real = [], ast.walk
+    monkeypatch.setattr(ast, "walk", lambda node: walks.append(type(node).__name__) or real(node))
+    values = {"rope_theta": 1e4, "num_hidden_layers": 2, "moe_layers_enum": [1, 2], "num_mtp_layers": 2}
+    for _ in range(3):
+        got = arch_fill.read_forms(values, [f])
+        assert {k: v for k, (v, _) in got.items()} == {"moe_layers_enum": "1,2", "rope_theta": [1e4, 1e4],
+                                                        "num_mtp_layers": 1}
+    assert arch_fill.read_forms({"rope_theta": 1e4, "num_hidden_layers": 0}, [f]) == {}
+    assert walks.count("Module") <= 2, walks  # the parent map's walk and the forms' one

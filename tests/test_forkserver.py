@@ -166,3 +166,63 @@ def test_a_new_server_preloads_what_an_earlier_one_learned_in_the_same_cache(pro
     assert json.loads(again[1])["learned_var"] is None  # the server's own setting, not the run's environment
     other = {**probe_env, "SWA_REPRO_CACHE": str(tmp_path / "other")}
     assert json.loads(forkserver.run("fsprobe", ["a"], other, tmp_path)[1])["numpy_loaded"] is False
+
+
+MEET = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    me, other = Path(sys.argv[1]), Path(sys.argv[2])
+    me.touch()
+    t = time.monotonic()
+    while not other.exists() and time.monotonic() - t < 20:
+        time.sleep(0.01)
+    print("met" if other.exists() else "alone")
+""")
+
+
+def test_threads_asking_at_once_share_one_server_and_run_at_once(probe_env, tmp_path, monkeypatch):
+    """Two threads' runs (the family table's release and its companion, ``engine.child.beside``) go to
+    one server (before: a server per thread, each preloading torch & co. again) and are forked at once:
+    each run waits for the other to have started, so run one after the other, neither would meet it."""
+    import threading
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fsmeet.py").write_text(MEET)
+    got = {}
+
+    def one(me, other):
+        (tmp_path / me).mkdir()
+        got[me] = forkserver.run("fsmeet", [str(tmp_path / f"{me}.on"), str(tmp_path / f"{other}.on")], probe_env,
+                                 tmp_path / me)
+
+    threads = [threading.Thread(target=one, args=p) for p in (("a", "b"), ("b", "a"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got["a"][:2] == got["b"][:2] == (0, "met\n")
+    assert [s.runs for s in forkserver._SERVERS.values()] == [2]
+
+
+def test_requests_read_before_an_exec_are_run_by_the_server_after_it(probe_env, tmp_path):
+    """A server that must exec (a preloaded module started a thread) first lets its runs end, then carries
+    the requests it read but did not fork over the exec (``STATE[3]``): each is run and answered by its id."""
+    (tmp_path / "queued").write_text(json.dumps({"id": 7, "module": "fsprobe", "argv": ["q"], "cwd": str(tmp_path),
+                                                 "stdout": str(tmp_path / "o"), "stderr": str(tmp_path / "e")}) + "\n")
+    env = {**probe_env, forkserver.STATE[3]: str(tmp_path / "queued")}
+    p = subprocess.run([sys.executable, "-m", forkserver.MODULE], input="", capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=60, check=False)
+    assert p.returncode == 0 and json.loads(p.stdout) == {"id": 7, "rc": 0}, p.stderr
+    assert json.loads((tmp_path / "o").read_text())["argv"] == ["q"] and not (tmp_path / "queued").exists()
+
+
+def test_a_warmed_server_is_the_one_the_next_run_forks_from(probe_env, tmp_path, monkeypatch):
+    """``forkserver.warm``: the family table starts its children's server first, so the preload overlaps the
+    parent's first seconds; the run after it forks from that server, not a second one."""
+    monkeypatch.chdir(tmp_path)
+    forkserver.warm(probe_env)
+    (server,) = forkserver._SERVERS.values()
+    assert server.runs == 0 and server.proc.poll() is None
+    forkserver.warm(probe_env)  # warm again: the same server
+    assert json.loads(forkserver.run("fsprobe", ["w"], probe_env, tmp_path)[1])["argv"] == ["w"]
+    assert list(forkserver._SERVERS.values()) == [server] and server.runs == 1

@@ -69,8 +69,9 @@ _BESIDE: list = []  # the one helper thread's executor, made on first use
 def beside(fn, *args):
     """``fn(*args)`` on this process's one helper thread -> its ``Future``: work independent of what the
     caller does meanwhile (a release's ServerArgs child beside its family child: the second core). One
-    thread for the process, so a child run from it forks from one more warm server (``forkserver``: one
-    per thread), kept for the command, and at most one such task runs at a time however many callers."""
+    thread for the process, so at most one such task runs at a time however many callers; a child run
+    from it forks from the same warm server as the caller's (``forkserver``: runs asked at once are
+    forked at once)."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not _BESIDE:

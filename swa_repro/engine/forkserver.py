@@ -21,7 +21,10 @@ Linux only. ``fork`` is safe while the server has no thread but its main one: a 
 that starts one (pandas and datasets start pyarrow's pool: none of :data:`SAFE_ROOTS`) is left out
 from then on (:func:`serve`).
 ``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
-per (environment, working directory, thread) and at most :data:`MAX_SERVERS`.
+per (environment, working directory) and at most :data:`MAX_SERVERS`, shared by its threads: runs asked
+at once (the family table's ``--jobs``, its companion, ``engine.child.beside``) are forked at once and
+each answered by its id. Before, each asking thread had a server of its own, and each preloaded torch &
+co. again (~10 CPU-s each on 2 busy cores: three of them in one release's row of the family table).
 """
 
 from __future__ import annotations
@@ -30,14 +33,18 @@ import atexit
 import hashlib
 import json
 import os
+import select
+import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 MAX_SERVERS = 3  # each holds torch & co. (~0.5 GB, shared copy-on-write with its children)
 MODULE = "swa_repro.engine.forkserver"  # this file, run as ``python -m`` (where its __name__ is __main__)
-STATE = ("SWA_REPRO_FORKSERVER_DENY", "SWA_REPRO_FORKSERVER_KNOWN", "SWA_REPRO_FORKSERVER_EXECS")  # over an exec
+STATE = ("SWA_REPRO_FORKSERVER_DENY", "SWA_REPRO_FORKSERVER_KNOWN", "SWA_REPRO_FORKSERVER_EXECS",
+         "SWA_REPRO_FORKSERVER_QUEUED")  # over an exec; QUEUED: the requests read and not yet forked
 LEARNED = "SWA_REPRO_FORKSERVER_LEARNED"  # where the server keeps what it learned (:func:`preload_file`)
 MAX_EXECS = 2
 # A run forked from the server computes single-threaded (its tensors are small: tests/conftest.py
@@ -53,24 +60,48 @@ def enabled() -> bool:
 # ----------------------------------------------------------------------------- parent
 class Server:
     """One ``python -m swa_repro.engine.forkserver`` process; :meth:`run` is ``subprocess.run``'s
-    ``(returncode, stdout, stderr)`` for one ``python -m module argv``."""
+    ``(returncode, stdout, stderr)`` for one ``python -m module argv``, from any thread: each request
+    carries an id, and a reader thread hands each reply to the run that waits for it."""
 
     def __init__(self, env: dict, cwd: str):
         self.proc = subprocess.Popen([sys.executable, "-m", MODULE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=learned_env(env),
                                      cwd=cwd, text=True)
         self.runs = 0
+        self._write, self._replies, self._ended = threading.Lock(), {}, False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read_replies, name="swa-repro-forkserver-replies", daemon=True).start()
+
+    def _read_replies(self) -> None:
+        try:
+            for line in self.proc.stdout:
+                reply = json.loads(line)
+                with self._cond:
+                    self._replies[reply["id"]] = reply
+                    self._cond.notify_all()
+        except (OSError, ValueError, KeyError, TypeError):  # a server that ended or wrote no reply: ended
+            pass
+        finally:
+            with self._cond:
+                self._ended = True
+                self._cond.notify_all()
 
     def run(self, module: str, argv: list[str], tmp: Path) -> tuple[int, str, str]:
         out, err = tmp / "fork.stdout", tmp / "fork.stderr"
-        req = {"module": module, "argv": argv, "cwd": os.getcwd(), "stdout": str(out), "stderr": str(err)}
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
-        reply = self.proc.stdout.readline()
-        if not reply:
+        with self._write:
+            self.runs += 1
+            rid = self.runs
+            req = {"id": rid, "module": module, "argv": argv, "cwd": os.getcwd(), "stdout": str(out),
+                   "stderr": str(err)}
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        with self._cond:
+            while rid not in self._replies and not self._ended:
+                self._cond.wait()
+            reply = self._replies.pop(rid, None)
+        if reply is None:
             raise OSError("the fork server ended")
-        self.runs += 1
-        return json.loads(reply)["rc"], _read(out), _read(err)
+        return reply["rc"], _read(out), _read(err)
 
     def close(self) -> None:
         try:
@@ -134,9 +165,20 @@ SELF_SET = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
 
 
 def server_key(env: dict) -> str:
-    """One server per (environment, working directory, thread), the environment less :data:`SELF_SET`."""
+    """One server per (environment, working directory), the environment less :data:`SELF_SET`."""
     kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET)
-    return hashlib.sha256(json.dumps([kept, os.getcwd(), threading.get_ident()]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([kept, os.getcwd()]).encode()).hexdigest()
+
+
+def warm(env: dict) -> None:
+    """Start the server a later :func:`run` under ``env`` forks from, so that its preload (torch & co.,
+    ~8 s of one core) overlaps what the caller does first (the family table: ~5 s of overlays, cache
+    keys and imports before its first child) instead of delaying that child."""
+    key = server_key(env)
+    if enabled() and key not in _GAVE_UP:
+        with _LOCK:
+            if key not in _SERVERS or _SERVERS[key].proc.poll() is not None:
+                _SERVERS[key] = Server(env, os.getcwd())
 
 
 def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str] | None:
@@ -156,7 +198,8 @@ def run(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, s
         return server.run(module, argv, tmp)
     except (OSError, ValueError):
         with _LOCK:
-            _SERVERS.pop(key, None)
+            if _SERVERS.get(key) is server:  # not a new one another thread started meanwhile
+                _SERVERS.pop(key)
         server.close()
         if server.proc.returncode == 3:
             _GAVE_UP.add(key)
@@ -282,47 +325,75 @@ def _child(req: dict, learned: str) -> None:
 
 
 def serve() -> int:
-    """Answer each request line with ``{"rc": N}``; learn and preload between runs. When a preloaded
-    module started a thread, the server starts itself again (``exec``: the same pipes, nothing of
-    this process kept) with that module's root left out and what it had learned preloaded; after
-    :data:`MAX_EXECS` it ends instead, and its parent runs plain children."""
+    """Answer each request line with ``{"id": its id, "rc": N}`` as its run ends, forking each request
+    as it comes, while earlier runs still go (requests from several threads of the parent); learn and
+    preload as each run ends. When a preloaded module started a thread, the server forks no more: once
+    its runs have ended it starts itself again (``exec``: the same pipes, nothing of this process kept,
+    the requests read and not forked carried over) with that module's root left out and what it had
+    learned preloaded; after :data:`MAX_EXECS` it ends instead, and its parent runs plain children."""
     import tempfile
 
     for k in SINGLE_THREADED:  # numpy's OpenBLAS starts its pool at import unless told one thread
         os.environ.setdefault(k, "1")
     denied = set(filter(None, os.environ.pop(STATE[0], "").split(",")))
-    carried = os.environ.pop(STATE[1], None)  # what the process before the exec had learned
-    known = set(_read(Path(carried)).split()) if carried else set()
-    if carried:
-        os.unlink(carried)
+    known, queued = (_carried(os.environ.pop(k, None)) for k in (STATE[1], STATE[3]))
+    known = set(known.decode().split())
     execs = int(os.environ.pop(STATE[2], "0"))
     learned_to = os.environ.pop(LEARNED, None)  # not the runs' environment
-    threaded = _preload(known, denied)
-    while not threaded:
-        line = sys.stdin.readline()
-        if not line:
-            return 0
-        req = json.loads(line)
-        with tempfile.TemporaryDirectory() as tmp:
-            learned = os.path.join(tmp, "learned")
-            pid = os.fork()
-            if pid == 0:
-                _child(req, learned)
-            rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    threaded, pending, eof = _preload(known, denied), {}, False  # pending: pid -> (request id, its folder)
+    while not (eof or threaded) or pending:
+        for pid in list(pending):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if not done:
+                continue
+            rid, tmp = pending.pop(pid)
             before = len(known)
-            known |= set(_read(Path(learned)).split())
+            known |= set(_read(Path(tmp, "learned")).split())
+            shutil.rmtree(tmp, ignore_errors=True)
             if len(known) > before:
                 keep_learned(learned_to, known)
-        threaded = _preload(known, denied)
-        print(json.dumps({"rc": rc}), flush=True)
+            threaded = threaded or _preload(known, denied)
+            print(json.dumps({"id": rid, "rc": os.waitstatus_to_exitcode(status)}), flush=True)
+        while not threaded and b"\n" in queued:
+            line, queued = queued.split(b"\n", 1)
+            req, tmp = json.loads(line), tempfile.mkdtemp(prefix="swa-repro-fork-")
+            pid = os.fork()
+            if pid == 0:
+                _child(req, os.path.join(tmp, "learned"))
+            pending[pid] = (req.get("id"), tmp)
+        if eof or threaded:  # runs still going: no more requests are forked until they end
+            time.sleep(0.02)
+        elif select.select([0], [], [], 0.02 if pending else None)[0]:
+            chunk = os.read(0, 1 << 16)
+            eof, queued = not chunk, queued + chunk
+    if not threaded:
+        return 0
     if execs >= MAX_EXECS:
         return 3
-    fd, path = tempfile.mkstemp(prefix="swa-repro-forkserver-")
-    os.write(fd, " ".join(sorted(known)).encode())
-    os.close(fd)
     os.execve(sys.executable, [sys.executable, "-m", MODULE], {
-        **os.environ, STATE[0]: ",".join(sorted(denied | {threaded})), STATE[1]: path, STATE[2]: str(execs + 1),
-        **({LEARNED: learned_to} if learned_to else {})})
+        **os.environ, STATE[0]: ",".join(sorted(denied | {threaded})), STATE[1]: _carry(" ".join(sorted(known)).encode()),
+        STATE[2]: str(execs + 1), STATE[3]: _carry(queued), **({LEARNED: learned_to} if learned_to else {})})
+
+
+def _carry(data: bytes) -> str:
+    """A temporary file holding ``data`` over an exec (:func:`_carried` reads and removes it)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="swa-repro-forkserver-")
+    os.write(fd, data)
+    os.close(fd)
+    return path
+
+
+def _carried(path: str | None) -> bytes:
+    if not path:
+        return b""
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
+    finally:
+        Path(path).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -113,9 +113,11 @@ def model_file_in(models_dir: Path, architecture: str) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=None)
 def _parse(path: Path) -> ast.Module:
-    return ast.parse(path.read_text())
+    """The file's one parse in this process (``config_reads.model_tree``: discovery and the plan read it too)."""
+    from swa_repro.engine.config_reads import model_tree
+
+    return model_tree(Path(path))
 
 
 _SAFE_CALLS = {"getattr": getattr, "max": max, "min": min, "int": int, "float": float}

@@ -40,7 +40,11 @@ def sub_config_defaults(model_type: str) -> dict:
 
 @cache
 def _parents(path: Path) -> tuple[ast.Module, dict]:
-    tree = ast.parse(Path(path).read_text(encoding="utf-8-sig"))
+    """The file's one parse (``config_reads.model_tree``, shared with discovery and the read rules) and
+    its parent map."""
+    from swa_repro.engine.config_reads import model_tree
+
+    tree = model_tree(Path(path))
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     return tree, parents
 
@@ -307,25 +311,27 @@ def _config_key(node) -> str | None:
     return None
 
 
-def _split_forms(path: Path, d: dict) -> dict:
-    tree, _ = _parents(path)
-    out = {}
+@cache
+def _form_sites(path: Path) -> tuple[list, list, frozenset, list, dict]:
+    """What :func:`read_forms`' three readings look for in ``path``, whatever the config: ``config.K.split(sep)``
+    calls ``(K, sep, line)``, ``assert NAME == C`` over ``NAME = config.K`` ``(K, C, NAME, line)``, the keys an
+    ``isinstance`` tests, and every ``config.K`` load ``(K, node)``, each in the tree's walk order; the last
+    holds :func:`_indexed`'s answers as they are asked. Walked once per file: a plan asked each file ~40
+    times (every column's every round), each walking the whole tree three times (~4 CPU-s of 0.5.23's plan)."""
+    tree, parents = _parents(path)
+    splits, asserts, either, loads = [], [], set(), []
     for x in ast.walk(tree):
         if isinstance(x, ast.Call) and isinstance(x.func, ast.Attribute) and x.func.attr == "split" and \
                 len(x.args) == 1 and isinstance(x.args[0], ast.Constant) and isinstance(x.args[0].value, str):
             key = _config_key(x.func.value)
-            if key and isinstance(d.get(key), (list, tuple)):
-                sep = x.args[0].value
-                why = (f"{path.name}:{x.lineno} splits it on {sep!r}: the class's default sequence written as the "
-                       "string a published config.json carries")
-                out[key] = (sep.join(map(str, d[key])), why)
-    return out
-
-
-def _assert_forms(path: Path, d: dict) -> dict:
-    tree, parents = _parents(path)
-    out = {}
-    for x in ast.walk(tree):
+            if key:
+                splits.append((key, x.args[0].value, x.lineno))
+        if isinstance(x, ast.Call) and x.args and getattr(x.func, "id", None) == "isinstance":
+            either.add(_config_key(x.args[0]))  # nemotron_h.py:543: a number or a list, both taken
+        if isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Load):
+            key = _config_key(x)
+            if key:
+                loads.append((key, x))
         if not (isinstance(x, ast.Assert) and isinstance(x.test, ast.Compare) and len(x.test.ops) == 1 and
                 isinstance(x.test.ops[0], ast.Eq) and isinstance(x.test.comparators[0], ast.Constant)):
             continue
@@ -336,23 +342,42 @@ def _assert_forms(path: Path, d: dict) -> dict:
         for st in ast.walk(fn) if fn is not None else []:
             if isinstance(st, ast.Assign) and len(st.targets) == 1 and ast.unparse(st.targets[0]) == name:
                 key = _config_key(st.value)
-                if key and key in d and d[key] != want:
-                    out[key] = (want, f"{path.name}:{x.lineno} asserts {name} == {want!r}: the one value it accepts")
+                if key:
+                    asserts.append((key, want, name, x.lineno))
+    return splits, asserts, frozenset(either), loads, {}
+
+
+def _split_forms(path: Path, d: dict) -> dict:
+    out = {}
+    for key, sep, line in _form_sites(path)[0]:
+        if isinstance(d.get(key), (list, tuple)):
+            why = (f"{path.name}:{line} splits it on {sep!r}: the class's default sequence written as the "
+                   "string a published config.json carries")
+            out[key] = (sep.join(map(str, d[key])), why)
+    return out
+
+
+def _assert_forms(path: Path, d: dict) -> dict:
+    out = {}
+    for key, want, name, line in _form_sites(path)[1]:
+        if key in d and d[key] != want:
+            out[key] = (want, f"{path.name}:{line} asserts {name} == {want!r}: the one value it accepts")
     return out
 
 
 def _scalar_forms(path: Path, d: dict) -> dict:
-    tree, parents = _parents(path)
+    _, parents = _parents(path)
+    _, _, either, loads, indexed = _form_sites(path)
     n, out = d.get("num_hidden_layers"), {}
-    either = {_config_key(c.args[0]) for c in ast.walk(tree) if isinstance(c, ast.Call) and c.args and
-              getattr(c.func, "id", None) == "isinstance"}  # nemotron_h.py:543: a number or a list, both taken
-    for x in ast.walk(tree):
-        key = _config_key(x) if isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Load) else None
-        v = d.get(key) if key else None
+    for key, x in loads:
+        v = d.get(key)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(n, int) and n > 0 and \
-                key not in either and _indexed(x, parents) and key not in out:
-            why = f"{path.name}:{x.lineno} indexes it per layer: the class's {v!r} for each of the {n} layers"
-            out[key] = ([v] * n, why)
+                key not in either and key not in out:
+            if x not in indexed:
+                indexed[x] = _indexed(x, parents)
+            if indexed[x]:
+                why = f"{path.name}:{x.lineno} indexes it per layer: the class's {v!r} for each of the {n} layers"
+                out[key] = ([v] * n, why)
     return out
 
 

@@ -55,16 +55,21 @@ def tags(why) -> str:
 
 def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None) -> dict:
     """Audit every family of each release on every GPU class: one child per release serves them all
-    (``family_run.audit_release``), ``jobs`` at a time, and with ``fixed`` (a release) the companion
-    table of that release with ``--fix all`` (``family_companion.fixed_cells``) as one more child in the
-    same pool. Longest first, so no long child starts last: the companion (every family, every fix)
-    and then the newest releases (they serve the most families; 0.5.23's child takes a third longer
-    than 0.5.10's)."""
+    (``family_run.audit_release``), ``jobs`` at a time, newest first (they serve the most families;
+    0.5.23's child takes a third longer than 0.5.10's), so no long child starts last. With ``fixed`` (a
+    release) the companion table of that release with ``--fix all`` (``family_companion.fixed_cells``:
+    one family child) runs on a thread of its own from the start, beside the releases: in the pool it
+    ran first and alone with ``--jobs 1``, and the row's column plan (~15 s of the parent, one core)
+    then its children waited for it (one release's row: 143 s wall, the companion's 61 s of it first)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from swa_repro.core.errors import UsageError
     from swa_repro.core.versions import sglang_release_key as parse
+    from swa_repro.engine import forkserver
+    from swa_repro.engine.child import child_env
     from swa_repro.sglang.audit.family_run import audit_release
+
+    forkserver.warm(child_env())  # its preload beside the parent's first seconds (the children's one server)
 
     def one(task):
         kind, v = task
@@ -76,10 +81,13 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
             note(f"sglang {v}: {e}")
             return task, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
 
-    tasks = [("fixed", fixed)] * bool(fixed) + [("release", v) for v in sorted(versions, key=parse,
-                                                                                 reverse=True)]
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+    tasks = [("release", v) for v in sorted(versions, key=parse, reverse=True)]
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="swa-repro-companion") as side, \
+            ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        companion = side.submit(one, ("fixed", fixed)) if fixed else None
         got = dict(ex.map(one, tasks))
+        if companion is not None:
+            got.update([companion.result()])
     done = {v: got["release", v] for v in versions}
     rows = [{"sglang": v, "gpu": g, "error": done[v][g]["release"].get("error"),
              "cells": {f["family"]: cell_of(f) for f in done[v][g]["families"]}} for g in gpus for v in versions]
