@@ -146,6 +146,18 @@ def release_families(version: str, fixes=None) -> dict:
     return audit_release(version, "all", list(GPU_CLASSES), fixes=fixes, note=lambda s: None)
 
 
+def release_audits(version: str) -> dict:
+    """``{"shipped": doc, "fixed": doc}``: the release's whole audits (``audit.release``, every path) as
+    notebook 04 asks them (``fix_view.audit_pair`` of ``load_release(version, "all")``: the finding classes'
+    fixes, ``fix.ORDER``). test_audit_spec and test_graph_verify read these, one cache key each, so the
+    suite makes them once; ``fixes=fix.ALL`` (the family fixes too) was a third whole audit of its own."""
+    from swa_repro.notebook import fix_view
+
+    release_overlay(version)
+    shipped, fixed = fix_view.audit_pair(fix_view.load_release(version, "all"), note=lambda s: None)
+    return {"shipped": shipped, "fixed": fixed}
+
+
 def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:
     """`python -m swa_repro.cli ARGS` in a subprocess of this interpreter (the venv's python)."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -77,3 +77,24 @@ def test_a_release_file_reader_installs_the_overlay_rather_than_skipping(monkeyp
         pytest.fail(f"release_srt skipped instead of installing the overlay: {e}")
     assert srt == tmp_path / "sglang" / "srt"
     assert asked == [("0.5.23", True)]
+
+
+def test_the_whole_audit_readers_ask_what_notebook_04_asks(monkeypatch):
+    """0.5.23's whole audits (``audit.release``, every path) as shipped and with the fixes are one cache key
+    each for notebook 04, test_audit_spec and test_graph_verify: ``release_audits`` asks notebook 04's pair
+    (``fix_view.audit_pair``: the finding classes' fixes, ORDER), and neither test file asks another fix set
+    of the whole audit (``fix.ALL``, the family fixes too, was a third child of its own)."""
+    from swa_repro.notebook import fix_view
+    from swa_repro.sglang.audit import release
+    from swa_repro.sglang.fix.fixes import ORDER
+
+    asked = []
+    monkeypatch.setattr(conftest, "release_overlay", lambda v: None)
+    monkeypatch.setattr(release, "audit_release", lambda v, fixes=None, note=print, **k: (
+        asked.append((v, tuple(fixes) if fixes else None, k)) or {"release": {}}))
+    docs = conftest.release_audits("0.5.23")
+    assert set(docs) == {"shipped", "fixed"} and asked == [("0.5.23", None, {}), ("0.5.23", tuple(ORDER), {})]
+    assert fix_view.load_release("0.5.23", "all").names == tuple(ORDER)
+    for name in ("test_audit_spec.py", "test_graph_verify.py"):
+        text = (TESTS / name).read_text()
+        assert 'release_audits("0.5.23")' in text and "fixes=fix.ALL" not in text, name
