@@ -34,9 +34,7 @@ def test_the_paths_are_topk_1_and_2_and_ngram():
 @pytest.fixture(scope="module")
 def audits():
     pytest.importorskip("sglang")
-    from conftest import release_overlay
-
-    from conftest import release_audits
+    from conftest import release_audits, release_overlay
 
     from swa_repro.sglang.audit.release import audit_release
     from swa_repro.sglang.fix.fixes import ORDER
