@@ -98,3 +98,24 @@ def test_the_whole_audit_readers_ask_what_notebook_04_asks(monkeypatch):
     for name in ("test_audit_spec.py", "test_graph_verify.py"):
         text = (TESTS / name).read_text()
         assert 'release_audits("0.5.23")' in text and "fixes=fix.ALL" not in text, name
+
+
+def test_the_checkpoint_server_test_resolves_the_checkpoint_audits_cell(tmp_path):
+    """test_server_run's ``--model PATH`` ServerArgs test and test_checkpoint_config's null-window Mistral
+    audit ask the same ServerArgs cell (``server_run.server_facts``: the model's name and its small config's
+    digest), so one child of 0.5.23 resolves it for both (a Mistral of its own was a child more)."""
+    import json
+
+    from test_checkpoint_config import MISTRAL
+    from test_server_run import checkpoint
+
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.server_run import config_digest
+
+    def cell(values, folder):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(values))
+        ck = ckpt.read(str(folder))
+        return ck.family, config_digest(ckpt.small_config(ck).config)
+
+    assert cell(checkpoint(), tmp_path / "server-run") == cell(MISTRAL, tmp_path / "checkpoint-config")
