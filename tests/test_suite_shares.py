@@ -119,3 +119,30 @@ def test_the_checkpoint_server_test_resolves_the_checkpoint_audits_cell(tmp_path
         return ck.family, config_digest(ckpt.small_config(ck).config)
 
     assert cell(checkpoint(), tmp_path / "server-run") == cell(MISTRAL, tmp_path / "checkpoint-config")
+
+
+def test_the_checkpoint_audits_ask_one_serverargs_child_for_both(monkeypatch, tmp_path):
+    """test_checkpoint_config's two checkpoint audits each asked the release's ServerArgs beside their family
+    child (a ServerArgs child each): ``serving_of`` asks both checkpoints' cells in one call first, the cells
+    (name, small config digest) each audit asks, so each audit reads its own."""
+    import json
+
+    from test_checkpoint_config import GEMMA2, MISTRAL, serving_of
+
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.audit import family_run
+    from swa_repro.sglang.server_run import config_digest
+
+    asked = []
+    monkeypatch.setattr(conftest, "release_overlay", lambda v: tmp_path)
+    monkeypatch.setattr(family_run, "_serving", lambda overlay, v, names, ck=None, archs=None: asked.append(
+        (v, names, ck, {n: config_digest(c) for n, c in (archs or {}).items()})) or {})
+    folders = []
+    for name, values in (("m", MISTRAL), ("g", GEMMA2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(values))
+        folders.append(str(tmp_path / name))
+    serving_of(folders)
+    audits = [ckpt.read(f) for f in folders]  # what audit_release hands _serving: each checkpoint alone
+    assert asked == [("0.5.23", [], None, {ck.family: config_digest(ckpt.small_config(ck).config) for ck in audits})]
+    assert set(asked[0][3]) == {"mistral", "gemma2"}
