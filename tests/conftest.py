@@ -47,43 +47,47 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 
 # The files that take longest from nothing (an empty swa-repro cache: each computes its release's
 # audits / kit runs / notebooks), heaviest first. `make test` (--dist loadfile --no-loadscope-reorder)
-# hands whole files to its three workers in collection order, so these start first and no long file is
-# left to start last; xdist's own order (most tests first) had started test_upstream_kit.py (11 tests,
-# 95 s) after 60 lighter files. Seconds: each file's share of `make test --durations=80` from nothing at
-# 0c10340 (load ~8 on the 2 cores, 1629 s in all), less what #hT moved to the matrix or shared. A
-# file that reads what another computes (the same cache key: the second waits on the lock and reads)
-# comes after it: test_family_fixes and test_audit_family read test_remedy's sweep, test_kit_swa_cases_cpu
-# test_upstream_kit's kit runs; test_fallback_cells and test_hybrid_pool's Beam test read test_arch_configs'
-# plan of 0.5.23's columns.
+# hands whole files to its three workers in collection order (a worker gets the next file when two of its
+# tests are left), so these start first and no long file is left to start last; xdist's own order (most
+# tests first) had started test_upstream_kit.py (11 tests, 95 s) after 60 lighter files. Seconds (#hT2,
+# at 30a1b9b less what it shared): each file alone from an empty cache, one after the other in this order
+# on one shared cache (load 3-5 on the 2 cores; each file's first child also starts the process's fork
+# server, ~30 s); "~" where only the suite's --durations=70 from nothing (load ~6, halved) had it. A file
+# that reads what another computes (the same cache key: the second waits on the lock and reads) comes
+# after it: test_family_fixes and test_audit_family read test_remedy's sweep, test_kit_swa_cases_cpu
+# test_upstream_kit's kit runs, test_graph_verify test_audit_spec's whole audits, test_fallback_cells and
+# test_arch_configs the plan of 0.5.23's columns test_hybrid_pool's Beam test makes (66 s of its 188).
 HEAVY_FIRST = (
-    "test_remedy.py",  # 320 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
-    "test_hybrid_pool.py",  # 300 s: the pool probes of 0.5.23 and 0.5.12 (one child each), Beam's family child
-    "test_arch_configs.py",  # 186 s: 0.5.23's architecture columns (release_configs child, the plan)
-    "test_fallback_cells.py",  # 243 s: a Cwm checkpoint audit through the fallback; the plan's columns
-    "test_server_run.py",  # 170 s: ServerArgs children of 0.5.10 and 0.5.23, a checkpoint's
-    "test_audit_spec.py",  # 155 s: 0.5.23's whole audits, shipped and with --fix all
-    "test_cap_safety.py",  # 133 s: the cap check of 0.5.23, shipped and fixed
-    "test_upstream_kit.py",  # 129 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)
-    "test_alternatives.py",  # 129 s: 0.5.23 with the alternatives
-    "test_checkpoint_config.py",  # 109 s: two checkpoint audits of 0.5.23 (a child each)
-    "test_sglang_check.py",  # 108 s: notebooks 03 and 04 (0.5.23's whole audits)
-    "test_bundle.py",  # 81 s
-    "test_family_answer.py",  # 80 s: doctor --model and notebook 07 (0.5.15.post1's gemma2, shipped and fixed)
-    "test_story.py",  # 80 s: notebooks 00, 01, 02 (twice)
-    "test_graph_verify.py",  # 0.5.23's prior-fix audit; shipped and fixed: test_sglang_check's
+    "test_hybrid_pool.py",  # 188 s: the pool probes of 0.5.23 and 0.5.12, 0.5.23's column plan, Beam's family child
+    "test_remedy.py",  # 160 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
+    "test_sglang_check.py",  # 97 s: notebooks 03 and 04 (0.5.23's whole audits)
+    "test_upstream_kit.py",  # 90 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)
+    "test_family_answer.py",  # 85 s: doctor --model (0.5.15.post1's gemma2, shipped and fixed)
+    "test_cap_safety.py",  # 73 s: the cap check of 0.5.23, shipped and fixed
+    "test_story.py",  # ~70 s: notebooks 01, 02 (twice)
+    "test_checkpoint_config.py",  # 61 s: two checkpoint audits of 0.5.23 (a family and a ServerArgs child each)
+    "test_audit_spec.py",  # 54 s: 0.5.23's whole audits, shipped and with the fixes (notebook 04's)
+    "test_sglang_kit.py",  # ~50 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
+    "test_alternatives.py",  # 49 s: 0.5.23 with the alternatives
+    "test_server_run.py",  # 45 s: ServerArgs children of 0.5.10 and 0.5.23
+    "test_graph_verify.py",  # 35 s: 0.5.23's prior-fix audit; shipped and fixed: test_audit_spec's
+    "test_bundle.py",  # ~32 s
+    "test_fallback_cells.py",  # 30 s: a Cwm checkpoint audit through the fallback; the plan's columns
+    "test_artifact_sets.py",  # ~30 s: notebook 00 twice (headless, the lab's way)
+    "test_lab.py",  # ~28 s
+    "test_arch_configs.py",  # 25 s: 0.5.23's architecture columns (the plan)
     "test_kit_swa_cases_cpu.py",  # test_upstream_kit's kit runs (91 s when it ran its own)
-    "test_lab.py",  # 57 s
-    "test_cli_errors.py",  # 56 s
-    "test_artifact_sets.py",  # 53 s: notebook 00 twice
-    "test_family_fixes.py",  # 50 s: 0.5.23's fixed cells (test_remedy's)
-    "test_audit_family.py",  # 46 s: 0.5.23's cells (test_remedy's); gemma3's child
-    "test_fuzz.py",  # 43 s
-    "test_sglang_kit.py",  # 29 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
-    "test_sglang_bundle.py",  # 30 s: the cp312 bundle (its wheels fetched once)
-    "test_gpu_fuzz_script.py",  # 22 s, mostly its stand-in's sleeps
-    "test_sglang_fix.py",  # 15 s
-    "test_gpu_fix_script.py",  # 9 s
-    "test_notebook_runner.py",  # 8 s
+    "test_family_fixes.py",  # 29 s: 0.5.23's fixed cells (test_remedy's)
+    "test_audit_family.py",  # 25 s: 0.5.23's cells (test_remedy's); gemma3's child
+    "test_layers.py",  # ~17 s
+    "test_fuzz.py",  # ~16 s
+    "test_cli_errors.py",
+    "test_swa_archs.py",
+    "test_sglang_bundle.py",  # the cp312 bundle (its wheels fetched once)
+    "test_gpu_fuzz_script.py",  # mostly its stand-in's sleeps
+    "test_sglang_fix.py",
+    "test_gpu_fix_script.py",
+    "test_notebook_runner.py",
 )
 
 
@@ -144,6 +148,18 @@ def release_families(version: str, fixes=None) -> dict:
 
     release_overlay(version)
     return audit_release(version, "all", list(GPU_CLASSES), fixes=fixes, note=lambda s: None)
+
+
+def release_audits(version: str) -> dict:
+    """``{"shipped": doc, "fixed": doc}``: the release's whole audits (``audit.release``, every path) as
+    notebook 04 asks them (``fix_view.audit_pair`` of ``load_release(version, "all")``: the finding classes'
+    fixes, ``fix.ORDER``). test_audit_spec and test_graph_verify read these, one cache key each, so the
+    suite makes them once; ``fixes=fix.ALL`` (the family fixes too) was a third whole audit of its own."""
+    from swa_repro.notebook import fix_view
+
+    release_overlay(version)
+    shipped, fixed = fix_view.audit_pair(fix_view.load_release(version, "all"), note=lambda s: None)
+    return {"shipped": shipped, "fixed": fixed}
 
 
 def run_cli(*args: str, cwd=None, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -93,6 +93,13 @@ def test_interactive_run_leaves_the_headless_set_byte_identical(tmp_path):
     assert main(["run", NB, "--mode", "model", "--output", str(art)]) == 0
     summary = json.loads((art / "summary.json").read_text())
     [entry] = summary["notebooks"]
+    # the suite's one headless run of notebook 00 also holds what test_story's runs hold of 01 and 02: it says
+    # its mode, passes its checks, saves its figures and shows them inline
+    assert entry["status"] == "ok" and entry["mode"] == "model", entry.get("error")
+    assert entry["checks_failed"] == 0 and entry["checks_passed"] >= 2
+    assert entry["figures"] and all((art / f).stat().st_size > 10_000 for f in entry["figures"])
+    html = (art / f"{NB}.html").read_text()
+    assert "Mode: model" in html and "data:image/png;base64" in html
     headless = _tree(art)
     assert f"{NB}.params.json" in headless and f"{NB}.html" in headless
 

@@ -12,7 +12,7 @@ Oracles, each independent of the code it checks:
   (prefill.cuh:3826-3827), against the oracle, per tree, window and tile shape; the alternatives that
   are not exact (FlashInfer's window alone; the mask with an unwidened run window) are shown failing;
 * the audit of sglang 0.5.23's own code: every tree path extra (and missing) as shipped, exact with
-  ``--fix all``.
+  the fixes (notebook 04's ``all``: the finding classes' fixes, ``conftest.release_audits``).
 """
 
 from __future__ import annotations
@@ -268,15 +268,12 @@ def test_the_tables_list_every_path():
 
 @pytest.fixture(scope="module")
 def audits_0523():
-    """0.5.23's whole audit as shipped and with ``--fix all``: the same two child runs (one cache key
-    each) that notebook 04 and test_sglang_fix read, so the suite computes them once (issue #24);
-    the tests below read the tree and NGRAM paths of them."""
-    from swa_repro.sglang import fix
-    from swa_repro.sglang.audit.release import audit_release
+    """0.5.23's whole audit as shipped and with the fixes: the same two child runs (one cache key
+    each) that notebook 04 and test_graph_verify read (``conftest.release_audits``), so the suite
+    computes them once (issue #24); the tests below read the tree and NGRAM paths of them."""
+    from conftest import release_audits
 
-    _overlay()
-    return {"shipped": audit_release("0.5.23", note=lambda *a: None),
-            "fixed": audit_release("0.5.23", fixes=fix.ALL, note=lambda *a: None)}
+    return release_audits("0.5.23")
 
 
 def _swa(doc, path):

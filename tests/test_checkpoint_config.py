@@ -61,15 +61,37 @@ def _audit(folder: str, status: int) -> dict:
     return f
 
 
+def serving_of(folders: list[str]) -> dict:
+    """The release's ServerArgs facts of every checkpoint in ``folders``, from one child of 0.5.23: the
+    cells (each model's name and small config) each checkpoint's audit asks beside its family child, so
+    the two audits below (and test_server_run's Mistral) read them instead of a ServerArgs child each."""
+    from conftest import release_overlay
+
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.audit import family_run
+
+    cks = [ckpt.read(f) for f in folders]
+    return family_run._serving(release_overlay("0.5.23"), "0.5.23", [], None,
+                               {ck.family: ckpt.small_config(ck).config for ck in cks})
+
+
 @pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
-    folder = _folder(tmp_path_factory.mktemp("ck"), "mistral-nowindow", MISTRAL)
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ck")
+    folders = {"mistral": _folder(root, "mistral-nowindow", MISTRAL), "gemma2": _folder(root, "gemma2-1024", GEMMA2)}
+    serving_of(list(folders.values()))
+    return folders
+
+
+@pytest.fixture(scope="module")
+def mistral(checkpoints):
+    folder = checkpoints["mistral"]
     return folder, _audit(folder, 0)  # no window at all: not affected
 
 
 @pytest.fixture(scope="module")
-def gemma2(tmp_path_factory):
-    folder = _folder(tmp_path_factory.mktemp("ck"), "gemma2-1024", GEMMA2)
+def gemma2(checkpoints):
+    folder = checkpoints["gemma2"]
     return folder, _audit(folder + "/config.json", 1)  # a window (and a cap) 0.5.23 drops: affected
 
 

@@ -34,16 +34,16 @@ def test_the_paths_are_topk_1_and_2_and_ngram():
 @pytest.fixture(scope="module")
 def audits():
     pytest.importorskip("sglang")
-    from conftest import release_overlay
+    from conftest import release_audits, release_overlay
 
     from swa_repro.sglang.audit.release import audit_release
     from swa_repro.sglang.fix.fixes import ORDER
 
     release_overlay("0.5.23")
     # as shipped and fixed: the whole audits (every path, these among them), one cache key each, read here,
-    # not a child more on a subset: notebook 04 makes both (its fixes=all is ORDER), test_audit_spec the
-    # shipped one too; the prior fix's audit is this file's alone
-    whole = {k: audit_release("0.5.23", fixes=f, note=lambda *a: None) for k, f in (("shipped", None), ("fixed", ORDER))}
+    # not a child more on a subset: notebook 04 and test_audit_spec make both (conftest.release_audits);
+    # the prior fix's audit is this file's alone
+    whole = release_audits("0.5.23")
     prior = audit_release("0.5.23", paths=GRAPH + list(EAGER.values()), fixes=(*ORDER, "prior_eagle_shared_mask_buf"),
                           note=lambda *a: None)
     return {**whole, "prior": prior}

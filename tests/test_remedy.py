@@ -292,14 +292,21 @@ def test_audit_exit_status_and_first_line(capfd):
 @pytest.mark.parametrize("release", ISSUE_RELEASES)
 def test_notebook_07_cohere2_sm100_recommends_the_audits_remedy(release, tmp_path):
     """Notebook 07 with cohere2 on sm100 (the issue's 0.5.20; 0.5.23): the audit's remedy, its check
-    passing (the issue's Run All ended in an AssertionError)."""
+    passing (the issue's Run All ended in an AssertionError). The suite's one run of notebook 07: it also
+    holds what test_family_answer's run of it held (its run on the pinned baseline is in the release
+    matrix): model mode said, its checks, the three keys figures, the answer."""
     from swa_repro.notebook.places import NOTEBOOKS_DIR
     from swa_repro.notebook.runner import ensure_kernel, run_one
 
     params = {"model": "cohere2", "gpu": "sm100", "sglang_release": release}
     r = run_one(NOTEBOOKS_DIR / "07_my_model_my_gpu.py", tmp_path, "model", params, ensure_kernel(), 900)
     assert r["status"] == "ok" and r["checks_failed"] == 0, r.get("error")
+    assert r["mode"] == "model" and r["checks_passed"] >= 3
+    assert {"07_my_model_my_gpu_keys.png", "07_my_model_my_gpu_keys_zoomed.png",
+            "07_my_model_my_gpu_keys_fixed.png"} <= {str(f).rsplit("/", 1)[-1] for f in r["figures"]}
     html = (tmp_path / "07_my_model_my_gpu.html").read_text()
+    assert "Mode: model" in html and "the CPU audit is all there is" in html
+    assert "ANSWER: affected on the default path" in html
     assert ("swa-repro patch --fix all (it includes commandr_window_hook, sm100_no_cutlass_window): the audit of "
             "the release with it says layer != HF (sliding layer asks window_left 4096") in html
 

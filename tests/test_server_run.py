@@ -196,20 +196,26 @@ def test_exaone4_0_5_23_prefill_flag_reaches_flashinfer_around_the_refusal():
         assert ex["by_gpu"][g]["split"]["prefill"]["kept"], g
 
 
+def checkpoint() -> dict:
+    """The config.json of the checkpoint below: test_checkpoint_config's null-window Mistral."""
+    from test_checkpoint_config import MISTRAL
+
+    return MISTRAL
+
+
 @pytest.mark.network
 def test_a_checkpoints_own_config_is_resolved(tmp_path):
     """``--model PATH``: the user's config.json is what the release's ServerArgs reads (a Mistral
-    checkpoint: no static rule names MistralForCausalLM; the server's answer on every GPU class)."""
+    checkpoint: no static rule names MistralForCausalLM; the server's answer on every GPU class). The
+    checkpoint is test_checkpoint_config's Mistral (:func:`checkpoint`): the same ServerArgs cell (its
+    name and small config) that its audit resolves, so the suite runs one ServerArgs child for both."""
     import json
 
     from conftest import release_overlay
 
     from swa_repro.sglang import checkpoint as ckpt
 
-    cfg = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 1024,
-           "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
-           "sliding_window": 1024, "vocab_size": 32000, "max_position_embeddings": 32768}
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "config.json").write_text(json.dumps(checkpoint()))
     ck = ckpt.read(str(tmp_path))
     got = family_run._serving(release_overlay("0.5.23"), "0.5.23", [], ck)[ck.family]
     assert got["architecture"] == "MistralForCausalLM" and got["flashinfer_kept"] is True

@@ -77,3 +77,72 @@ def test_a_release_file_reader_installs_the_overlay_rather_than_skipping(monkeyp
         pytest.fail(f"release_srt skipped instead of installing the overlay: {e}")
     assert srt == tmp_path / "sglang" / "srt"
     assert asked == [("0.5.23", True)]
+
+
+def test_the_whole_audit_readers_ask_what_notebook_04_asks(monkeypatch):
+    """0.5.23's whole audits (``audit.release``, every path) as shipped and with the fixes are one cache key
+    each for notebook 04, test_audit_spec and test_graph_verify: ``release_audits`` asks notebook 04's pair
+    (``fix_view.audit_pair``: the finding classes' fixes, ORDER), and neither test file asks another fix set
+    of the whole audit (``fix.ALL``, the family fixes too, was a third child of its own)."""
+    from swa_repro.notebook import fix_view
+    from swa_repro.sglang.audit import release
+    from swa_repro.sglang.fix.fixes import ORDER
+
+    asked = []
+    monkeypatch.setattr(conftest, "release_overlay", lambda v: None)
+    monkeypatch.setattr(release, "audit_release", lambda v, fixes=None, note=print, **k: (
+        asked.append((v, tuple(fixes) if fixes else None, k)) or {"release": {}}))
+    docs = conftest.release_audits("0.5.23")
+    assert set(docs) == {"shipped", "fixed"} and asked == [("0.5.23", None, {}), ("0.5.23", tuple(ORDER), {})]
+    assert fix_view.load_release("0.5.23", "all").names == tuple(ORDER)
+    for name in ("test_audit_spec.py", "test_graph_verify.py"):
+        text = (TESTS / name).read_text()
+        assert 'release_audits("0.5.23")' in text and "fixes=fix.ALL" not in text, name
+
+
+def test_the_checkpoint_server_test_resolves_the_checkpoint_audits_cell(tmp_path):
+    """test_server_run's ``--model PATH`` ServerArgs test and test_checkpoint_config's null-window Mistral
+    audit ask the same ServerArgs cell (``server_run.server_facts``: the model's name and its small config's
+    digest), so one child of 0.5.23 resolves it for both (a Mistral of its own was a child more)."""
+    import json
+
+    from test_checkpoint_config import MISTRAL
+    from test_server_run import checkpoint
+
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.server_run import config_digest
+
+    def cell(values, folder):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(values))
+        ck = ckpt.read(str(folder))
+        return ck.family, config_digest(ckpt.small_config(ck).config)
+
+    assert cell(checkpoint(), tmp_path / "server-run") == cell(MISTRAL, tmp_path / "checkpoint-config")
+
+
+def test_the_checkpoint_audits_ask_one_serverargs_child_for_both(monkeypatch, tmp_path):
+    """test_checkpoint_config's two checkpoint audits each asked the release's ServerArgs beside their family
+    child (a ServerArgs child each): ``serving_of`` asks both checkpoints' cells in one call first, the cells
+    (name, small config digest) each audit asks, so each audit reads its own."""
+    import json
+
+    from test_checkpoint_config import GEMMA2, MISTRAL, serving_of
+
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang.audit import family_run
+    from swa_repro.sglang.server_run import config_digest
+
+    asked = []
+    monkeypatch.setattr(conftest, "release_overlay", lambda v: tmp_path)
+    monkeypatch.setattr(family_run, "_serving", lambda overlay, v, names, ck=None, archs=None: asked.append(
+        (v, names, ck, {n: config_digest(c) for n, c in (archs or {}).items()})) or {})
+    folders = []
+    for name, values in (("m", MISTRAL), ("g", GEMMA2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(values))
+        folders.append(str(tmp_path / name))
+    serving_of(folders)
+    audits = [ckpt.read(f) for f in folders]  # what audit_release hands _serving: each checkpoint alone
+    assert asked == [("0.5.23", [], None, {ck.family: config_digest(ckpt.small_config(ck).config) for ck in audits})]
+    assert set(asked[0][3]) == {"mistral", "gemma2"}

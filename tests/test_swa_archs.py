@@ -50,7 +50,9 @@ def oracle(srt: Path) -> tuple[set, set]:
     return direct, over
 
 
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.14", "0.5.10"])
+# 0.5.14 is in the release matrix (its model files parsed by both routes, 20 s from nothing under load): 0.5.23
+# and 0.5.10 hold the two routes equal on the newest and the oldest release the audit drives.
+@pytest.mark.parametrize("version", ["0.5.23", pytest.param("0.5.14", marks=pytest.mark.matrix), "0.5.10"])
 def test_discovery_agrees_with_a_text_route(version):
     srt = _srt(version)
     found = {a.architecture for a in swa_archs.discover(srt)}
