@@ -17,7 +17,10 @@ from swa_repro.evidence import vllm_bundle as vb
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "{}.{}".format(*sys.version_info[:2])
-OVERLAY = Path(os.environ.get("SWA_REPRO_CACHE", Path.home() / ".cache" / "swa-repro")) / "vllm" / "0.33.0"
+# the cache's documented rule, written out (core.cache.cache_root): $SWA_REPRO_CACHE, else
+# $XDG_CACHE_HOME/swa-repro, else ~/.cache/swa-repro
+OVERLAY = Path(os.environ.get("SWA_REPRO_CACHE")
+               or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swa-repro") / "vllm" / "0.33.0"
 
 # member of the wheel -> carried? (written out by hand, not derived from vllm_bundle's suffix lists)
 MEMBERS = {
