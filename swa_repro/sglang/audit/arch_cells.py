@@ -320,3 +320,25 @@ def smalls_file(smalls: dict):
         p = Path(d) / "smalls.json"
         p.write_text(json.dumps(smalls, default=str))
         yield ["--smalls-file", str(p)]
+
+
+def main(argv=None) -> int:
+    """The plan in a child (``arch_cache.cached_plan``): on an overlay with its own transformers, whose
+    config classes give the defaults, ``python -m swa_repro.sglang.audit.arch_cells --overlay DIR --out F
+    --version X``."""
+    from swa_repro.engine.child import child_main, child_parser
+
+    p = child_parser("swa_repro.sglang.audit.arch_cells")
+    p.add_argument("--version", required=True)
+
+    def run(overlay, a):
+        smalls, static = plan.uncached(a.version, overlay)
+        return {"smalls": smalls, "static": static}
+
+    return child_main(p, run, argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
