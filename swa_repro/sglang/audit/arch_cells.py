@@ -81,7 +81,9 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
             smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
         except NoConfig as e:
             static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": str(e)}
-        except (UsageError, TypeError, ValueError, AttributeError) as e:
+        # RuntimeError: transformers 5.19.0's AmbiguousGlobalPerLayerAttributeError, a per-layer attribute
+        # (head_dim) read globally off a heterogeneous config (integrations/heterogeneity/configuration_utils.py:298)
+        except (UsageError, TypeError, ValueError, AttributeError, RuntimeError) as e:
             label = "transformers' defaults" if "transformers defaults" in str(e) else \
                 "the release's config class defaults"
             label += f" with {len(set_by)} keys set by the audit ({', '.join(list(set_by)[:3])}, ...)" if set_by else ""
