@@ -27,11 +27,11 @@ def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running i
     provision info's ``transformers``), which no fixed copy has yet (one line)."""
     from swa_repro.sglang.provision import provision
 
-    overlay, info = provision(version)
-    shipped, fixed = overlay, None
-    if fixes and transformers == "release":
+    if fixes and transformers == "release":  # before any install
         raise UsageError("--transformers release goes without --fix for now: the fixed copies carry this venv's "
                          "transformers")
+    overlay, info = provision(version)
+    shipped, fixed = overlay, None
     if fixes:  # first: a fix set it refuses (one that changes nothing) is its one line, no note before it
         from swa_repro.sglang.fix.overlay import fixed_overlay
 
