@@ -66,7 +66,7 @@ def test_bad_switch_lines(capsys, tmp_path, monkeypatch):
     assert "without --fix" in _one_line(capsys, ["audit", "--sglang", "0.5.23", "--model", "gemma2", "--fix", "all",
                                                  "--transformers", "release"])
     ck = Path(__file__).resolve().parents[1] / "examples" / "checkpoints"
-    path = sorted(ck.glob("*/config.json"))[0]
+    path = min(ck.glob("*/config.json"))
     assert "not a checkpoint" in _one_line(capsys, ["audit", "--sglang", "0.5.23", "--model", str(path),
                                                     "--transformers", "release"])
     assert not (tmp_path / "cache" / "sglang").exists()  # refused before any install
