@@ -69,7 +69,9 @@ def test_bad_switch_lines(capsys, tmp_path, monkeypatch):
     path = min(ck.glob("*/config.json"))
     assert "not a checkpoint" in _one_line(capsys, ["audit", "--sglang", "0.5.23", "--model", str(path),
                                                     "--transformers", "release"])
-    assert not (tmp_path / "cache" / "sglang").exists()  # refused before any install
+    assert "sglang's for now" in _one_line(capsys, ["audit", "--vllm", "0.34.0", "--model", "gemma2",
+                                                    "--transformers", "release"])
+    assert not (tmp_path / "cache" / "sglang").exists() and not (tmp_path / "cache" / "vllm").exists()  # before any install
 
 
 def test_a_release_without_a_pin_is_one_line(capsys, tmp_path, monkeypatch):
