@@ -26,14 +26,22 @@ def whole_run(d) -> bool:
     return isinstance(d, dict) and isinstance(d.get("document"), dict) and bool(d["document"]) and "seconds" in d
 
 
-def run_module(module: str, argv: list[str], env: dict, tmp: Path) -> tuple[int, str, str]:
+def run_module(module: str, argv: list[str], env: dict, tmp: Path, fork: bool = True) -> tuple[int, str, str]:
     """``python -m module argv`` under ``env`` -> ``(returncode, stdout, stderr)``: forked from a warm
-    server (``forkserver``: the venv's imports done once), else a plain child."""
-    forked = forkserver.run(module, argv, env, tmp)
+    server (``forkserver``: the venv's imports done once), else (or ``fork=False``) a plain child."""
+    forked = forkserver.run(module, argv, env, tmp) if fork else None
     if forked is None:
         p = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env)
         forked = (p.returncode, p.stdout, p.stderr)
     return forked
+
+
+def shadowed(overlay: Path) -> list[str]:
+    """The packages the fork server imports from the venv (``forkserver.SAFE_ROOTS``) of which
+    ``overlay`` has its own copy (an sglang release with its pinned transformers,
+    ``sglang.release_transformers``): a fork would run on the server's, already imported, so such an
+    overlay's children run as plain ones."""
+    return sorted(n for n in forkserver.SAFE_ROOTS if (Path(overlay) / n / "__init__.py").is_file())
 
 
 def child_env() -> dict:
@@ -56,7 +64,8 @@ def run_in_child(module: str, overlay: Path, args: list[str], what: str) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         t0 = time.monotonic()
-        rc, _, stderr = run_module(module, ["--overlay", str(overlay), "--out", str(out), *args], child_env(), Path(tmp))
+        rc, _, stderr = run_module(module, ["--overlay", str(overlay), "--out", str(out), *args], child_env(), Path(tmp),
+                                   fork=not shadowed(overlay))
         if rc != 0 or not out.is_file():
             last = [ln for ln in stderr.splitlines() if ln.strip()]
             raise UsageError(f"{what} failed: {last[-1] if last else f'exit {rc}'}")

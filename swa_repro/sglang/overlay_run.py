@@ -20,21 +20,35 @@ from swa_repro.engine.child import run_in_child, whole_run
 
 
 # ----------------------------------------------------------------------------- parent
-def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running it") -> tuple[Path, dict, dict | None]:
-    """``(overlay, provision info, fix info or None)``: the release as shipped, or with ``fixes``."""
+def overlay_for(version: str, fixes=None, *, note=print, doing: str = "running it",
+                transformers: str = "venv") -> tuple[Path, dict, dict | None]:
+    """``(overlay, provision info, fix info or None)``: the release as shipped, or with ``fixes``;
+    ``transformers="release"``: with the transformers it pins beside it (``release_transformers``, the
+    provision info's ``transformers``), which no fixed copy has yet (one line)."""
     from swa_repro.sglang.provision import provision
 
+    if fixes and transformers == "release":  # before any install
+        raise UsageError("--transformers release goes without --fix for now: the fixed copies carry this venv's "
+                         "transformers")
     overlay, info = provision(version)
     shipped, fixed = overlay, None
     if fixes:  # first: a fix set it refuses (one that changes nothing) is its one line, no note before it
         from swa_repro.sglang.fix.overlay import fixed_overlay
 
         overlay, fixed = fixed_overlay(version, fixes, shipped)
+    if transformers == "release":
+        from swa_repro.sglang.release_transformers import with_transformers
+
+        overlay, tf = with_transformers(version, shipped)
+        info = {**info, "transformers": tf}
     how = "cached" if info["cached"] else f"installed in {info['install_seconds']} s"
     note(f"sglang {version}: overlay {shipped} ({how}); {doing} in a subprocess "
          "(the first import of a release compiles it: a minute or more)")
     if fixes:
         note(f"sglang {version}: with --fix {','.join(fixes)} ({overlay})")
+    if transformers == "release":
+        note(f"sglang {version}: with the transformers it pins, {info['transformers']['transformers']} ({overlay}; "
+             "plain children, not the fork server's)")
     return overlay, info, fixed
 
 
@@ -60,11 +74,15 @@ def run_child(module: str, overlay: Path, args: list[str], what: str, *, cache: 
 
 def child_parts(module: str, overlay: Path) -> dict:
     """What a child's result depends on besides its arguments: the module, the overlay's content,
-    the package code the child can import and this interpreter's libraries (``run_child``)."""
+    the package code the child can import, this interpreter's libraries (``run_child``) and the
+    transformers the child imports (``release_transformers.transformers_of``: the venv's, or the
+    release's own with ``--transformers release``)."""
     from swa_repro.core.cache import code_hash, interpreter
     from swa_repro.sglang.provision import content_digest
+    from swa_repro.sglang.release_transformers import transformers_of
 
-    return {"module": module, "overlay": content_digest(overlay), "code": code_hash(), "interpreter": interpreter()}
+    return {"module": module, "overlay": content_digest(overlay), "code": code_hash(), "interpreter": interpreter(),
+            "transformers": transformers_of(overlay)}
 
 
 # ----------------------------------------------------------------------------- child

@@ -11,13 +11,7 @@ FlashInfer's wrappers with recording stand-ins, so flashinfer only has to import
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
@@ -49,79 +43,33 @@ def installer(target: Path, version: str) -> list[str]:
 
 
 def _refusal(version: str, output: str) -> str:
-    """One line from the installer's output: no such release, no network, or its last line."""
-    low = output.lower()
-    if any(s in low for s in ("no solution found", "no matching distribution", "could not find a version",
-                              "no version of sglang")):
-        return f"sglang=={version} is not on the package index: see `pip index versions sglang`"
-    if any(s in low for s in ("failed to fetch", "dns error", "connection", "network", "timed out",
-                              "temporary failure", "offline")):
-        return f"cannot reach the package index to install sglang=={version} (no network?)"
-    last = [ln.strip() for ln in output.splitlines() if ln.strip()]
-    return f"installing sglang=={version} failed: {last[-1] if last else 'no output'}"
+    """``engine.overlay.refusal`` for ``sglang==version``."""
+    from swa_repro.engine.overlay import refusal
+
+    return refusal(f"sglang=={version}", output)
 
 
 def provision(version: str, *, any_release: bool = False) -> tuple[Path, dict]:
-    """The overlay of ``version`` (installed now unless cached) and how it was made. Releases before
-    ``MIN_RELEASE`` are refused (nothing drives them) unless ``any_release`` (a file read from it)."""
+    """The overlay of ``version`` (installed now unless cached: ``engine.overlay.provisioned``) and how it
+    was made. Releases before ``MIN_RELEASE`` are refused (nothing drives them) unless ``any_release`` (a
+    file read from it)."""
     if parse(version) < MIN_RELEASE and not any_release:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
-    from swa_repro.core.cache import locked, unusable
+    from swa_repro.engine.overlay import provisioned
 
-    target = overlay_dir(version)
-    info = intact(target, version)
-    if info is not None:
-        return target, info
-    # One installer per overlay: two processes (xdist workers, a notebook beside the suite) asking for
-    # the same release from nothing would share the .partial folder, and the later rename would pull
-    # the overlay from under a child already importing it. The second waits and takes the first's.
-    try:
-        with locked(target.with_name(f".{version}.lock")):
-            info = intact(target, version, say=True)
-            return (target, info) if info is not None else _install(version, target)
-    except OSError as e:
-        raise unusable(e) from None
-
-
-def intact(target: Path, version: str, say: bool = False) -> dict | None:
-    """The cached overlay's info if its marker is whole and its files are its wheel's (``record``:
-    RECORD's sha256 of each, checked when their stamp changed), else None: made again. ``say``: one
-    stderr line on a damaged overlay."""
-    from swa_repro.engine import record
-
-    info = record.marker(target / MARKER) if target.is_dir() else None
-    bad = record.damaged(target, "sglang-*.dist-info") if info is not None else []
-    if say and (bad or (info is None and target.exists())):
-        print(f"swa-repro: sglang {version}'s cached overlay {target} is damaged "
-              f"({bad[0] if bad else MARKER + ' unreadable'}); installing it again", file=sys.stderr)
-    return None if info is None or bad else {**info, "flashinfer_pin": flashinfer_pin(target), "cached": True}
+    target, info = provisioned(overlay_dir(version), "sglang-*.dist-info", f"sglang {version}",
+                               lambda t: _install(version, t))
+    return target, ({**info, "flashinfer_pin": flashinfer_pin(target)} if info["cached"] else info)
 
 
 def _install(version: str, target: Path) -> tuple[Path, dict]:
-    partial = target.with_name(f".{version}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    cmd = installer(partial, version)
-    env = dict(os.environ)  # uv's own download cache (the one `make venv` fills): overlays hard-link from it
-    t0 = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if p.returncode != 0 or not (partial / "sglang" / "__init__.py").is_file():
-        shutil.rmtree(partial, ignore_errors=True)
-        raise UsageError(_refusal(version, p.stdout + p.stderr))
-    tool = "uv pip" if Path(cmd[0]).name == "uv" else "pip"
-    info = {"sglang": version, "installer": f"{tool} install --no-deps --target <overlay> sglang=={version}",
-            "install_seconds": round(time.monotonic() - t0, 1), "flashinfer_pin": flashinfer_pin(partial)}
-    from swa_repro.engine.record import damaged
+    """``engine.overlay.install`` of ``sglang==version`` (``installer``'s requirement)."""
+    from swa_repro.engine.overlay import install
 
-    bad = damaged(partial, "sglang-*.dist-info")
-    if bad:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise UsageError(f"sglang=={version} as installed does not match its RECORD ({bad[0]}); clear uv's cache "
-                         "(`uv cache clean sglang`) and try again")
-    (partial / MARKER).write_text(json.dumps(info, indent=1))
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
-    return target, {**info, "cached": False}
+    req = installer(target, version)[-1]
+    got, info = install(target, [req], {"sglang": version})
+    info["flashinfer_pin"] = flashinfer_pin(got)
+    return got, info
 
 
 def content_digest(overlay: Path) -> str:
@@ -133,7 +81,7 @@ def content_digest(overlay: Path) -> str:
     from swa_repro.sglang.patch.classify import REL_PATH
 
     h = hashlib.sha256()
-    for rec in sorted(overlay.glob("sglang-*.dist-info/RECORD")):
+    for rec in sorted(overlay.glob("*.dist-info/RECORD")):  # a release's own transformers too (release_transformers)
         h.update(rec.read_bytes())
     backend = overlay / "sglang" / REL_PATH
     h.update(backend.read_bytes() if backend.is_file() else b"<no backend file>")
@@ -148,8 +96,21 @@ def content_digest(overlay: Path) -> str:
 
 def flashinfer_pin(overlay: Path) -> str | None:
     """The flashinfer-python version the release pins (its dist-info METADATA)."""
+    return pin(overlay, "flashinfer[_-]python")
+
+
+def transformers_pin(overlay: Path) -> str | None:
+    """The transformers version the release pins (``Requires-Dist: transformers==X`` in its dist-info
+    METADATA: 0.5.23 pins 5.19.0): what a server running the release imports, which
+    ``audit --transformers release`` builds its model classes with (``release_transformers``)."""
+    return pin(overlay, "transformers")
+
+
+def pin(overlay: Path, project: str) -> str | None:
+    """The ``==`` version the release's METADATA requires of ``project`` (a regex of its name), or None."""
     for meta in overlay.glob("sglang-*.dist-info/METADATA"):
-        m = re.search(r"^Requires-Dist: flashinfer[_-]python(?:\[[^\]]*\])?\s*\(?==\s*([^\s;,)]+)", meta.read_text(), re.M)
+        m = re.search(rf"^Requires-Dist: {project}(?:\[[^\]]*\])?\s*\(?==\s*([^\s;,)]+)", meta.read_text(),
+                      re.MULTILINE)
         if m:
             return m.group(1)
     return None

@@ -7,7 +7,9 @@ CPU-s for 0.5.23, paid again by every process that asks (the table's row, ``test
 files (``provision.content_digest``: its RECORD, every file's sha256), of the package's code
 (``core.cache.code_hash``) and of the interpreter's libraries (transformers' config classes give the
 defaults), so it is keyed on exactly those (``core.cache.cached``; ``SWA_REPRO_NO_CACHE=1`` computes it).
-A fresh plan goes through JSON as a stored one does, so both give the same types.
+A fresh plan goes through JSON as a stored one does, so both give the same types. On an overlay with
+transformers of its own (``--transformers release``) the plan, which builds transformers' config
+classes, is made in a child on it (``arch_cells.main``), never with the venv's.
 """
 
 from __future__ import annotations
@@ -16,18 +18,19 @@ import functools
 import json
 from pathlib import Path
 
+from swa_repro.engine.child import shadowed
+
 KIND = "arch-plan"
 
 
 def parts(version: str, overlay: Path) -> dict:
     """What a plan depends on besides the code: the release's content and the libraries that read it."""
-    from importlib import metadata
-
     from swa_repro.core.cache import code_hash, interpreter
     from swa_repro.sglang.provision import content_digest
+    from swa_repro.sglang.release_transformers import transformers_of
 
     return {"version": version, "overlay": content_digest(Path(overlay)), "code": code_hash(),
-            "interpreter": {**interpreter(), "transformers": metadata.version("transformers")}}
+            "interpreter": {**interpreter(), "transformers": transformers_of(Path(overlay))}}
 
 
 def whole(doc) -> bool:
@@ -43,6 +46,11 @@ def cached_plan(plan):
         from swa_repro.core.cache import cached
 
         def compute():
+            if shadowed(overlay):  # the release's own transformers (release_transformers): read in a child
+                from swa_repro.engine.child import run_in_child
+
+                return run_in_child(plan.__module__, Path(overlay), ["--version", version],
+                                    f"planning sglang {version}'s columns")["document"]
             smalls, static = plan(version, overlay)
             return json.loads(json.dumps({"smalls": smalls, "static": static}, default=str))
 

@@ -81,7 +81,9 @@ def plan(version: str, overlay: Path) -> tuple[dict, dict]:
             smalls[a.architecture] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
         except NoConfig as e:
             static[a.architecture] = {"family": a.architecture, "discovered": facts, "error": str(e)}
-        except (UsageError, TypeError, ValueError, AttributeError) as e:
+        # RuntimeError: transformers 5.19.0's AmbiguousGlobalPerLayerAttributeError, a per-layer attribute
+        # (head_dim) read globally off a heterogeneous config (integrations/heterogeneity/configuration_utils.py:298)
+        except (UsageError, TypeError, ValueError, AttributeError, RuntimeError) as e:
             label = "transformers' defaults" if "transformers defaults" in str(e) else \
                 "the release's config class defaults"
             label += f" with {len(set_by)} keys set by the audit ({', '.join(list(set_by)[:3])}, ...)" if set_by else ""
@@ -320,3 +322,25 @@ def smalls_file(smalls: dict):
         p = Path(d) / "smalls.json"
         p.write_text(json.dumps(smalls, default=str))
         yield ["--smalls-file", str(p)]
+
+
+def main(argv=None) -> int:
+    """The plan in a child (``arch_cache.cached_plan``): on an overlay with its own transformers, whose
+    config classes give the defaults, ``python -m swa_repro.sglang.audit.arch_cells --overlay DIR --out F
+    --version X``."""
+    from swa_repro.engine.child import child_main, child_parser
+
+    p = child_parser("swa_repro.sglang.audit.arch_cells")
+    p.add_argument("--version", required=True)
+
+    def run(overlay, a):
+        smalls, static = plan.uncached(a.version, overlay)
+        return {"smalls": smalls, "static": static}
+
+    return child_main(p, run, argv)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -67,6 +67,9 @@ def register(sub) -> None:
                    "family (transformers' defaults); all = every family the release serves")
     p.add_argument("--gpu", metavar="sm80|sm90|sm100", help="with --model: the GPU class the backend is built "
                    "for (default sm90)")
+    p.add_argument("--transformers", metavar="venv|release", help="with --model: the transformers the release's "
+                   "model classes are built with: venv (this environment's, the default) or release (the version "
+                   "its wheel pins, installed as a cached overlay; plain children)")
     from swa_repro.core.exit_status import add_argument
 
     add_argument(p)
@@ -95,6 +98,12 @@ def _bounds(a) -> list:
 def main(a) -> int:
     if a.sglang_source is not None:
         raise UsageError(REMOVED_SOURCE)
+    from swa_repro.sglang.release_transformers import check
+
+    a.transformers_choice = check(a.transformers)
+    if a.transformers is not None and a.model is None:
+        raise UsageError("--transformers goes with --model: it chooses the transformers the release's model classes "
+                         "are built with")
     if a.release_table and a.model is not None:
         return _family_table(a)
     if a.model is not None or a.gpu is not None:
@@ -240,8 +249,11 @@ def _families(a) -> int:
         raise UsageError("--model goes without --release-table, --patched/--unpatched/--both, --paths and "
                          "--mode live")
     parse(a.sglang)
+    if a.transformers_choice == "release" and not isinstance(model, list):
+        raise UsageError("--transformers release goes with a family or all, not a checkpoint: its config.json is "
+                         "checked with this venv's transformers")
     doc = family_run.audit_families(a.sglang, a.model if isinstance(model, list) else model, a.gpu, fixes=_fixes(a),
-                                    note=lambda s: print(s, file=sys.stderr))
+                                    note=lambda s: print(s, file=sys.stderr), transformers=a.transformers_choice)
     print(json.dumps(doc, default=str) if a.json else "\n".join(family_run.render(doc)))
     sys.stdout.flush()
     bad = family_run.incomplete(doc)
@@ -272,8 +284,11 @@ def _family_table(a) -> int:
     cmd = f"swa-repro audit --release-table --model all --gpu {','.join(gpus)} --releases {','.join(versions)}"
     from swa_repro.sglang.audit.family_fix import FIXED_RELEASE
 
-    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd, note=lambda s: print(s, file=sys.stderr),
-                               fixed=FIXED_RELEASE if FIXED_RELEASE in versions else None)  # the companion table
+    tf = a.transformers_choice  # release: each release's pinned transformers; no companion (no --fix with it yet)
+    table = family_table.build(versions, gpus, jobs=a.jobs, command=cmd + (" --transformers release" if tf == "release"
+                                                                          else ""),
+                               note=lambda s: print(s, file=sys.stderr), transformers=tf,
+                               fixed=FIXED_RELEASE if FIXED_RELEASE in versions and tf == "venv" else None)
     md, js = family_table.write(table, a.out)
     print(f"wrote {md} and {js}")
     return 0

@@ -123,7 +123,11 @@ def plan(version: str, overlay: Path, column_config, no_config) -> tuple[dict, d
                     f"the fallback): swa-repro audit --sglang {version} --model PATH/config.json")}
                 continue
             found.update(set_by_audit=why, window_from="audit")  # the verdict holds at the audit's window
-        smalls[arch] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
+        try:
+            smalls[arch] = {"small": asdict(ckpt.small_config(ck)), "discovered": found}
+        except RuntimeError as e:  # transformers 5.19.0: a per-layer head_dim read globally (arch_cells.plan)
+            static[arch] = {"family": arch, "discovered": facts, "error": f"not buildable from transformers' "
+                            f"defaults: {type(e).__name__}: {str(e)[:300]}"}
     return smalls, static
 
 

@@ -37,15 +37,18 @@ from swa_repro.sglang.overlay_run import check_no_foreign, child_parts, import_r
 MODULE = "swa_repro.sglang.audit.family_run"
 
 
-def audit_families(version: str, family, gpu: str | None, *, fixes=None, note=print) -> dict:
+def audit_families(version: str, family, gpu: str | None, *, fixes=None, note=print, transformers: str = "venv") -> dict:
     """Audit ``family`` (comma-separated, or ``all``; or a ``checkpoint.Checkpoint``, the user's
     config.json) of release ``version`` on ``gpu``; ``fixes``: with these ``swa-repro patch --fix``
-    fixes applied to a copy of its overlay (``fix.overlay``)."""
+    fixes applied to a copy of its overlay (``fix.overlay``); ``transformers``: ``release`` builds the
+    release's classes with the transformers it pins (``release_transformers``)."""
     gclass = fam.check_args("all" if isinstance(family, Checkpoint) else family, gpu)[1]
-    return audit_release(version, family, [gclass.name], fixes=fixes, note=note)[gclass.name]
+    return audit_release(version, family, [gclass.name], fixes=fixes, note=note,
+                         transformers=transformers)[gclass.name]
 
 
-def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=print, archs: bool = False) -> dict:
+def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=print, archs: bool = False,
+                  transformers: str = "venv") -> dict:
     """``{gpu: document}`` for every GPU class in ``gpus``, from one child for the release (one
     import of its sglang, each family built once, driven once per platform switch). Each (family,
     GPU class) is cached on its own (``core.cache.cached_cells``): a later audit of fewer or other
@@ -67,7 +70,8 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     if parse(version) < MIN_RELEASE:
         raise UsageError(f"--sglang {version}: the audit drives sglang 0.5.10 and later")
     said: list[str] = []  # the overlay's progress lines wait: a family the release lacks is the only line
-    overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}")
+    overlay, info, fixed = overlay_for(version, fixes, note=said.append, doing=f"building {','.join(names)}",
+                                       transformers=transformers)
     if ck:
         small_args, key = checkpoint_args(ck, version, overlay)
     else:
@@ -107,7 +111,7 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
     for g in gpus:
         mine = [d for c, d in zip(cells, docs) if c["gpu"] == g]
         rel = dict(mine[0]["release"]) if mine else {"sglang": version}
-        rel.update(overlay_info=info, result_cache=how, fixes=fixed)
+        rel.update(overlay_info=info, result_cache=how, fixes=fixed, transformers=built_with(rel, info))
         fams = [d["family"] for d in mine] + [dict(d) for d in static.values()]
         for f in fams:
             if f["family"] in smalls:
@@ -121,6 +125,15 @@ def audit_release(version: str, family, gpus: list[str], *, fixes=None, note=pri
                 f["checkpoint"] = ckpt.record(ck)
         out[g] = {"release": rel, "gpu": g, "families": fams}
     return out
+
+
+def built_with(rel: dict, info: dict) -> dict:
+    """Which transformers built the cells (the child's ``transformers.__version__`` and file) and where it
+    came from: this venv, or the release's pin (``release_transformers``: its METADATA line, the overlay)."""
+    tf = info.get("transformers")
+    where = {"from": "release", "pinned_by": tf["pinned_by"], "installer": tf.get("installer"),
+             "overlay": tf["overlay"]} if tf else {"from": "venv"}
+    return {**(rel.get("transformers") or {}), **where}
 
 
 def whole_cell(doc) -> bool:
@@ -216,7 +229,10 @@ def child(overlay: Path, families: list[str], gpus: list[str], paths=None, live:
     t_live = time.monotonic() - t_live
     n = check_no_foreign(overlay)
     rel = audit_core.release_info()
+    import transformers  # which one built the cells: the venv's, or the release's own (--transformers release)
+
     rel.update(origin="overlay", overlay=str(overlay), import_seconds=round(t_import, 1),
+               transformers={"version": transformers.__version__, "file": transformers.__file__},
                audit_seconds=round(time.monotonic() - t0 - t_import - t_live, 1), sglang_modules_from_overlay=n)
     doc = {"release": rel, "gpus": gpus, "by_gpu": by_gpu}
     if live is not None:
@@ -267,9 +283,11 @@ def render(doc: dict) -> list[str]:
     fx = rel.get("fixes")
     from swa_repro.sglang.patch.classify import state_text
 
+    tf = rel.get("transformers") or {}
     out = [("PATCHED COPY (swa-repro patch --fix " + ",".join(fx["fixes"]) + "): " if fx else "")
            + f"sglang {rel['sglang']} (overlay {rel.get('overlay')}): backend {state_text(rel['state'])}; "
-           f"GPU class {doc['gpu']} "
+           + (f"transformers {tf['version']} ({tf['from']}); " if tf.get("version") else "")
+           + f"GPU class {doc['gpu']} "
            f"({GPU_CLASSES[doc['gpu']].cards})"]
     for f in doc["families"]:
         if f.get("error"):

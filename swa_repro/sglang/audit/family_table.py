@@ -53,7 +53,8 @@ def tags(why) -> str:
     return "; ".join(parts)
 
 
-def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None) -> dict:
+def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed: str | None = None,
+          transformers: str = "venv") -> dict:
     """Audit every family of each release on every GPU class: one child per release serves them all
     (``family_run.audit_release``), ``jobs`` at a time, newest first (they serve the most families;
     0.5.23's child takes a third longer than 0.5.10's), so no long child starts last. With ``fixed`` (a
@@ -76,7 +77,7 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
         if kind == "fixed":
             return task, fixed_cells(gpus, v, note=note)
         try:
-            return task, audit_release(v, "all", list(gpus), note=note, archs=True)
+            return task, audit_release(v, "all", list(gpus), note=note, archs=True, transformers=transformers)
         except UsageError as e:  # a release this machine cannot install or run: a row that says so
             note(f"sglang {v}: {e}")
             return task, {g: {"release": {"sglang": v, "error": str(e)}, "gpu": g, "families": []} for g in gpus}
@@ -93,6 +94,8 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
              "cells": {f["family"]: cell_of(f) for f in done[v][g]["families"]}} for g in gpus for v in versions]
     docs = [done[v][gpus[0]] for v in versions if "state" in done[v][gpus[0]]["release"]]
     table = {"provenance": provenance(command, docs), "gpus": list(gpus), "rows": rows}
+    if transformers == "release":  # which transformers built each release's cells (release_transformers)
+        table["provenance"]["transformers"] = {d["release"]["sglang"]: d["release"].get("transformers") for d in docs}
     if fixed:
         table["fixed"] = got["fixed", fixed]
     return table

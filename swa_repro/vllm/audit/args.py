@@ -78,6 +78,8 @@ def _vllm(a, given: set[str]) -> None:
     if a.what_if:
         raise UsageError("--patched/--unpatched/--both swap sglang's PR #31501 in memory: with --vllm, audit the "
                          "fix with --fix cap-route")
+    if getattr(a, "transformers", None) is not None:  # sglang's --transformers release (release_transformers)
+        raise UsageError("--transformers is sglang's for now: the vLLM audit runs on this venv's transformers")
     if given & {"releases", "jobs"}:
         raise UsageError("--releases and --jobs are sglang's --release-table: with --vllm the table's releases go to "
                          "--vllm X,Y (or table)")
