@@ -361,7 +361,7 @@ def test_a_releases_serverargs_child_runs_beside_its_family_child(monkeypatch):
         serving_started.set()
         return {n: {"from": "server", "thread": threading.current_thread().name} for n in names}
 
-    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes, note, doing: ("/overlay", {}, None))
+    monkeypatch.setattr(family_run, "overlay_for", lambda v, fixes, note, doing, transformers: ("/overlay", {}, None))
     monkeypatch.setattr(fam, "check_release_has", lambda v, overlay, names, explicit: names[:2])
     monkeypatch.setattr(family_run, "child_parts", lambda module, overlay: {})
     monkeypatch.setattr(core_cache, "cached_cells", cached_cells)
@@ -403,7 +403,7 @@ def test_the_tables_companion_runs_beside_the_releases_from_the_start(monkeypatc
         both.wait()
         return {"sglang": version, "command": "c", "cells": {g: {"gemma2": {"state": "not affected"}} for g in gpus}}
 
-    def audit_release(version, family, gpus, note, archs):
+    def audit_release(version, family, gpus, note, archs, transformers):
         if version == "0.5.23":
             both.wait()
         running.append(version)
