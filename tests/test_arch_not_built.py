@@ -227,3 +227,36 @@ def test_a_key_tested_for_membership_is_an_empty_list():
     where = config_reads(models / "step3p5.py", "Step3p5ForCausalLM", build_only=True)["yarn_only_types"]
     value, why = arch_fill.fill("yarn_only_types", where, models, 4, {})
     assert value == [] and where in why
+
+
+def test_a_config_that_raises_a_runtime_error_is_its_columns_reason_not_the_plans_end(monkeypatch, tmp_path):
+    """transformers 5.19.0 (``--transformers release``) raises ``AmbiguousGlobalPerLayerAttributeError``, a
+    ``RuntimeError``, where a model reads a per-layer ``head_dim`` off a heterogeneous config globally: it
+    stopped 0.5.23's whole column plan. That column is not built, with the error; the next one still is."""
+    from swa_repro.sglang import checkpoint as ckpt
+    from swa_repro.sglang import swa_archs
+    from swa_repro.sglang.audit import arch_cells, fallback_cells
+
+    def arch(name):
+        return types.SimpleNamespace(architecture=name, model_file=f"{name.lower()}.py", windows={"w": 1},
+                                     hybrid=False, sinks=(), fallback=False)
+
+    class AmbiguousGlobalPerLayerAttributeError(RuntimeError):  # transformers 5.19.0's, by its base class
+        pass
+
+    def filled(a, version, overlay):
+        if a.architecture == "Heterogeneous":
+            raise AmbiguousGlobalPerLayerAttributeError("head_dim is per layer")
+        return types.SimpleNamespace(path="c.json"), {}
+
+    monkeypatch.setattr(swa_archs, "discover", lambda srt: [arch("Heterogeneous"), arch("Plain")])
+    monkeypatch.setattr(swa_archs, "crash_on_flashinfer", lambda srt, a: None)
+    monkeypatch.setattr(arch_cells, "filled_config", filled)
+    monkeypatch.setattr(ckpt, "check_release", lambda ck, version, overlay: None)
+    monkeypatch.setattr(ckpt, "small_config", lambda ck: types.SimpleNamespace())
+    monkeypatch.setattr(arch_cells, "asdict", lambda small: {"small": True})
+    monkeypatch.setattr(fallback_cells, "plan", lambda version, overlay, column_config, no_config: ({}, {}))
+    smalls, static = arch_cells.plan("0.5.23", tmp_path)
+    assert list(smalls) == ["Plain"]
+    assert "head_dim is per layer" in static["Heterogeneous"]["error"] and \
+        static["Heterogeneous"]["error"].startswith("not buildable from")
