@@ -35,6 +35,27 @@ def install_command(target: Path) -> list[str]:
 MARKER = ".swa-repro-overlay.json"
 
 
+def linked_copy(overlay: Path, dst: Path, edit, marker: str, ignore=("__pycache__",)) -> dict:
+    """``dst`` made anew as a hard-linked copy of ``overlay`` (a release's files: a fixed copy, a kit copy,
+    one with the release's own transformers beside it), whole or not at all: the copy is made in a
+    ``.partial`` folder beside ``dst``, ``edit(partial)`` changes it and returns its marker's contents
+    (a file it changes is unlinked first, never written through the link to the release's), the marker
+    goes to ``marker``, and only then does the folder replace ``dst``. ``ignore``: names not copied
+    (each copy compiles its own bytecode, or reads its origin's: ``bytecode.share``)."""
+    import json
+    import os
+
+    partial = dst.with_name(f".{dst.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True, ignore=shutil.ignore_patterns(*ignore))
+    info = edit(partial)
+    (partial / marker).write_text(json.dumps(info, indent=1))
+    shutil.rmtree(dst, ignore_errors=True)
+    partial.rename(dst)
+    return info
+
+
 def refusal(requirement: str, output: str) -> str:
     """One line from the installer's output: no such release, no network, or its last line."""
     project = requirement.split("==")[0]

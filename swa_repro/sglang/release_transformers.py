@@ -23,10 +23,8 @@ How (opt-in; ``venv``, the default, is the audit as before):
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
@@ -114,16 +112,16 @@ def with_transformers(version: str, overlay: Path) -> tuple[Path, dict]:
 
 
 def _link(overlay: Path, tf: Path, dst: Path, info: dict) -> dict:
-    partial = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    shutil.copytree(overlay, partial, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__"))
-    for src in tf.rglob("*"):
-        rel = src.relative_to(tf)
-        if src.is_dir() or rel.parts[0].startswith(".") or "__pycache__" in rel.parts:  # its marker, uv's .lock
-            continue
-        (partial / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.link(src, partial / rel)
-    (partial / MARKER).write_text(json.dumps(info, indent=1))
-    shutil.rmtree(dst, ignore_errors=True)
-    partial.rename(dst)
-    return info
+    """``engine.overlay.linked_copy`` of the release's overlay, with the transformers overlay's files linked in."""
+    from swa_repro.engine.overlay import linked_copy
+
+    def edit(partial: Path) -> dict:
+        for src in tf.rglob("*"):
+            rel = src.relative_to(tf)
+            if src.is_dir() or rel.parts[0].startswith(".") or "__pycache__" in rel.parts:  # its marker, uv's .lock
+                continue
+            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.link(src, partial / rel)
+        return info
+
+    return linked_copy(overlay, dst, edit, MARKER)

@@ -7,7 +7,6 @@ copy made again, never a kit run on other bytes whose result is cached under the
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -72,21 +71,17 @@ def kit_intact(dst: Path, why: bool = False):
 
 def _make_kit_overlay(overlay: Path, dst: Path, names) -> None:
     import hashlib
-    import json
 
+    from swa_repro.engine.overlay import linked_copy
     from swa_repro.engine.record import marker
     from swa_repro.sglang.fix.overlay import MARKER, replaced
 
     fixed = marker(overlay / MARKER)
-    partial = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    kit_edits.apply_to_site(partial, names)  # replaces the edited files: their links to the overlay break
-    done = {**(replaced(fixed) if fixed else {}),
-            **{p: hashlib.sha256((partial / p).read_bytes()).hexdigest() for p in kit_edits.FILES}}
-    (partial / KIT_MARKER).write_text(json.dumps({"overlay": str(overlay), "edits": list(names), "replaced": done},
-                                                 indent=1))
-    shutil.rmtree(dst, ignore_errors=True)
-    partial.rename(dst)
+
+    def edit(partial: Path) -> dict:
+        kit_edits.apply_to_site(partial, names)  # replaces the edited files: their links to the overlay break
+        done = {**(replaced(fixed) if fixed else {}),
+                **{p: hashlib.sha256((partial / p).read_bytes()).hexdigest() for p in kit_edits.FILES}}
+        return {"overlay": str(overlay), "edits": list(names), "replaced": done}
+
+    linked_copy(overlay, dst, edit, KIT_MARKER)

@@ -12,9 +12,6 @@ every replaced file (``file``: the backend, ``files``: the others, with their sh
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
 from pathlib import Path
 
 from swa_repro.sglang.patch.classify import REL_PATH
@@ -87,24 +84,22 @@ def _fixed_overlay(version: str, names, overlay: Path) -> tuple[Path, dict]:
     made = intact(dst)
     if made is not None and _holds(made, fixed, others):
         return dst, made
-    partial = dst.with_name(f".{dst.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    for rel, data in [(str(REL_PATH), fixed)] + [(r, new) for r, (_, new) in others.items()]:
-        target = partial / "sglang" / rel
-        target.unlink()  # break the hard link: the shipped overlay keeps its file
-        target.write_bytes(data)
     info = {"sglang": version, "fixes": list(names), "file": f"sglang/{REL_PATH}",
             "original_sha256": sha256_hex(original), "fixed_sha256": sha256_hex(fixed), "overlay": str(overlay)}
     if others:
         info["files"] = {f"sglang/{r}": {"original_sha256": sha256_hex(old), "fixed_sha256": sha256_hex(new)}
                          for r, (old, new) in others.items()}
-    (partial / MARKER).write_text(json.dumps(info, indent=1))
-    shutil.rmtree(dst, ignore_errors=True)
-    partial.rename(dst)
-    return dst, info
+
+    def edit(partial: Path) -> dict:
+        for rel, data in [(str(REL_PATH), fixed)] + [(r, new) for r, (_, new) in others.items()]:
+            target = partial / "sglang" / rel
+            target.unlink()  # break the hard link: the shipped overlay keeps its file
+            target.write_bytes(data)
+        return info
+
+    from swa_repro.engine.overlay import linked_copy
+
+    return dst, linked_copy(overlay, dst, edit, MARKER)
 
 
 def _holds(info: dict, fixed: bytes, others: dict) -> bool:

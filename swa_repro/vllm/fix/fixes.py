@@ -60,9 +60,7 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import os
 import re
-import shutil
 from pathlib import Path
 
 from swa_repro.core.errors import UsageError
@@ -342,15 +340,15 @@ def fixed_overlay(version: str, overlay: Path) -> Path:
     if info is not None and info.get("edited") == fixed and not damaged(target, "vllm-*.dist-info", replaced=fixed,
                                                            skip=lambda rel: rel.endswith(".so")):
         return target
-    with locked(target.with_name(f".{version}-cap-route.lock")):
-        partial = target.with_name(f".{target.name}.partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.copytree(overlay, partial, copy_function=os.link, symlinks=True)
+
+    def edit(partial: Path) -> dict:
         for rel, text in texts.items():
             (partial / rel).unlink()  # a hard link to the release's file: never write through it
             (partial / rel).write_text(text)
-        info = json.loads((overlay / MARKER).read_text())
-        (partial / MARKER).write_text(json.dumps({**info, "fix": "cap-route", "edited": fixed}, indent=1))
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+        return {**json.loads((overlay / MARKER).read_text()), "fix": "cap-route", "edited": fixed}
+
+    from swa_repro.engine.overlay import linked_copy
+
+    with locked(target.with_name(f".{version}-cap-route.lock")):
+        linked_copy(overlay, target, edit, MARKER, ignore=())
     return target
