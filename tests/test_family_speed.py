@@ -422,6 +422,9 @@ def test_the_tables_companion_runs_beside_the_releases_from_the_start(monkeypatc
     assert table["fixed"]["cells"] == {"sm90": {"gemma2": {"state": "not affected"}}}
     assert [r["sglang"] for r in table["rows"]] == ["0.5.22", "0.5.23", "0.5.21"] and max(most) == 1
     assert warmed == [0]
+    # with the release's own transformers every child is plain: no fork server is started for none to use
+    family_table.build(["0.5.21"], ["sm90"], jobs=1, note=lambda s: None, transformers="release")
+    assert warmed == [0]
 
 
 def test_a_model_file_is_walked_once_for_its_forms_however_many_columns_ask(tmp_path, monkeypatch):

@@ -70,7 +70,8 @@ def build(versions, gpus, *, jobs: int = 1, command: str = "", note=print, fixed
     from swa_repro.engine.child import child_env
     from swa_repro.sglang.audit.family_run import audit_release
 
-    forkserver.warm(child_env())  # its preload beside the parent's first seconds (the children's one server)
+    if transformers == "venv":  # with the release's own transformers every child is plain (engine.child.shadowed)
+        forkserver.warm(child_env())  # its preload beside the parent's first seconds (the children's one server)
 
     def one(task):
         kind, v = task
