@@ -146,3 +146,19 @@ def test_the_checkpoint_audits_ask_one_serverargs_child_for_both(monkeypatch, tm
     audits = [ckpt.read(f) for f in folders]  # what audit_release hands _serving: each checkpoint alone
     assert asked == [("0.5.23", [], None, {ck.family: config_digest(ckpt.small_config(ck).config) for ck in audits})]
     assert set(asked[0][3]) == {"mistral", "gemma2"}
+
+
+def test_notebook_02_runs_once_in_make_test():
+    """test_story ran notebook 02 twice in make test: test_notebooks_use_recordings_and_fail_on_a_wrong_one's run
+    (stand-in recordings) is make test's one and holds what a run must; test_notebook_runs_in_model_mode's run of
+    it on the committed recordings (~58 s from nothing, 55 s of it one figure per recorded case) is in the
+    release matrix."""
+    import inspect
+
+    import test_story
+
+    (mark,) = [m for m in test_story.test_notebook_runs_in_model_mode.pytestmark if m.name == "parametrize"]
+    sets = [p if hasattr(p, "marks") else pytest.param(p) for p in mark.args[1]]
+    make_test = [p.values[0] for p in sets if not any(m.name == "matrix" for m in p.marks)]
+    assert make_test and "02_masks_and_cta_skips" not in make_test, make_test
+    assert '"02_masks_and_cta_skips.py"' in inspect.getsource(test_story.test_notebooks_use_recordings_and_fail_on_a_wrong_one)
