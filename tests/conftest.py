@@ -58,7 +58,7 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 # test_upstream_kit's kit runs, test_graph_verify test_audit_spec's whole audits, test_fallback_cells and
 # test_arch_configs the plan of 0.5.23's columns test_hybrid_pool's Beam test makes (66 s of its 188).
 HEAVY_FIRST = (
-    "test_hybrid_pool.py",  # 188 s: the pool probes of 0.5.23 and 0.5.12, 0.5.23's column plan, Beam's family child
+    "test_hybrid_pool.py",  # 188 s: pool probes of 0.5.23, 0.5.10 (0.5.12: matrix), 0.5.23's plan, Beam's family child
     "test_remedy.py",  # 160 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
     "test_sglang_check.py",  # 97 s: notebooks 03 and 04 (0.5.23's whole audits)
     "test_upstream_kit.py",  # 90 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)

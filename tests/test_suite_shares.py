@@ -148,6 +148,13 @@ def test_the_checkpoint_audits_ask_one_serverargs_child_for_both(monkeypatch, tm
     assert set(asked[0][3]) == {"mistral", "gemma2"}
 
 
+def _make_test_values(fn, argname: str) -> list:
+    """The values of ``fn``'s ``argname`` parametrization that ``make test`` runs (not marked ``matrix``)."""
+    (mark,) = [m for m in fn.pytestmark if m.name == "parametrize" and m.args[0].split(",")[0] == argname]
+    sets = [p if hasattr(p, "marks") else pytest.param(p) for p in mark.args[1]]
+    return [p.values[0] for p in sets if not any(m.name == "matrix" for m in p.marks)]
+
+
 def test_notebook_02_runs_once_in_make_test():
     """test_story ran notebook 02 twice in make test: test_notebooks_use_recordings_and_fail_on_a_wrong_one's run
     (stand-in recordings) is make test's one and holds what a run must; test_notebook_runs_in_model_mode's run of
@@ -157,8 +164,20 @@ def test_notebook_02_runs_once_in_make_test():
 
     import test_story
 
-    (mark,) = [m for m in test_story.test_notebook_runs_in_model_mode.pytestmark if m.name == "parametrize"]
-    sets = [p if hasattr(p, "marks") else pytest.param(p) for p in mark.args[1]]
-    make_test = [p.values[0] for p in sets if not any(m.name == "matrix" for m in p.marks)]
+    make_test = _make_test_values(test_story.test_notebook_runs_in_model_mode, "name")
     assert make_test and "02_masks_and_cta_skips" not in make_test, make_test
     assert '"02_masks_and_cta_skips.py"' in inspect.getsource(test_story.test_notebooks_use_recordings_and_fail_on_a_wrong_one)
+
+
+def test_the_hybrid_pool_probes_releases_make_test_compiles_anyway():
+    """test_hybrid_pool's probe of the older route (ScheduleBatch._evict_swa, the allocator in
+    swa_memory_pool.py) ran on 0.5.12, a release no other make-test file installs: its overlay and its compile
+    for one child. It runs on 0.5.10 (test_server_run's ServerArgs child compiles it anyway), 0.5.12 in the
+    release matrix: every release the probe runs on in make test is one test_server_run's children run on."""
+    import test_hybrid_pool
+    import test_server_run
+
+    probed = _make_test_values(test_hybrid_pool.test_a_two_request_batch_reads_the_swa_slots_the_releases_rules_give,
+                               "version")
+    served = _make_test_values(test_server_run.test_families_without_a_static_rule_get_the_servers_answer, "version")
+    assert len(probed) >= 2 and set(probed) <= set(served), (probed, served)
