@@ -58,13 +58,12 @@ requires_cuda = pytest.mark.skipif(not cuda_available(),
 # test_upstream_kit's kit runs, test_graph_verify test_audit_spec's whole audits, test_fallback_cells and
 # test_arch_configs the plan of 0.5.23's columns test_hybrid_pool's Beam test makes (66 s of its 188).
 HEAVY_FIRST = (
-    "test_hybrid_pool.py",  # 188 s: the pool probes of 0.5.23 and 0.5.12, 0.5.23's column plan, Beam's family child
+    "test_hybrid_pool.py",  # 188 s: pool probes of 0.5.23, 0.5.10 (0.5.12: matrix), 0.5.23's plan, Beam's family child
     "test_remedy.py",  # 160 s: 0.5.23's families x GPU classes, shipped and fixed (the sweep); notebook 07
     "test_sglang_check.py",  # 97 s: notebooks 03 and 04 (0.5.23's whole audits)
     "test_upstream_kit.py",  # 90 s: five upstream_cpu runs on 0.5.23 (test_kit_swa_cases_cpu's files too)
     "test_family_answer.py",  # 85 s: doctor --model (0.5.15.post1's gemma2, shipped and fixed)
     "test_cap_safety.py",  # 73 s: the cap check of 0.5.23, shipped and fixed
-    "test_story.py",  # ~70 s: notebooks 01, 02 (twice)
     "test_checkpoint_config.py",  # 61 s: two checkpoint audits of 0.5.23 (a family and a ServerArgs child each)
     "test_audit_spec.py",  # 54 s: 0.5.23's whole audits, shipped and with the fixes (notebook 04's)
     "test_sglang_kit.py",  # ~50 s: the kit on 0.5.23 fixed (0.5.14: make test-matrix)
@@ -72,6 +71,7 @@ HEAVY_FIRST = (
     "test_server_run.py",  # 45 s: ServerArgs children of 0.5.10 and 0.5.23
     "test_graph_verify.py",  # 35 s: 0.5.23's prior-fix audit; shipped and fixed: test_audit_spec's
     "test_bundle.py",  # ~32 s
+    "test_story.py",  # ~31 s: notebooks 01, 02 (once: alone from nothing 118 s -> 53 s), 00 up to its failing check
     "test_fallback_cells.py",  # 30 s: a Cwm checkpoint audit through the fallback; the plan's columns
     "test_artifact_sets.py",  # ~30 s: notebook 00 twice (headless, the lab's way)
     "test_lab.py",  # ~28 s

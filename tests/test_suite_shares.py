@@ -146,3 +146,38 @@ def test_the_checkpoint_audits_ask_one_serverargs_child_for_both(monkeypatch, tm
     audits = [ckpt.read(f) for f in folders]  # what audit_release hands _serving: each checkpoint alone
     assert asked == [("0.5.23", [], None, {ck.family: config_digest(ckpt.small_config(ck).config) for ck in audits})]
     assert set(asked[0][3]) == {"mistral", "gemma2"}
+
+
+def _make_test_values(fn, argname: str) -> list:
+    """The values of ``fn``'s ``argname`` parametrization that ``make test`` runs (not marked ``matrix``)."""
+    (mark,) = [m for m in fn.pytestmark if m.name == "parametrize" and m.args[0].split(",")[0] == argname]
+    sets = [p if hasattr(p, "marks") else pytest.param(p) for p in mark.args[1]]
+    return [p.values[0] for p in sets if not any(m.name == "matrix" for m in p.marks)]
+
+
+def test_notebook_02_runs_once_in_make_test():
+    """test_story ran notebook 02 twice in make test: test_notebooks_use_recordings_and_fail_on_a_wrong_one's run
+    (stand-in recordings) is make test's one and holds what a run must; test_notebook_runs_in_model_mode's run of
+    it on the committed recordings (~58 s from nothing, 55 s of it one figure per recorded case) is in the
+    release matrix."""
+    import inspect
+
+    import test_story
+
+    make_test = _make_test_values(test_story.test_notebook_runs_in_model_mode, "name")
+    assert make_test and "02_masks_and_cta_skips" not in make_test, make_test
+    assert '"02_masks_and_cta_skips.py"' in inspect.getsource(test_story.test_notebooks_use_recordings_and_fail_on_a_wrong_one)
+
+
+def test_the_hybrid_pool_probes_releases_make_test_compiles_anyway():
+    """test_hybrid_pool's probe of the older route (ScheduleBatch._evict_swa, the allocator in
+    swa_memory_pool.py) ran on 0.5.12, a release no other make-test file installs: its overlay and its compile
+    for one child. It runs on 0.5.10 (test_server_run's ServerArgs child compiles it anyway), 0.5.12 in the
+    release matrix: every release the probe runs on in make test is one test_server_run's children run on."""
+    import test_hybrid_pool
+    import test_server_run
+
+    probed = _make_test_values(test_hybrid_pool.test_a_two_request_batch_reads_the_swa_slots_the_releases_rules_give,
+                               "version")
+    served = _make_test_values(test_server_run.test_families_without_a_static_rule_get_the_servers_answer, "version")
+    assert len(probed) >= 2 and set(probed) <= set(served), (probed, served)
