@@ -218,6 +218,25 @@ def test_a_remote_code_config_is_read_from_its_json_alone(tmp_path):
     assert checkpoint.record(ck)["values"]["sliding_window"] == {"value": 1024, "from": "user"}
 
 
+def test_a_remote_code_config_with_rope_scaling_is_read_not_refused(tmp_path):
+    """stepfun-ai/Step-3.5-Flash's shape (examples/checkpoints/step3p5-flash): a remote-code
+    ``model_type`` with ``rope_scaling`` before ``max_position_embeddings``; transformers 5.12.1's
+    plain ``from_dict`` raises on it (its RoPE standardization reads a key not yet set), which was a
+    wrong refusal: the release reads the file through its own class."""
+    from swa_repro.sglang import checkpoint
+
+    values = {**GEMMA2, "model_type": "my_remote_rope", "auto_map": {"AutoConfig": "x.MyConfig"},
+              "rope_scaling": {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 4096,
+                               "low_freq_factor": 1.0, "high_freq_factor": 32.0}}
+    values = {"rope_scaling": values.pop("rope_scaling"), **values}  # the published order: rope first
+    ck = checkpoint.read(_folder(tmp_path, "rope", values))
+    raw = json.loads((tmp_path / "rope" / "config.json").read_text())
+    assert ck.config_class.startswith("PretrainedConfig (plain")
+    assert (ck.config.sliding_window, ck.config.max_position_embeddings) == (raw["sliding_window"],
+                                                                              raw["max_position_embeddings"])
+    assert checkpoint.small_config(ck).sliding_window == raw["sliding_window"]
+
+
 # ----------------------------------------------------------------------------- doctor --model PATH
 @pytest.fixture
 def installed_0_5_23(monkeypatch):

@@ -128,8 +128,28 @@ def config_object(values: dict, p) -> tuple[str, object]:
     try:
         return name, cls.from_dict(dict(values))
     except Exception as e:  # noqa: BLE001 - a class's own validators (huggingface_hub's strict dataclasses)
+        try:  # the plain class has no validators of its own: its __post_init__ is what refused
+            if cls is transformers.PretrainedConfig:
+                return name, plain_config(values)
+        except Exception:  # noqa: BLE001, S110 - the first refusal is the one to say
+            pass
         raise UsageError(f"--model {p}: {name.split(' ')[0]} refuses the file: {str(e).splitlines()[0][:160]}") \
             from None
+
+
+def plain_config(values: dict):
+    """A plain PretrainedConfig carrying the file's values, each set after construction. Why not
+    ``from_dict``: transformers 5.12.1's ``PreTrainedConfig.__post_init__`` standardizes a
+    ``rope_scaling`` before it sets the other keys (modeling_rope_utils.py:760 reads
+    ``self.max_position_embeddings``), so a remote-code file carrying both (stepfun-ai/Step-3.5-Flash's,
+    whose release reads it through its own class: sglang 0.5.23 configs/step3p5.py) fails there though
+    no class of its own was asked."""
+    import transformers
+
+    cfg = transformers.PretrainedConfig()
+    for k, v in values.items():
+        setattr(cfg, k, v)
+    return cfg
 
 
 def layer_kinds(cfg) -> tuple:
