@@ -237,6 +237,23 @@ def test_a_remote_code_config_with_rope_scaling_is_read_not_refused(tmp_path):
     assert checkpoint.small_config(ck).sliding_window == raw["sliding_window"]
 
 
+def test_a_key_the_releases_own_config_class_defaults_is_no_missing_key():
+    """stepfun-ai/Step-3.5-Flash's config.json (examples/checkpoints/step3p5-flash) has no
+    ``rms_norm_eps``; 0.5.23 step3p5.py:518 reads it and the release re-parses the file through its
+    registry's Step3p5Config (configs/step3p5.py:19 defaults it), so the release builds it: no "lacks"
+    refusal. Oracle: the file read as plain JSON lacks the key, the release's class file declares it."""
+    from conftest import REPO, release_overlay
+
+    from swa_repro.sglang import checkpoint
+
+    overlay = release_overlay("0.5.23")
+    folder = REPO / "examples" / "checkpoints" / "step3p5-flash"
+    assert "rms_norm_eps" not in json.loads((folder / "config.json").read_text())
+    assert "rms_norm_eps" in (overlay / "sglang" / "srt" / "configs" / "step3p5.py").read_text()
+    ck = checkpoint.read(str(folder))
+    assert checkpoint.check_release(ck, "0.5.23", overlay).name == "step3p5.py"
+
+
 # ----------------------------------------------------------------------------- doctor --model PATH
 @pytest.fixture
 def installed_0_5_23(monkeypatch):
