@@ -254,6 +254,28 @@ def test_a_key_the_releases_own_config_class_defaults_is_no_missing_key():
     assert checkpoint.check_release(ck, "0.5.23", overlay).name == "step3p5.py"
 
 
+def test_a_window_the_config_class_never_reads_is_a_stray_not_a_sliding_layer(tmp_path):
+    """SpecForge's EAGLE-3 draft for Gemma-3-1B (examples/checkpoints/llama-eagle3-gemma3-1b) carries
+    its target's ``sliding_window: 512`` under ``model_type: llama``; transformers' Llama model never
+    reads it (no window in modeling_llama.py), so its one layer is full, not "layer != HF" at 511. The
+    same window under a class that reads it (Mistral) stays sliding."""
+    import inspect
+
+    from conftest import REPO
+    from transformers.models.llama import modeling_llama
+
+    from swa_repro.core.checkpoint_config import layer_kinds
+    from swa_repro.sglang import checkpoint
+
+    folder = REPO / "examples" / "checkpoints" / "llama-eagle3-gemma3-1b"
+    raw = json.loads((folder / "config.json").read_text())
+    assert (raw["model_type"], raw["sliding_window"]) == ("llama", 512)
+    assert "sliding_window" not in inspect.getsource(modeling_llama)
+    assert set(layer_kinds(checkpoint.read(str(folder)).text_config())) == {"full"}
+    mistral = checkpoint.read(_folder(tmp_path, "m", {**MISTRAL, "sliding_window": raw["sliding_window"]}))
+    assert set(layer_kinds(mistral.text_config())) == {"sliding"}
+
+
 # ----------------------------------------------------------------------------- doctor --model PATH
 @pytest.fixture
 def installed_0_5_23(monkeypatch):

@@ -154,11 +154,31 @@ def plain_config(values: dict):
 
 def layer_kinds(cfg) -> tuple:
     """transformers' layer kinds of ``cfg``: its ``layer_types``, else every layer sliding when it
-    has ``sliding_window`` (Mistral), else every layer full."""
+    has ``sliding_window`` that its class reads (Mistral), else every layer full."""
     lt = getattr(cfg, "layer_types", None)
     if lt:
         return tuple({"sliding_attention": SLIDING, "full_attention": FULL}.get(t, "other") for t in lt)
-    return ((SLIDING if getattr(cfg, "sliding_window", None) else FULL),) * int(cfg.num_hidden_layers)
+    window = getattr(cfg, "sliding_window", None) and declares_window(type(cfg))
+    return ((SLIDING if window else FULL),) * int(cfg.num_hidden_layers)
+
+
+def declares_window(cls) -> bool:
+    """Whether a ``sliding_window`` the file carries is one the model applies: a transformers config
+    class that does not declare the key (a field, an ``__init__`` argument in transformers 4, or an
+    ``attribute_map`` alias: RecurrentGemmaConfig's ``attention_window_size``)
+    belongs to a model that never reads it, so the file's value is a stray. LlamaConfig declares none
+    and transformers 5.12.1's modeling_llama.py builds only the causal mask, yet EAGLE-3 drafts
+    published as ``LlamaForCausalLMEagle3`` carry their target's window (SpecForge's
+    configs/gemma3-1b-eagle3.json: ``sliding_window: 512``, ``use_sliding_window: false``; its draft's
+    LlamaAttention, specforge/modeling/draft/llama3_eagle.py, attends causally over every key). A plain
+    or a release's own class keeps the file's value: its model is not transformers'."""
+    import inspect
+
+    if not cls.__module__.startswith("transformers.") or cls.__name__ in ("PretrainedConfig", "PreTrainedConfig"):
+        return True
+    fields = {k for c in cls.__mro__ for k in getattr(c, "__annotations__", {})}
+    return "sliding_window" in fields or "sliding_window" in getattr(cls, "attribute_map", {}) or \
+        "sliding_window" in inspect.signature(cls.__init__).parameters
 
 
 def record(ck: Checkpoint) -> dict:
