@@ -152,7 +152,10 @@ def small_config(ck: Checkpoint) -> SmallConfig:
         d.update({**per_layer_cut(d, len(kinds), n), **pattern_cut(d, cut.get("layer_types")), **cut})
     nq = int(text.num_attention_heads)
     hd = getattr(text, "head_dim", None) or int(text.hidden_size) // nq
-    return SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
+    # the model's layer count, not layer_types' length: Step-3.5-Flash's lists 48 kinds for 45 layers
+    # (its 3 MTP layers', num_nextn_predict_layers; 0.5.23 step3p5.py builds num_hidden_layers)
+    full = int(getattr(text, "num_hidden_layers", None) or len(kinds))
+    return SmallConfig(ck.family, d, kinds[:n], full, getattr(text, "sliding_window", None), int(hd), nq,
                            int(getattr(text, "num_key_value_heads", None) or nq),
                            float(getattr(text, "attn_logit_softcapping", None) or 0.0),
                            ck.config_class.split(" ")[0].removeprefix("transformers."))
