@@ -218,6 +218,64 @@ def test_a_remote_code_config_is_read_from_its_json_alone(tmp_path):
     assert checkpoint.record(ck)["values"]["sliding_window"] == {"value": 1024, "from": "user"}
 
 
+def test_a_remote_code_config_with_rope_scaling_is_read_not_refused(tmp_path):
+    """stepfun-ai/Step-3.5-Flash's shape (examples/checkpoints/step3p5-flash): a remote-code
+    ``model_type`` with ``rope_scaling`` before ``max_position_embeddings``; transformers 5.12.1's
+    plain ``from_dict`` raises on it (its RoPE standardization reads a key not yet set), which was a
+    wrong refusal: the release reads the file through its own class."""
+    from swa_repro.sglang import checkpoint
+
+    values = {**GEMMA2, "model_type": "my_remote_rope", "auto_map": {"AutoConfig": "x.MyConfig"},
+              "rope_scaling": {"rope_type": "llama3", "factor": 2.0, "original_max_position_embeddings": 4096,
+                               "low_freq_factor": 1.0, "high_freq_factor": 32.0}}
+    values = {"rope_scaling": values.pop("rope_scaling"), **values}  # the published order: rope first
+    ck = checkpoint.read(_folder(tmp_path, "rope", values))
+    raw = json.loads((tmp_path / "rope" / "config.json").read_text())
+    assert ck.config_class.startswith("PretrainedConfig (plain")
+    assert (ck.config.sliding_window, ck.config.max_position_embeddings) == (raw["sliding_window"],
+                                                                              raw["max_position_embeddings"])
+    assert checkpoint.small_config(ck).sliding_window == raw["sliding_window"]
+
+
+def test_a_key_the_releases_own_config_class_defaults_is_no_missing_key():
+    """stepfun-ai/Step-3.5-Flash's config.json (examples/checkpoints/step3p5-flash) has no
+    ``rms_norm_eps``; 0.5.23 step3p5.py:518 reads it and the release re-parses the file through its
+    registry's Step3p5Config (configs/step3p5.py:19 defaults it), so the release builds it: no "lacks"
+    refusal. Oracle: the file read as plain JSON lacks the key, the release's class file declares it."""
+    from conftest import REPO, release_overlay
+
+    from swa_repro.sglang import checkpoint
+
+    overlay = release_overlay("0.5.23")
+    folder = REPO / "examples" / "checkpoints" / "step3p5-flash"
+    assert "rms_norm_eps" not in json.loads((folder / "config.json").read_text())
+    assert "rms_norm_eps" in (overlay / "sglang" / "srt" / "configs" / "step3p5.py").read_text()
+    ck = checkpoint.read(str(folder))
+    assert checkpoint.check_release(ck, "0.5.23", overlay).name == "step3p5.py"
+
+
+def test_a_window_the_config_class_never_reads_is_a_stray_not_a_sliding_layer(tmp_path):
+    """SpecForge's EAGLE-3 draft for Gemma-3-1B (examples/checkpoints/llama-eagle3-gemma3-1b) carries
+    its target's ``sliding_window: 512`` under ``model_type: llama``; transformers' Llama model never
+    reads it (no window in modeling_llama.py), so its one layer is full, not "layer != HF" at 511. The
+    same window under a class that reads it (Mistral) stays sliding."""
+    import inspect
+
+    from conftest import REPO
+    from transformers.models.llama import modeling_llama
+
+    from swa_repro.core.checkpoint_config import layer_kinds
+    from swa_repro.sglang import checkpoint
+
+    folder = REPO / "examples" / "checkpoints" / "llama-eagle3-gemma3-1b"
+    raw = json.loads((folder / "config.json").read_text())
+    assert (raw["model_type"], raw["sliding_window"]) == ("llama", 512)
+    assert "sliding_window" not in inspect.getsource(modeling_llama)
+    assert set(layer_kinds(checkpoint.read(str(folder)).text_config())) == {"full"}
+    mistral = checkpoint.read(_folder(tmp_path, "m", {**MISTRAL, "sliding_window": raw["sliding_window"]}))
+    assert set(layer_kinds(mistral.text_config())) == {"sliding"}
+
+
 # ----------------------------------------------------------------------------- doctor --model PATH
 @pytest.fixture
 def installed_0_5_23(monkeypatch):

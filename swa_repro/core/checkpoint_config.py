@@ -128,17 +128,57 @@ def config_object(values: dict, p) -> tuple[str, object]:
     try:
         return name, cls.from_dict(dict(values))
     except Exception as e:  # noqa: BLE001 - a class's own validators (huggingface_hub's strict dataclasses)
+        try:  # the plain class has no validators of its own: its __post_init__ is what refused
+            if cls is transformers.PretrainedConfig:
+                return name, plain_config(values)
+        except Exception:  # noqa: BLE001, S110 - the first refusal is the one to say
+            pass
         raise UsageError(f"--model {p}: {name.split(' ')[0]} refuses the file: {str(e).splitlines()[0][:160]}") \
             from None
 
 
+def plain_config(values: dict):
+    """A plain PretrainedConfig carrying the file's values, each set after construction. Why not
+    ``from_dict``: transformers 5.12.1's ``PreTrainedConfig.__post_init__`` standardizes a
+    ``rope_scaling`` before it sets the other keys (modeling_rope_utils.py:760 reads
+    ``self.max_position_embeddings``), so a remote-code file carrying both (stepfun-ai/Step-3.5-Flash's,
+    whose release reads it through its own class: sglang 0.5.23 configs/step3p5.py) fails there though
+    no class of its own was asked."""
+    import transformers
+
+    cfg = transformers.PretrainedConfig()
+    for k, v in values.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
 def layer_kinds(cfg) -> tuple:
     """transformers' layer kinds of ``cfg``: its ``layer_types``, else every layer sliding when it
-    has ``sliding_window`` (Mistral), else every layer full."""
+    has ``sliding_window`` that its class reads (Mistral), else every layer full."""
     lt = getattr(cfg, "layer_types", None)
     if lt:
         return tuple({"sliding_attention": SLIDING, "full_attention": FULL}.get(t, "other") for t in lt)
-    return ((SLIDING if getattr(cfg, "sliding_window", None) else FULL),) * int(cfg.num_hidden_layers)
+    window = getattr(cfg, "sliding_window", None) and declares_window(type(cfg))
+    return ((SLIDING if window else FULL),) * int(cfg.num_hidden_layers)
+
+
+def declares_window(cls) -> bool:
+    """Whether a ``sliding_window`` the file carries is one the model applies: a transformers config
+    class that does not declare the key (a field, an ``__init__`` argument in transformers 4, or an
+    ``attribute_map`` alias: RecurrentGemmaConfig's ``attention_window_size``)
+    belongs to a model that never reads it, so the file's value is a stray. LlamaConfig declares none
+    and transformers 5.12.1's modeling_llama.py builds only the causal mask, yet EAGLE-3 drafts
+    published as ``LlamaForCausalLMEagle3`` carry their target's window (SpecForge's
+    configs/gemma3-1b-eagle3.json: ``sliding_window: 512``, ``use_sliding_window: false``; its draft's
+    LlamaAttention, specforge/modeling/draft/llama3_eagle.py, attends causally over every key). A plain
+    or a release's own class keeps the file's value: its model is not transformers'."""
+    import inspect
+
+    if not cls.__module__.startswith("transformers.") or cls.__name__ in ("PretrainedConfig", "PreTrainedConfig"):
+        return True
+    fields = {k for c in cls.__mro__ for k in getattr(c, "__annotations__", {})}
+    return "sliding_window" in fields or "sliding_window" in getattr(cls, "attribute_map", {}) or \
+        "sliding_window" in inspect.signature(cls.__init__).parameters
 
 
 def record(ck: Checkpoint) -> dict:

@@ -78,10 +78,32 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
                          f"lists it) and transformers has no class of that name for its Transformers fallback"
                          f"{served_by(ck.architecture, version, overlay)}")
     for key, where in config_reads(path, ck.architecture, branches=False, build_only=True).items():
-        if not ck.has(key):
+        if not ck.has(key) and key not in release_provides(ck, version, overlay):
             raise UsageError(f"--model {ck.path} lacks {key}, which sglang {version}'s {where} reads and "
                              f"{ck.config_class.split(' ')[0]} does not default: add it to the config")
     return path
+
+
+def release_provides(ck: Checkpoint, version: str, overlay: Path) -> frozenset:
+    """The keys the release's own config class for the file's ``model_type`` sets (its defaults and
+    attributes), where its ``_CONFIG_REGISTRY`` has one: the release re-parses every such file through
+    that class (0.5.23 utils/hf_transformers/config.py:281-295), so a key it defaults is no missing key.
+    stepfun-ai/Step-3.5-Flash's config.json has no ``rms_norm_eps``, which 0.5.23 step3p5.py:518 reads
+    and configs/step3p5.py:19 defaults. Asked only when a key is missing and a ``configs/*.py`` of the
+    release declares the file's ``model_type`` (the registry is read in a child: no work for a file the
+    release has no class for)."""
+    import re
+
+    from swa_repro.sglang import release_configs
+
+    mt, configs = ck.values.get("model_type"), overlay / "sglang" / "srt" / "configs"
+    if ck.provides or not isinstance(mt, str) or not configs.is_dir():
+        return ck.provides
+    declared = re.compile(rf"^\s*model_type\s*(?::\s*str\s*)?=\s*[\"']{re.escape(mt)}[\"']", re.MULTILINE)
+    if not any(declared.search(f.read_text(errors="replace")) for f in configs.glob("*.py")):
+        return ck.provides
+    rel = release_configs.registry(version, overlay).get("types", {}).get(mt, {})
+    return frozenset([*rel.get("attrs", []), *rel.get("defaults", {})])
 
 
 def fallback_serves(arch: str, models: Path) -> bool:
@@ -130,7 +152,10 @@ def small_config(ck: Checkpoint) -> SmallConfig:
         d.update({**per_layer_cut(d, len(kinds), n), **pattern_cut(d, cut.get("layer_types")), **cut})
     nq = int(text.num_attention_heads)
     hd = getattr(text, "head_dim", None) or int(text.hidden_size) // nq
-    return SmallConfig(ck.family, d, kinds[:n], len(kinds), getattr(text, "sliding_window", None), int(hd), nq,
+    # the model's layer count, not layer_types' length: Step-3.5-Flash's lists 48 kinds for 45 layers
+    # (its 3 MTP layers', num_nextn_predict_layers; 0.5.23 step3p5.py builds num_hidden_layers)
+    full = int(getattr(text, "num_hidden_layers", None) or len(kinds))
+    return SmallConfig(ck.family, d, kinds[:n], full, getattr(text, "sliding_window", None), int(hd), nq,
                            int(getattr(text, "num_key_value_heads", None) or nq),
                            float(getattr(text, "attn_logit_softcapping", None) or 0.0),
                            ck.config_class.split(" ")[0].removeprefix("transformers."))
