@@ -412,3 +412,27 @@ def test_the_readme_has_a_row_for_every_call_and_no_unexplained_crash():
     readme = (fe.ROOT / "README.md").read_text()
     assert not [c for c in CALLS if f"`0.5.23/{c}`" not in readme]
     assert "not yet explained" not in readme and "int32" in readme
+
+
+CK90_FA3 = CALLS["call-20261207T0344-h100-checkpoints-sm90-fa3"]  # Gemma-2 and the Gemma-3 VL on fa3, cold
+
+
+def test_the_fa3_call_judged_every_checkpoint_run_on_fa3_at_the_files_window():
+    """sm90's ``auto`` runs the ragged wrapper on fa3; each checkpoint at its own file's window (1024, 512)."""
+    for s in fe.SITES:
+        fams = {f["family"]: f for f in fe.load(CK90_FA3, s)["by_gpu"]["sm90"]}
+        assert set(fams) == {"gemma2-window1024", "gemma3-vl-window512"}
+        for label, f in fams.items():
+            assert f["kinds"]["sliding"]["layer_window"] == f["kinds"]["sliding"]["intended_window"] == \
+                CK_WINDOW[label] - 1
+        rs = list(fe.runs(fe.load(CK90_FA3, s)))
+        assert len(rs) == 4 and all(r.judged and r.backends == ("fa3",) and r.model_agrees for r in rs)
+
+
+def test_on_fa3_shipped_is_off_where_the_key_audit_says_and_fixed_is_exact():
+    shipped = list(fe.runs(fe.load(CK90_FA3, "shipped")))
+    assert all(bool(r.wrong_rows) == (not r.key_clean) for r in shipped)
+    assert {(r.family, r.kind) for r in shipped if r.wrong_rows} == {
+        ("gemma2-window1024", "sliding"), ("gemma2-window1024", "full"),  # the 50.0 cap dropped on both
+        ("gemma3-vl-window512", "sliding")}  # no cap: only the window, only the sliding layer
+    assert not [r for r in fe.runs(fe.load(CK90_FA3, "fixed")) if r.wrong_rows or not r.key_clean]
