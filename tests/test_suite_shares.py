@@ -219,3 +219,13 @@ def test_a_fork_server_with_nothing_learned_preloads_the_safe_roots_before_its_f
     first = _serve_once(monkeypatch, {})[0]
     assert {"torch", "numpy", "transformers"} <= first <= SAFE_ROOTS
     assert _serve_once(monkeypatch, {"SWA_REPRO_FORKSERVER_SEED": "0"})[0] == set()
+
+
+def test_the_tests_of_a_file_fork_from_one_server():
+    """pytest names the running test in ``PYTEST_CURRENT_TEST``, which every child's environment carries: in
+    the server's key, each test that ran a child started (and preloaded) a server of its own."""
+    from swa_repro.engine.forkserver import server_key
+
+    env = {"PATH": "/bin", "PYTEST_CURRENT_TEST": "tests/test_a.py::test_one (call)"}
+    assert server_key(env) == server_key({**env, "PYTEST_CURRENT_TEST": "tests/test_a.py::test_two (setup)"})
+    assert server_key(env) != server_key({**env, "PATH": "/usr/bin"})  # the rest of the environment still counts

@@ -160,11 +160,15 @@ _LOCK = threading.Lock()
 # os.environ the first time torch._dynamo is imported (transformers' masking_utils does it), so the
 # parent's environment gains it between two runs, and each run after it would start a second server.
 SELF_SET = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# pytest's name of the test and phase running now: each test of a file that ran a child started a server of its
+# own (a ~13 s preload each: test_server_run's three). A run reads it only to name a metric dump (sglang
+# 0.5.23 test/test_utils.py:2805), and a fork sees the value its server was started under: never a key either.
+PER_TEST = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 def server_key(env: dict) -> str:
-    """One server per (environment, working directory), the environment less :data:`SELF_SET`."""
-    kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET)
+    """One server per (environment, working directory), the environment less :data:`SELF_SET` and :data:`PER_TEST`."""
+    kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET | PER_TEST)
     return hashlib.sha256(json.dumps([kept, os.getcwd()]).encode()).hexdigest()
 
 
