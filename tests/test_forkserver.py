@@ -38,7 +38,8 @@ def probe_env(tmp_path, monkeypatch):
     (tmp_path / "fsprobe.py").write_text(PROBE)
     monkeypatch.setenv("SWA_REPRO_FORKSERVER", "1")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(forkserver.__file__).parents[2])]),
-           "PROBE_MARK": "m1", "SWA_REPRO_CACHE": str(tmp_path / "cache")}  # nothing learned by earlier servers
+           "PROBE_MARK": "m1", "SWA_REPRO_CACHE": str(tmp_path / "cache"),  # nothing learned by earlier servers
+           "SWA_REPRO_FORKSERVER_SEED": "0"}  # nor the safe roots preloaded for that (test_suite_shares): learning alone
     yield env
     forkserver.close_all()
 

@@ -1,9 +1,12 @@
 """The suite computes each expensive thing once (the developers' guide: ``make test`` from nothing on 2
 cores within 5 minutes): the tests that read a release's family cells ask for the sweep's whole set
-(``conftest.release_families``), and the heaviest files start first (``conftest.HEAVY_FIRST``)."""
+(``conftest.release_families``), the heaviest files start first (``conftest.HEAVY_FIRST``), and a fork server
+with nothing learned (one per worker from nothing) does not import torch & co. twice (``engine.preload_seed``)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import conftest
@@ -181,3 +184,48 @@ def test_the_hybrid_pool_probes_releases_make_test_compiles_anyway():
                                "version")
     served = _make_test_values(test_server_run.test_families_without_a_static_rule_get_the_servers_answer, "version")
     assert len(probed) >= 2 and set(probed) <= set(served), (probed, served)
+
+
+def _serve_once(monkeypatch, env: dict) -> list:
+    """``forkserver.serve()`` in this process on an empty request stream: the names it preloads before forking."""
+    from swa_repro.engine import forkserver
+
+    preloads = []
+    monkeypatch.setattr(forkserver, "_preload", lambda names, denied: preloads.append(set(names)))
+    for k in (*forkserver.STATE, forkserver.LEARNED, "SWA_REPRO_FORKSERVER_SEED"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in {**{k: os.environ.get(k, "1") for k in forkserver.SINGLE_THREADED}, **env}.items():
+        monkeypatch.setenv(k, v)
+    r, w = os.pipe()
+    os.close(w)
+    saved = os.dup(0)
+    os.dup2(r, 0)
+    try:
+        assert forkserver.serve() == 0
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(r)
+    return preloads
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fork server is Linux only")
+def test_a_fork_server_with_nothing_learned_preloads_the_safe_roots_before_its_first_fork(monkeypatch):
+    """From an empty cache a server's first run imported torch & co. itself and the server then again
+    (test_upstream_kit's first kit run: 58 s, 25 s with a learned file): a server with nothing learned
+    preloads the installed ``SAFE_ROOTS`` first, as a warm one does; ``SWA_REPRO_FORKSERVER_SEED=0``: nothing."""
+    from swa_repro.engine.forkserver import SAFE_ROOTS
+
+    first = _serve_once(monkeypatch, {})[0]
+    assert {"torch", "numpy", "transformers"} <= first <= SAFE_ROOTS
+    assert _serve_once(monkeypatch, {"SWA_REPRO_FORKSERVER_SEED": "0"})[0] == set()
+
+
+def test_the_tests_of_a_file_fork_from_one_server():
+    """pytest names the running test in ``PYTEST_CURRENT_TEST``, which every child's environment carries: in
+    the server's key, each test that ran a child started (and preloaded) a server of its own."""
+    from swa_repro.engine.forkserver import server_key
+
+    env = {"PATH": "/bin", "PYTEST_CURRENT_TEST": "tests/test_a.py::test_one (call)"}
+    assert server_key(env) == server_key({**env, "PYTEST_CURRENT_TEST": "tests/test_a.py::test_two (setup)"})
+    assert server_key(env) != server_key({**env, "PATH": "/usr/bin"})  # the rest of the environment still counts

@@ -15,12 +15,11 @@ overlay's, or the run's), and the server imports them before the next fork. What
 kept in the user's cache (:func:`preload_file`, per interpreter), and a new server preloads it before
 its first fork: without it, each command's first run imported torch & co. itself and the server then
 imported them again for the next one (~8 CPU-s of each ``audit --release-table`` run, issue #41). With
-an empty cache the first run of a server is as slow as a plain child; the ones after it are not.
+nothing learned yet, a server preloads the installed :data:`SAFE_ROOTS` themselves first (``preload_seed``).
 
 Linux only. ``fork`` is safe while the server has no thread but its main one: a preloaded module
 that starts one (pandas and datasets start pyarrow's pool: none of :data:`SAFE_ROOTS`) is left out
-from then on (:func:`serve`).
-``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
+from then on (:func:`serve`). ``SWA_REPRO_FORKSERVER=0`` turns it off. The parent keeps one server
 per (environment, working directory) and at most :data:`MAX_SERVERS`, shared by its threads: runs asked
 at once (the family table's ``--jobs``, its companion, ``engine.child.beside``) are forked at once and
 each answered by its id. Before, each asking thread had a server of its own, and each preloaded torch &
@@ -37,6 +36,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -124,8 +124,6 @@ def preload_file(env: dict) -> Path:
 def learned_env(env: dict) -> dict:
     """The server's environment: ``env``, where to keep what it learns and, from an earlier server, a
     copy of it to preload (``serve`` reads the copy and removes it)."""
-    import tempfile
-
     path = preload_file(env)
     out = {**env, LEARNED: str(path)}
     try:
@@ -162,11 +160,15 @@ _LOCK = threading.Lock()
 # os.environ the first time torch._dynamo is imported (transformers' masking_utils does it), so the
 # parent's environment gains it between two runs, and each run after it would start a second server.
 SELF_SET = frozenset({"TORCHINDUCTOR_CACHE_DIR"})
+# pytest's name of the test and phase running now: each test of a file that ran a child started a server of its
+# own (a ~13 s preload each: test_server_run's three). A run reads it only to name a metric dump (sglang
+# 0.5.23 test/test_utils.py:2805), and a fork sees the value its server was started under: never a key either.
+PER_TEST = frozenset({"PYTEST_CURRENT_TEST"})
 
 
 def server_key(env: dict) -> str:
-    """One server per (environment, working directory), the environment less :data:`SELF_SET`."""
-    kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET)
+    """One server per (environment, working directory), the environment less :data:`SELF_SET` and :data:`PER_TEST`."""
+    kept = sorted((k, v) for k, v in env.items() if k not in SELF_SET | PER_TEST)
     return hashlib.sha256(json.dumps([kept, os.getcwd()]).encode()).hexdigest()
 
 
@@ -331,13 +333,13 @@ def serve() -> int:
     its runs have ended it starts itself again (``exec``: the same pipes, nothing of this process kept,
     the requests read and not forked carried over) with that module's root left out and what it had
     learned preloaded; after :data:`MAX_EXECS` it ends instead, and its parent runs plain children."""
-    import tempfile
+    from swa_repro.engine.preload_seed import seed
 
     for k in SINGLE_THREADED:  # numpy's OpenBLAS starts its pool at import unless told one thread
         os.environ.setdefault(k, "1")
     denied = set(filter(None, os.environ.pop(STATE[0], "").split(",")))
     known, queued = (_carried(os.environ.pop(k, None)) for k in (STATE[1], STATE[3]))
-    known = set(known.decode().split())
+    known = seed(set(known.decode().split()), SAFE_ROOTS)
     execs = int(os.environ.pop(STATE[2], "0"))
     learned_to = os.environ.pop(LEARNED, None)  # not the runs' environment
     threaded, pending, eof = _preload(known, denied), {}, False  # pending: pid -> (request id, its folder)
@@ -377,8 +379,6 @@ def serve() -> int:
 
 def _carry(data: bytes) -> str:
     """A temporary file holding ``data`` over an exec (:func:`_carried` reads and removes it)."""
-    import tempfile
-
     fd, path = tempfile.mkstemp(prefix="swa-repro-forkserver-")
     os.write(fd, data)
     os.close(fd)
