@@ -77,8 +77,11 @@ def check_release(ck: Checkpoint, version: str, overlay: Path) -> Path:
         raise UsageError(f"--model {ck.path}: {ck.architecture} is not in sglang {version}'s models/ (no EntryClass "
                          f"lists it) and transformers has no class of that name for its Transformers fallback"
                          f"{served_by(ck.architecture, version, overlay)}")
-    for key, where in config_reads(path, ck.architecture, branches=False, build_only=True).items():
-        if not ck.has(key) and key not in release_provides(ck, version, overlay):
+    missing = [(k, w) for k, w in config_reads(path, ck.architecture, branches=False, build_only=True).items()
+               if not ck.has(k)]
+    provided = release_provides(ck, version, overlay) if missing else frozenset()  # once, not per key
+    for key, where in missing:
+        if key not in provided:
             raise UsageError(f"--model {ck.path} lacks {key}, which sglang {version}'s {where} reads and "
                              f"{ck.config_class.split(' ')[0]} does not default: add it to the config")
     return path
@@ -92,15 +95,11 @@ def release_provides(ck: Checkpoint, version: str, overlay: Path) -> frozenset:
     and configs/step3p5.py:19 defaults. Asked only when a key is missing and a ``configs/*.py`` of the
     release declares the file's ``model_type`` (the registry is read in a child: no work for a file the
     release has no class for)."""
-    import re
-
     from swa_repro.sglang import release_configs
+    from swa_repro.sglang.config_routes import declares_model_type
 
     mt, configs = ck.values.get("model_type"), overlay / "sglang" / "srt" / "configs"
-    if ck.provides or not isinstance(mt, str) or not configs.is_dir():
-        return ck.provides
-    declared = re.compile(rf"^\s*model_type\s*(?::\s*str\s*)?=\s*[\"']{re.escape(mt)}[\"']", re.MULTILINE)
-    if not any(declared.search(f.read_text(errors="replace")) for f in configs.glob("*.py")):
+    if ck.provides or not isinstance(mt, str) or not configs.is_dir() or not declares_model_type(configs, mt):
         return ck.provides
     rel = release_configs.registry(version, overlay).get("types", {}).get(mt, {})
     return frozenset([*rel.get("attrs", []), *rel.get("defaults", {})])

@@ -72,12 +72,26 @@ def _imported_model_type(model_file: Path, name: str) -> tuple[str, str] | None:
                 any((a.asname or a.name) == name for a in n.names):
             src = model_file.parent.parent / "configs" / (n.module.rsplit(".", 1)[-1] + ".py")
             cls = _classes(src).get(name) if src.is_file() else None
-            for st in cls.body if cls else []:
-                target = st.target if isinstance(st, ast.AnnAssign) else (st.targets[0] if isinstance(
-                    st, ast.Assign) and len(st.targets) == 1 else None)
-                if getattr(target, "id", None) == "model_type" and isinstance(st.value, ast.Constant):
-                    return st.value.value, f"configs/{src.name}:{st.lineno}"
+            got = _class_model_type(cls) if cls else None
+            if got:
+                return got[0], f"configs/{src.name}:{got[1]}"
     return None
+
+
+def _class_model_type(cls: ast.ClassDef) -> tuple[str, int] | None:
+    """``(model_type, line)`` of a config class's class-level ``model_type = "..."``."""
+    for st in cls.body:
+        target = st.target if isinstance(st, ast.AnnAssign) else (st.targets[0] if isinstance(
+            st, ast.Assign) and len(st.targets) == 1 else None)
+        if getattr(target, "id", None) == "model_type" and isinstance(st.value, ast.Constant):
+            return st.value.value, st.lineno
+    return None
+
+
+def declares_model_type(configs: Path, model_type: str) -> bool:
+    """Whether a class of the release's ``configs/*.py`` declares ``model_type`` (read, not imported)."""
+    return any((_class_model_type(c) or (None,))[0] == model_type
+               for f in sorted(configs.glob("*.py")) for c in _classes(f).values())
 
 
 def _resolve_class(name: str, model_file: Path, types: dict, mapping: dict) -> tuple[str, str, str] | None:
